@@ -1,0 +1,8 @@
+"""oospec-agents: lossless out-of-order semantic speculation for LLM tool calls."""
+from .engine import Engine, Generation
+from .errors import (ChatFormatError, ContextLengthError, DeviceError, ModelLoadError, OoOSpecError,
+                     ToolSchemaError, UnknownToolError)
+
+__all__ = ["Engine", "Generation", "OoOSpecError", "ToolSchemaError", "UnknownToolError", "ChatFormatError",
+           "ContextLengthError", "DeviceError", "ModelLoadError"]
+__version__ = "0.1.0"

@@ -1,0 +1,125 @@
+"""Turn OpenAI-style messages and tools into the exact prompt text the target sees.
+
+Templates that render `tools=` natively (Qwen2.5/3, Llama 3.1) get the tools and the tool-call
+history as they expect them. Templates that silently drop tools (SmolLM2's ChatML) get the format's
+own system prompt, and tool calls / results rendered as text in the format.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import ChatFormatError
+from .formats import ToolFormat
+from .tools import Tool
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            else:
+                raise ChatFormatError(f"{where}: only text content parts are supported, got {part!r:.80}")
+        return "".join(parts)
+    raise ChatFormatError(f"{where}: content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def _call(tc: Any, where: str) -> dict:
+    if not isinstance(tc, dict):
+        raise ChatFormatError(f"{where}: each tool call must be a dict, got {type(tc).__name__}")
+    fn = tc.get("function", tc)
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ChatFormatError(f"{where}: tool call has no function name")
+    args = fn.get("arguments", fn.get("args", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ChatFormatError(f"{where}: tool call {name!r} has arguments that are not valid JSON: {e}") from None
+    if not isinstance(args, dict):
+        raise ChatFormatError(f"{where}: tool call {name!r} arguments must be a JSON object")
+    return {"id": tc.get("id"), "name": name, "arguments": args}
+
+
+def normalize_messages(messages: Any) -> list[dict]:
+    """Check the chat and return it as {"role", "content", "tool_calls"?, "tool_call_id"?} dicts."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ChatFormatError("messages must be a non-empty list of chat dicts")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ChatFormatError(f"{where} must be a dict with 'role' and 'content', got {type(m).__name__}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ChatFormatError(f"{where} has role {role!r}; expected one of {ROLES}")
+        msg = {"role": role, "content": _text(m.get("content"), where)}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = [_call(tc, where) for tc in m["tool_calls"]]
+        elif m.get("tool_calls"):
+            raise ChatFormatError(f"{where}: only assistant messages may carry tool_calls")
+        if role == "tool":
+            msg["tool_call_id"] = m.get("tool_call_id")
+            if m.get("name"):
+                msg["name"] = m["name"]
+        out.append(msg)
+    if all(m["role"] == "system" for m in out):
+        raise ChatFormatError("messages hold only system messages; add a user message")
+    return out
+
+
+def template_renders_tools(tokenizer) -> bool:
+    probe = [{"role": "user", "content": "hi"}]
+    tool = {"type": "function", "function": {"name": "zz_probe_tool", "description": "", "parameters": {"type": "object", "properties": {}}}}
+    try:
+        with_tools = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False, add_generation_prompt=True)
+    except Exception:
+        return False
+    return "zz_probe_tool" in with_tools
+
+
+def render_prompt(tokenizer, fmt: ToolFormat, messages: list[dict], tools: list[Tool], native_tools: bool) -> str:
+    """Prompt text up to and including the assistant generation header."""
+    if native_tools:
+        msgs = []
+        for m in messages:
+            m = dict(m)
+            if "tool_calls" in m:
+                m["tool_calls"] = [{"id": c["id"], "type": "function",
+                                    "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                   for c in m["tool_calls"]]
+            msgs.append(m)
+        return tokenizer.apply_chat_template(msgs, tools=[t.to_openai() for t in tools] or None,
+                                             tokenize=False, add_generation_prompt=True)
+    msgs: list[dict] = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = fmt.render_calls(m["tool_calls"])
+            msgs.append({"role": "assistant", "content": (m["content"] + "\n" if m["content"] else "") + calls})
+        elif m["role"] == "tool":
+            block = "<tool_response>\n" + m["content"] + "\n</tool_response>"
+            if msgs and msgs[-1].get("_tool"):
+                msgs[-1]["content"] += "\n" + block
+            else:
+                msgs.append({"role": "user", "content": block, "_tool": True})
+        else:
+            msgs.append({"role": m["role"], "content": m["content"]})
+    if tools:
+        prompt = fmt.system_prompt(tools)
+        if msgs[0]["role"] == "system":
+            msgs[0] = {"role": "system", "content": msgs[0]["content"] + "\n\n" + prompt}
+        else:
+            msgs.insert(0, {"role": "system", "content": prompt})
+    msgs = [{"role": m["role"], "content": m["content"]} for m in msgs]
+    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)

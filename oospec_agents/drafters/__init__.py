@@ -1,0 +1,6 @@
+from .base import Draft, DraftContext, Drafter, encode_after
+from .hint import HintDrafter
+from .retrieval import RetrievalDrafter
+from .schema import SchemaDrafter
+
+__all__ = ["Draft", "DraftContext", "Drafter", "encode_after", "HintDrafter", "RetrievalDrafter", "SchemaDrafter"]

@@ -1,0 +1,51 @@
+"""One small interface for every drafter, in the spirit of transformers' CandidateGenerator."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from ..formats import ToolFormat
+from ..tools import Tool
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may look at: the committed tokens and text of the current request."""
+    ids: list[int]            # prompt ids + committed new tokens
+    n_prompt: int
+    text: str                 # assistant text so far: forced prefix + decoded new tokens
+    tools: list[Tool]
+    fmt: ToolFormat
+    tokenizer: object
+    hint: str | None = None   # the sidecar's call, rendered in the target's format
+    memo: dict = field(default_factory=dict)  # per-request scratch space a drafter may cache in
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    source: str               # "schema" | "retrieval" | "hint"
+
+
+class Drafter(ABC):
+    source: str
+
+    @abstractmethod
+    def propose(self, ctx: DraftContext) -> list[Draft]:
+        """Token sequences that may follow `ctx.ids`; verification decides what is kept."""
+
+
+def encode_after(tokenizer, ids: list[int], text: str, lookback: int = 3) -> list[int]:
+    """Token ids for `text` as the target would tokenize it right after `ids`.
+
+    Encoding `text` alone can differ from the in-context tokenization when a merge crosses the
+    boundary, so re-encode from a committed token boundary and keep only what follows it.
+    """
+    if not text:
+        return []
+    for k in range(1, min(lookback, len(ids)) + 1):
+        tail = ids[-k:]
+        enc = tokenizer.encode(tokenizer.decode(tail) + text, add_special_tokens=False)
+        if enc[:k] == tail:
+            return enc[k:]
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,48 @@
+"""The OoO-Spec hint drafter: the sidecar's call, rendered in the target's format and re-tokenized
+with the target's tokenizer, aligned to the committed text."""
+from __future__ import annotations
+
+from .base import Draft, DraftContext, Drafter, encode_after
+
+MIN_ANCHOR = 3      # chars of committed text that must match the hint to re-anchor after a divergence
+MAX_CHARS = 160
+
+
+class HintDrafter(Drafter):
+    source = "hint"
+
+    def propose(self, ctx: DraftContext) -> list[Draft]:
+        text = continuation(ctx.text, ctx.hint, ctx.fmt)
+        if not text:
+            return []
+        return [Draft(encode_after(ctx.tokenizer, ctx.ids, text[:MAX_CHARS]), self.source)]
+
+
+def continuation(text: str, hint: str | None, fmt) -> str:
+    """What the hint proposes after `text`.
+
+    While the reply agrees with the hint, propose the rest of it. At the reply's start (or once a
+    previous call closed), offer the whole hint as a new call. After a divergence, re-anchor on the
+    longest suffix of the open call that the hint also contains -- e.g. `"city": ` -- so the slots
+    the sidecar got right are still offered at their keys.
+    """
+    if not hint:
+        return ""
+    body = fmt.open_call_json(text)
+    if body is None:
+        stripped = text.rstrip()
+        if not stripped:
+            return hint
+        if fmt.call_end and stripped.endswith(fmt.call_end.strip()):
+            return fmt.call_sep + hint if not text.endswith(fmt.call_sep) else hint
+        return ""
+    tag = fmt.call_start.strip()
+    committed = text[text.rfind(tag):] if tag else body
+    ref = hint[max(hint.find(tag), 0):] if tag else hint
+    if ref.startswith(committed):
+        return ref[len(committed):]
+    for k in range(min(len(committed), 48), MIN_ANCHOR - 1, -1):
+        at = ref.rfind(committed[-k:])
+        if at >= 0:
+            return ref[at + k:]
+    return ""

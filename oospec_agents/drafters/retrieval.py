@@ -1,0 +1,46 @@
+"""n-gram retrieval (prompt lookup): match the last n committed tokens, longest n first, in a pool of
+token sequences -- the prompt and output so far, earlier calls of this engine, the sidecar's hint --
+and propose what followed there."""
+from __future__ import annotations
+
+from .base import Draft, DraftContext, Drafter
+
+
+class RetrievalDrafter(Drafter):
+    source = "retrieval"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2, max_tokens: int = 12, max_candidates: int = 2):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_tokens, self.max_candidates = max_tokens, max_candidates
+
+    def propose(self, ctx: DraftContext) -> list[Draft]:
+        pool: list[list[int]] = [ctx.ids] + ctx.memo.get("pool", [])
+        ids = ctx.ids
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(ids) <= n:
+                continue
+            key = ids[-n:]
+            found: list[list[int]] = []
+            for seq in pool:
+                cont = _last_match(seq, key, exclude_end=seq is ids)
+                if cont is not None:
+                    cont = seq[cont:cont + self.max_tokens]
+                    if cont and cont not in found:
+                        found.append(cont)
+                if len(found) >= self.max_candidates:
+                    break
+            if found:
+                return [Draft(c, self.source) for c in found]
+        return []
+
+
+def _last_match(seq: list[int], key: list[int], exclude_end: bool) -> int | None:
+    """Index just after the latest occurrence of `key` in `seq` (not the trailing one itself)."""
+    n = len(key)
+    last = len(seq) - n - (1 if exclude_end else 0)
+    first = key[0]
+    for start in range(last, -1, -1):
+        if seq[start] == first and seq[start:start + n] == key:
+            end = start + n
+            return end if end < len(seq) else None
+    return None

@@ -1,0 +1,224 @@
+"""ToolSpec's schema drafter: a finite-state machine over the call text that drafts every forced
+stretch -- the wrapper, `{"name": "`, a tool name's unique completion, the arguments opener, the
+next required key, an enum's unique completion and the closing brackets."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .base import Draft, DraftContext, Drafter, encode_after
+
+MAX_DRAFT_CHARS = 96
+
+
+@dataclass
+class _Frame:
+    kind: str                       # "obj" | "arr"
+    keys: list[str] = field(default_factory=list)
+    key: str | None = None          # key whose value is being read
+    state: str = "key"              # obj: key | colon | value | after ; arr: value | after
+
+
+@dataclass
+class JsonState:
+    """Where a JSON prefix stops: the container stack and, if inside a string or scalar, its text."""
+    stack: list[_Frame]
+    in_string: str | None = None     # partial string content (raw)
+    string_is_key: bool = False
+    scalar: str | None = None        # partial number / literal
+    done: bool = False               # the top-level value is complete
+    error: bool = False
+
+
+def scan_json(text: str) -> JsonState:
+    st = JsonState(stack=[])
+    i, n = 0, len(text)
+    buf: list[str] = []
+    escape = False
+    while i < n:
+        c = text[i]
+        if st.in_string is not None:
+            if escape:
+                escape = False
+                buf.append(c)
+            elif c == "\\":
+                escape = True
+                buf.append(c)
+            elif c == '"':
+                s = "".join(buf)
+                st.in_string, buf = None, []
+                _end_value(st, s, is_key=st.string_is_key)
+            else:
+                buf.append(c)
+            i += 1
+            continue
+        if st.scalar is not None:
+            if c in ",}] \n\t":
+                st.scalar = None
+                _end_value(st, None, is_key=False)
+                continue  # re-read the delimiter
+            st.scalar += c
+            i += 1
+            continue
+        top = st.stack[-1] if st.stack else None
+        if c in " \n\t\r":
+            pass
+        elif st.done:
+            st.error = True
+            return st
+        elif c == "{" or c == "[":
+            if top is not None and top.state not in ("value",):
+                st.error = True
+                return st
+            st.stack.append(_Frame("obj" if c == "{" else "arr", state="key" if c == "{" else "value"))
+        elif c in "}]":
+            if top is None or (c == "}") != (top.kind == "obj"):
+                st.error = True
+                return st
+            st.stack.pop()
+            _end_value(st, None, is_key=False)
+        elif c == '"':
+            if top is not None and top.kind == "obj" and top.state == "key":
+                st.string_is_key = True
+            elif top is None or top.state == "value":
+                st.string_is_key = False
+            else:
+                st.error = True
+                return st
+            st.in_string, buf = "", []
+        elif c == ":":
+            if top is None or top.state != "colon":
+                st.error = True
+                return st
+            top.state = "value"
+        elif c == ",":
+            if top is None or top.state != "after":
+                st.error = True
+                return st
+            top.state = "key" if top.kind == "obj" else "value"
+        else:
+            if top is not None and top.state != "value":
+                st.error = True
+                return st
+            st.scalar = c
+        i += 1
+    if st.in_string is not None:
+        st.in_string = "".join(buf)
+    return st
+
+
+def _end_value(st: JsonState, s: str | None, is_key: bool) -> None:
+    if not st.stack:
+        st.done = True
+        return
+    top = st.stack[-1]
+    if is_key:
+        top.key = s
+        top.keys.append(s)
+        top.state = "colon"
+    else:
+        top.state = "after"
+
+
+def _unique_completion(prefix: str, options: list[str]) -> str | None:
+    matches = [o for o in options if o.startswith(prefix)]
+    return matches[0][len(prefix):] if len(matches) == 1 else None
+
+
+class SchemaDrafter(Drafter):
+    source = "schema"
+
+    def propose(self, ctx: DraftContext) -> list[Draft]:
+        text = forced_text(ctx)
+        if not text:
+            return []
+        return [Draft(encode_after(ctx.tokenizer, ctx.ids, text), self.source)]
+
+
+def forced_text(ctx: DraftContext) -> str:
+    """Follow the forced stretches from the end of `ctx.text` for as long as they stay forced."""
+    out = ""
+    while len(out) < MAX_DRAFT_CHARS:
+        step = _next_forced(ctx, ctx.text + out)
+        if not step:
+            break
+        out += step
+    return out
+
+
+def _next_forced(ctx: DraftContext, text: str) -> str:
+    fmt = ctx.fmt
+    body = fmt.open_call_json(text)
+    if body is None:
+        # Nothing open. At the very start of a reply with tools on offer, a call is the likely move.
+        return fmt.forced_prefix() if ctx.tools and not text.strip() else ""
+    if body == "":
+        tag = fmt.call_start.rstrip("\n")
+        return ("\n" if tag and text.endswith(tag) and fmt.call_start.endswith("\n") else "") + '{"name": "'
+    st = scan_json(body)
+    if st.error:
+        return ""
+    if st.done:
+        return fmt.call_end if fmt.call_end and not text.endswith(fmt.call_end) else ""
+    depth = len(st.stack)
+    top = st.stack[-1]
+    names = [t.name for t in ctx.tools]
+    if depth == 1:  # the call object: {"name": ..., "<args_key>": {...}}
+        if st.in_string is not None:
+            if st.string_is_key:
+                rest = _unique_completion(st.in_string, [k for k in ("name", fmt.args_key) if k not in top.keys])
+                return "" if rest is None else rest + '": ' + ('"' if st.in_string + rest == "name" else "{")
+            if top.key == "name":
+                rest = _unique_completion(st.in_string, names)
+                return "" if rest is None else rest + '", "' + fmt.args_key + '": {'
+            return ""
+        if top.state == "key":
+            return '"name": "' if not top.keys else '"' + fmt.args_key + '": {'
+        if top.state == "after":
+            if "name" in top.keys and fmt.args_key not in top.keys:
+                return ', "' + fmt.args_key + '": {'
+            if fmt.args_key in top.keys:
+                return "}"
+        return ""
+    if depth == 2 and st.stack[0].key == fmt.args_key and top.kind == "obj":
+        tool = next((t for t in ctx.tools if t.name == _call_name(body)), None)
+        if tool is None:
+            return ""
+        remaining = [k for k in tool.required if k not in top.keys]
+        if st.in_string is not None:
+            if st.string_is_key:
+                rest = _unique_completion(st.in_string, [k for k in tool.properties if k not in top.keys])
+                return "" if rest is None else rest + '": '
+            enum = _enum_strings(tool.properties.get(top.key, {}))
+            rest = _unique_completion(st.in_string, enum) if enum else None
+            return "" if rest is None else rest + '"'
+        if st.scalar is not None:
+            return ""
+        if top.state == "key":
+            return '"' + remaining[0] + '": ' if remaining else ""
+        if top.state == "value":
+            schema = tool.properties.get(top.key, {})
+            enum = schema.get("enum")
+            if isinstance(enum, list) and len(enum) == 1:
+                return json.dumps(enum[0], ensure_ascii=False)
+            if "const" in schema:
+                return json.dumps(schema["const"], ensure_ascii=False)
+            return '"' if schema.get("type") == "string" or (enum and all(isinstance(e, str) for e in enum)) else ""
+        if top.state == "after":
+            return ', "' + remaining[0] + '": ' if remaining else "}"
+    return ""
+
+
+def _enum_strings(schema: dict) -> list[str]:
+    enum = schema.get("enum")
+    return [e for e in enum if isinstance(e, str)] if isinstance(enum, list) else []
+
+
+def _call_name(body: str) -> str | None:
+    start = body.find('"name": ')
+    if start < 0:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(body, start + len('"name": '))[0]
+    except json.JSONDecodeError:
+        return None

@@ -1,0 +1,29 @@
+"""Exceptions that name the bad input. All are ValueErrors, so callers can catch one type."""
+
+
+class OoOSpecError(ValueError):
+    """Base class for every input error the engine raises."""
+
+
+class ToolSchemaError(OoOSpecError):
+    """A tool definition is malformed: missing name, invalid JSON Schema, duplicate name."""
+
+
+class UnknownToolError(OoOSpecError):
+    """`tool_choice` names a tool that was not offered."""
+
+
+class ChatFormatError(OoOSpecError):
+    """The messages are not a valid chat."""
+
+
+class ContextLengthError(OoOSpecError):
+    """The prompt does not fit the target's context window."""
+
+
+class DeviceError(OoOSpecError):
+    """A device string is unknown, or names hardware that is not present."""
+
+
+class ModelLoadError(OoOSpecError):
+    """A model reference cannot be resolved to weights."""

@@ -1,0 +1,93 @@
+"""The interface every tool-call text format implements.
+
+A format knows three things about its target family: how a call is written as text (render),
+how to read calls back out of generated text (parse), and the fixed skeleton around the JSON
+that the schema drafter walks (`call_start`, `open_call_json`, `call_end`).
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from typing import Any
+
+from ..tools import Tool
+
+
+class ToolFormat(ABC):
+    name: str
+    #: key that holds the arguments object in the call JSON
+    args_key: str
+    #: text written before a call's JSON object
+    call_start: str
+    #: text written after a call's JSON object
+    call_end: str
+    #: text between two calls of one message
+    call_sep: str
+
+    def call_json(self, name: str, arguments: dict) -> str:
+        return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
+
+    def render_call(self, name: str, arguments: dict) -> str:
+        return self.call_start + self.call_json(name, arguments) + self.call_end
+
+    def render_calls(self, calls: list[dict]) -> str:
+        return self.call_sep.join(self.render_call(c["name"], _as_dict(c["arguments"])) for c in calls)
+
+    def forced_prefix(self, name: str | None = None) -> str:
+        """Assistant text prefilled to force a call (and, with `name`, that tool)."""
+        if name is None:
+            return self.call_start + '{"name": "'
+        return self.call_start + '{"name": ' + json.dumps(name, ensure_ascii=False)
+
+    @abstractmethod
+    def parse(self, text: str) -> tuple[str, list[dict]]:
+        """Split generated text into (content outside calls, calls).
+
+        Each call is {"name", "arguments": dict} or, when it cannot be read,
+        {"name", "arguments": raw str, "error": why}.
+        """
+
+    @abstractmethod
+    def open_call_json(self, text: str) -> str | None:
+        """The JSON written so far of a call that is still open at the end of `text`, else None.
+
+        Returns "" right where a call's JSON is about to begin.
+        """
+
+    @abstractmethod
+    def system_prompt(self, tools: list[Tool]) -> str:
+        """The system prompt that offers `tools`, for chat templates that drop `tools=`."""
+
+    def _read_call(self, raw: str) -> dict:
+        """Decode one call's JSON text into a call dict (with "error" when it cannot)."""
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            return {"name": _guess_name(raw), "arguments": raw, "error": f"call is not valid JSON: {e}"}
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return {"name": _guess_name(raw), "arguments": raw, "error": "call JSON has no string 'name'"}
+        args = obj.get(self.args_key, obj.get("arguments", obj.get("parameters", {})))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError as e:
+                return {"name": obj["name"], "arguments": args, "error": f"arguments are not valid JSON: {e}"}
+        if not isinstance(args, dict):
+            return {"name": obj["name"], "arguments": json.dumps(args), "error": "arguments must be a JSON object"}
+        return {"name": obj["name"], "arguments": args}
+
+
+def _as_dict(arguments: Any) -> dict:
+    if isinstance(arguments, str):
+        return json.loads(arguments) if arguments.strip() else {}
+    return dict(arguments or {})
+
+
+def _guess_name(raw: str) -> str | None:
+    import re
+    m = re.search(r'"name"\s*:\s*"([^"]*)', raw)
+    return m.group(1) if m else None
+
+
+def tools_json_lines(tools: list[Tool]) -> str:
+    return "\n".join(json.dumps(t.to_openai(), ensure_ascii=False) for t in tools)

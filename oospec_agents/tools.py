@@ -1,0 +1,133 @@
+"""Tool schemas: normalise what agents pass in, check it, and validate calls against it."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import jsonschema
+
+from .errors import ToolSchemaError, UnknownToolError
+
+_EMPTY_PARAMS = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict
+    _validator: Any = field(repr=False, compare=False, default=None)
+
+    @property
+    def properties(self) -> dict:
+        return self.parameters.get("properties") or {}
+
+    @property
+    def required(self) -> list[str]:
+        return [k for k in self.parameters.get("required") or [] if k in self.properties]
+
+    def to_openai(self) -> dict:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description,
+                             "parameters": self.parameters}}
+
+    def validate(self, arguments: Any) -> str | None:
+        """None when `arguments` satisfies the schema, else the validator's message."""
+        if not isinstance(arguments, dict):
+            return f"arguments must be a JSON object, got {type(arguments).__name__}"
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path)
+        return f"{error.message}" + (f" (at '{where}')" if where else "")
+
+
+def _tool_from_dict(spec: Any, position: int) -> Tool:
+    if not isinstance(spec, dict):
+        raise ToolSchemaError(f"tool #{position} must be a dict in OpenAI function format, got {type(spec).__name__}")
+    fn = spec.get("function", spec) if spec.get("type", "function") == "function" else None
+    if fn is None:
+        raise ToolSchemaError(f"tool #{position} has type {spec.get('type')!r}; only 'function' tools are supported")
+    if not isinstance(fn, dict):
+        raise ToolSchemaError(f"tool #{position}: 'function' must be a dict")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ToolSchemaError(f"tool #{position} is missing its 'name'")
+    params = fn.get("parameters", _EMPTY_PARAMS)
+    if params is None:
+        params = _EMPTY_PARAMS
+    if not isinstance(params, dict):
+        raise ToolSchemaError(f"tool {name!r}: 'parameters' must be a JSON Schema object, got {type(params).__name__}")
+    validator_cls = jsonschema.validators.validator_for(params, default=jsonschema.Draft202012Validator)
+    try:
+        validator_cls.check_schema(params)
+    except jsonschema.exceptions.SchemaError as e:
+        raise ToolSchemaError(f"tool {name!r} has an invalid JSON Schema: {e.message}") from None
+    if params.get("type", "object") != "object":
+        raise ToolSchemaError(f"tool {name!r}: parameters must have type 'object', got {params.get('type')!r}")
+    return Tool(name=name, description=str(fn.get("description") or ""), parameters=params,
+                _validator=validator_cls(params))
+
+
+def normalize_tools(tools: Iterable[Any] | None) -> list[Tool]:
+    """OpenAI function-tool dicts (or bare {"name", "parameters"} dicts) to checked `Tool`s."""
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, dict)):
+        raise ToolSchemaError("tools must be a list of tool dicts")
+    out: list[Tool] = []
+    seen: set[str] = set()
+    for i, spec in enumerate(tools):
+        tool = spec if isinstance(spec, Tool) else _tool_from_dict(spec, i)
+        if tool.name in seen:
+            raise ToolSchemaError(f"duplicate tool name {tool.name!r}: tool names must be unique")
+        seen.add(tool.name)
+        out.append(tool)
+    return out
+
+
+def resolve_tool_choice(tool_choice: Any, tools: list[Tool]) -> tuple[str, str | None]:
+    """Normalise tool_choice to (mode, name): mode is "auto", "none", "required" or "named"."""
+    if tool_choice is None:
+        tool_choice = "auto"
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        if not name:
+            raise UnknownToolError(f"tool_choice dict must name a function, got {tool_choice!r}")
+        tool_choice = name
+    if not isinstance(tool_choice, str):
+        raise UnknownToolError(f"tool_choice must be a string or a dict, got {type(tool_choice).__name__}")
+    if tool_choice in ("auto", "none"):
+        return tool_choice, None
+    if tool_choice in ("required", "any"):
+        if not tools:
+            raise UnknownToolError(f"tool_choice={tool_choice!r} but no tools were offered")
+        return "required", None
+    names = [t.name for t in tools]
+    if tool_choice not in names:
+        raise UnknownToolError(f"tool_choice names unknown tool {tool_choice!r}; offered tools: {names}")
+    return "named", tool_choice
+
+
+def check_calls(calls: list[dict], tools: list[Tool], id_prefix: str = "call") -> tuple[list[dict], list[dict]]:
+    """Split parsed calls into (valid tool_calls, invalid_tool_calls), validating each against its schema.
+
+    Each parsed call is {"name", "arguments": dict | str, "error"?}; nothing is dropped.
+    """
+    by_name = {t.name: t for t in tools}
+    valid, invalid = [], []
+    for i, call in enumerate(calls):
+        call_id = f"{id_prefix}_{i}"
+        name, args, error = call.get("name"), call.get("arguments"), call.get("error")
+        if error is None:
+            if name not in by_name:
+                error = f"unknown tool {name!r}; offered tools: {sorted(by_name)}"
+            else:
+                error = by_name[name].validate(args)
+        if error is None:
+            valid.append({"id": call_id, "name": name, "arguments": args})
+        else:
+            text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            invalid.append({"id": call_id, "name": name, "arguments": text, "error": error})
+    return valid, invalid
