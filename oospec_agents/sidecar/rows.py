@@ -1,0 +1,146 @@
+"""The sidecar wave's rows: the one definition shared by the runtime wave and LoRA training.
+
+A request with tools T1..Tn becomes one shared prefix and a short suffix per row:
+
+    prefix  = ChatML text: a compact tool list (names, types, enums; no descriptions) as the system
+              turn, the conversation, then the assistant header -- prefilled once per wave
+    function row   suffix '<tool_call>\\n{"name":'                                target ' "get_weather"' | ' null'
+    slot rows      suffix '<tool_call>\\n{"name": "get_weather", "arguments": {"city":'
+                                                                                target ' "Paris"' | ' null'
+
+Every row's answer is one JSON value, so one parser (`parse_value`) and one stop rule (`value_end`)
+serve all rows. The suffix starts the call the way a chat model writes it, so an instruct model
+fills values out of the box. Suffixes end at the colon and targets start with the space, because BPE
+tokenizers merge a space into the token after it (` "Paris`), so a prompt ending in a space is
+off-distribution; the call layout is fixed here (hermes-like) whatever the target's format
+is, because only the joined call crosses to the target, rendered in the target's format.
+
+Tokenization (runtime and training alike): ids = encode(prefix) + encode(suffix), each without
+special tokens added, so every row shares the prefix's ids exactly. Training labels are
+encode(target) followed by the tokenizer's eos token; the wave stops a row at eos or at the end of
+its JSON value, whichever comes first.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..tools import Tool
+
+CALL_OPEN = '<tool_call>\n{"name":'
+MAX_CONTENT_CHARS = 400     # long tool results / system prompts are clipped: the prefix stays compact
+
+
+@dataclass(frozen=True)
+class Row:
+    kind: str                   # "function" | "slot"
+    tool: str | None            # the slot's tool (None for the function row)
+    param: str | None           # the slot's parameter (None for the function row)
+    suffix: str                 # text after the shared prefix; the model continues with a JSON value
+    target: str | None = None   # " " + JSON text of the answer; None = unlabelled (inference, or not trained)
+
+
+def expand_rows(messages: list[dict], tools: list[Tool], call: dict | None = None) -> tuple[str, list[Row]]:
+    """The shared prefix and the rows: one function row, then one slot row per parameter of every tool.
+
+    `messages` are normalised chat dicts (chat.normalize_messages). `call` is the ground truth for
+    training, {"name", "arguments": dict}: the function row's target is the name, the called tool's
+    slot rows get their value or `null`, other tools' slot rows stay unlabelled.
+    """
+    prefix = render_prefix(messages, tools)
+    fn_target = None if call is None else " " + json.dumps(call["name"], ensure_ascii=False)
+    rows = [Row("function", None, None, CALL_OPEN, fn_target)]
+    args = (call or {}).get("arguments") or {}
+    if isinstance(args, str):
+        args = json.loads(args) if args.strip() else {}
+    for tool in tools:
+        labelled = call is not None and tool.name == call["name"]
+        for param in tool.properties:
+            suffix = CALL_OPEN + " " + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": {' + \
+                json.dumps(param, ensure_ascii=False) + ":"
+            target = " " + json.dumps(args.get(param), ensure_ascii=False) if labelled else None
+            rows.append(Row("slot", tool.name, param, suffix, target))
+    return prefix, rows
+
+
+def render_prefix(messages: list[dict], tools: list[Tool]) -> str:
+    """ChatML text up to the assistant header. ChatML is the embedded sidecar's (SmolLM2) own chat
+    format; for a sidecar with another tokenizer it is just text."""
+    system = "Call one of these tools. Reply with the call as JSON.\n" + "\n".join(compact_tool(t) for t in tools)
+    turns = [("system", system)]
+    for m in messages:
+        content = _clip(m.get("content") or "")
+        if m["role"] == "system":
+            turns[0] = ("system", system + "\n" + content)
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(CALL_OPEN + " " + json.dumps(c["name"], ensure_ascii=False) + ', "arguments": ' +
+                              json.dumps(c["arguments"], ensure_ascii=False, separators=(",", ":")) + "}"
+                              for c in m["tool_calls"])
+            turns.append(("assistant", (content + "\n" if content else "") + calls))
+        elif m["role"] == "tool":
+            turns.append(("user", "Tool result: " + content))
+        else:
+            turns.append((m["role"], content))
+    return "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns) + "<|im_start|>assistant\n"
+
+
+def compact_tool(tool: Tool) -> str:
+    """`- get_weather(city: string, unit?: "c"|"f")`: names, types and enums; `?` marks optional."""
+    required = set(tool.required)
+    params = ", ".join(f"{name}{'' if name in required else '?'}: {_type(spec)}"
+                       for name, spec in tool.properties.items())
+    return f"- {tool.name}({params})"
+
+
+def _type(spec: Any) -> str:
+    if not isinstance(spec, dict):
+        return "any"
+    if "enum" in spec:
+        return "|".join(json.dumps(v, ensure_ascii=False) for v in spec["enum"])
+    kind = spec.get("type", "any")
+    if isinstance(kind, list):
+        return "|".join(map(str, kind))
+    if kind == "array":
+        return f"array<{_type(spec.get('items', {}))}>"
+    return str(kind)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_CONTENT_CHARS else text[:MAX_CONTENT_CHARS] + "..."
+
+
+# --------------------------------------------------------------------------- reading a row's answer
+
+_DECODER = json.JSONDecoder()
+
+
+def value_end(text: str) -> int | None:
+    """Index just past the first complete JSON value in `text`, or None while it is incomplete.
+
+    A number is complete only once something follows it ("10" may still become "100").
+    """
+    body = text.lstrip()
+    try:
+        value, end = _DECODER.raw_decode(body)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and end == len(body):
+        return None
+    return len(text) - len(body) + end
+
+
+def parse_value(text: str, *, final: bool = True) -> Any:
+    """The first complete JSON value in a row's output; garbage (or nothing) reads as None.
+
+    With `final` (the row has stopped), a trailing number counts as complete.
+    """
+    end = value_end(text)
+    if end is None and final:
+        end = len(text)
+    if end is None:
+        return None
+    try:
+        return _DECODER.raw_decode(text.lstrip())[0]
+    except json.JSONDecodeError:
+        return None
