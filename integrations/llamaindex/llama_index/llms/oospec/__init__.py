@@ -1,0 +1,3 @@
+from llama_index.llms.oospec.base import OoOSpec
+
+__all__ = ["OoOSpec"]

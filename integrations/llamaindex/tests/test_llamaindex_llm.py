@@ -1,0 +1,380 @@
+"""OoOSpec's FunctionCallingLLM contract, method by method, over a scripted engine.
+
+The engine here replays fixed replies, so these tests pin down the translation between LlamaIndex
+and the engine: what each method sends, and what it makes of the reply.
+"""
+import json
+import time
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock, ToolCallBlock
+from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.tools import FunctionTool
+from pydantic import BaseModel, ValidationError
+
+from llama_index.llms.oospec import OoOSpec
+from llama_index.llms.oospec.streaming import iterate_in_thread
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+TOOLS = [FunctionTool.from_defaults(multiply), FunctionTool.from_defaults(add)]
+CALL = ("multiply", {"a": 6, "b": 7})
+TWO_CALLS = [CALL, ("add", {"a": 1, "b": 2})]
+USER = [ChatMessage(role="user", content="What is 6 times 7?")]
+
+
+# ------------------------------------------------------------------ construction and metadata
+
+def test_is_a_function_calling_llm_with_engine_metadata(scripted):
+    llm, engine = scripted()
+    assert isinstance(llm, FunctionCallingLLM)
+    meta = llm.metadata
+    assert meta.is_function_calling_model and meta.is_chat_model
+    assert meta.context_window == engine.context_window == 4096
+    assert meta.model_name == llm.model == "scripted-model"
+    assert meta.num_output == llm.max_new_tokens
+    assert llm.engine is engine
+
+
+def test_engine_and_model_arguments_are_exclusive(scripted):
+    _, engine = scripted()
+    with pytest.raises(ValueError, match="either engine= or model=, target_device="):
+        OoOSpec(model="embedded", target_device="cpu", engine=engine)
+
+
+def test_engine_must_be_an_engine():
+    with pytest.raises(TypeError, match="oospec_agents.Engine, got str"):
+        OoOSpec(engine="embedded")
+
+
+@pytest.mark.parametrize("bad", [{"method": "beam"}, {"max_new_tokens": 0}])
+def test_bad_settings_are_rejected(scripted, bad):
+    with pytest.raises(ValidationError):
+        scripted(**bad)
+
+
+# ------------------------------------------------------------------ chat
+
+def test_chat_sends_the_chat_and_settings(scripted):
+    llm, engine = scripted(("Hello!", []), method="toolspec", max_new_tokens=12)
+    response = llm.chat([ChatMessage(role="system", content="Be brief."), *USER])
+    assert engine.requests == [{
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": "What is 6 times 7?"}],
+        "tools": None, "tool_choice": "auto", "max_new_tokens": 12, "method": "toolspec"}]
+    assert response.message.role == "assistant"
+    assert response.message.content == "Hello!"
+
+
+def test_chat_reports_usage_and_speculation_stats(scripted):
+    llm, _ = scripted(("Hello!", []))
+    raw = llm.chat(USER).raw
+    assert raw["usage"] == {"prompt_tokens": 17, "completion_tokens": 2, "total_tokens": 19}
+    assert raw["stats"]["target_forwards"] == 3
+    assert raw["stats"]["accepted_by_source"]["schema"] == 2
+    assert raw["finish_reason"] == "stop"
+    assert raw["invalid_tool_calls"] == []
+
+
+def test_chat_carries_tool_calls_as_blocks(scripted):
+    llm, _ = scripted(("Let me compute.", [CALL]))
+    message = llm.chat(USER, tools=[t.metadata.to_openai_tool() for t in TOOLS]).message
+    assert message.content == "Let me compute."
+    [block] = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
+    assert (block.tool_call_id, block.tool_name, block.tool_kwargs) == ("call_0", "multiply", {"a": 6, "b": 7})
+    assert "<tool_call>" not in message.content
+
+
+async def test_achat_matches_chat(scripted):
+    llm, _ = scripted(("Let me compute.", [CALL]), ("Let me compute.", [CALL]))
+    sync = llm.chat(USER)
+    response = await llm.achat(USER)
+    assert response.message == sync.message
+    assert response.raw["usage"] == sync.raw["usage"]
+
+
+def test_stream_chat_accumulates_message_and_yields_deltas(scripted):
+    llm, _ = scripted(("Sure, computing 6 times 7 now.", [CALL]))
+    chunks = list(llm.stream_chat(USER))
+    text = ""
+    for chunk in chunks:
+        text += chunk.delta
+        assert chunk.message.content == text  # each chunk carries everything so far
+    assert text == "Sure, computing 6 times 7 now."
+    assert len(chunks) > 3
+    final = chunks[-1]
+    assert [c.tool_name for c in llm.get_tool_calls_from_response(final)] == ["multiply"]
+    assert final.raw["usage"]["completion_tokens"] > 0
+    assert all(not llm.get_tool_calls_from_response(c, error_on_no_tool_call=False) for c in chunks[:-1])
+
+
+def test_stream_chat_hides_tool_call_markup(scripted):
+    llm, _ = scripted(("", [CALL]))
+    chunks = list(llm.stream_chat(USER))
+    assert "".join(c.delta for c in chunks) == ""
+    assert chunks[-1].message.content == ""
+    assert llm.get_tool_calls_from_response(chunks[-1])[0].tool_kwargs == {"a": 6, "b": 7}
+
+
+async def test_astream_chat_matches_stream_chat(scripted):
+    llm, _ = scripted(("Sure, computing.", [CALL]), ("Sure, computing.", [CALL]))
+    sync = [(c.delta, c.message) for c in llm.stream_chat(USER)]
+    gen = await llm.astream_chat(USER)
+    assert [(c.delta, c.message) async for c in gen] == sync
+
+
+async def test_astream_chat_stopped_early_leaves_the_llm_usable(scripted):
+    llm, _ = scripted(("A long answer that streams in many pieces.", []), ("Next.", []))
+    gen = await llm.astream_chat(USER)
+    async for _ in gen:
+        break
+    await gen.aclose()
+    assert (await llm.achat(USER)).message.content == "Next."
+
+
+async def test_a_stopped_async_stream_stops_its_worker_thread():
+    produced, closed = [], []
+
+    def slow_tokens():
+        try:
+            for i in range(100):
+                produced.append(i)
+                time.sleep(0.01)
+                yield i
+        finally:
+            closed.append(True)
+
+    stream = iterate_in_thread(slow_tokens())
+    async for _ in stream:
+        break
+    await stream.aclose()
+    assert len(produced) < 10 and closed == [True]
+
+
+# ------------------------------------------------------------------ completion
+
+def test_complete_sends_the_prompt_as_a_user_message(scripted):
+    llm, engine = scripted(("Paris.", []))
+    response = llm.complete("Capital of France?")
+    assert response.text == "Paris."
+    assert response.raw["usage"]["prompt_tokens"] == 17
+    assert engine.requests[0]["messages"] == [{"role": "user", "content": "Capital of France?"}]
+
+
+async def test_acomplete(scripted):
+    llm, _ = scripted(("Paris.", []))
+    assert (await llm.acomplete("Capital of France?")).text == "Paris."
+
+
+def test_stream_complete(scripted):
+    llm, _ = scripted(("Paris is the capital.", []))
+    chunks = list(llm.stream_complete("Capital of France?"))
+    assert "".join(c.delta for c in chunks) == chunks[-1].text == "Paris is the capital."
+
+
+async def test_astream_complete(scripted):
+    llm, _ = scripted(("Paris is the capital.", []))
+    chunks = [c async for c in await llm.astream_complete("Capital of France?")]
+    assert "".join(c.delta for c in chunks) == chunks[-1].text == "Paris is the capital."
+
+
+def test_callbacks_count_tokens_from_usage(scripted):
+    counter = TokenCountingHandler()
+    llm, _ = scripted(("Paris.", []), ("Paris.", []), callback_manager=CallbackManager([counter]))
+    llm.chat(USER)
+    list(llm.stream_chat(USER))
+    assert [e.prompt_token_count for e in counter.llm_token_counts] == [17, 17]
+    assert [e.completion_token_count for e in counter.llm_token_counts] == [2, 2]
+
+
+# ------------------------------------------------------------------ tools
+
+def test_prepare_chat_with_tools(scripted):
+    llm, _ = scripted()
+    history = [ChatMessage(role="system", content="Use tools.")]
+    kwargs = llm._prepare_chat_with_tools(TOOLS, user_msg="6 times 7?", chat_history=history)
+    assert [m.content for m in kwargs["messages"]] == ["Use tools.", "6 times 7?"]
+    assert len(history) == 1  # the caller's list is left alone
+    assert [t["function"]["name"] for t in kwargs["tools"]] == ["multiply", "add"]
+    assert kwargs["tools"][0]["function"]["parameters"]["required"] == ["a", "b"]
+    assert kwargs["tool_choice"] == "auto"
+    assert kwargs["allow_parallel_tool_calls"] is False
+
+
+@pytest.mark.parametrize("extra, sent", [
+    ({"tool_required": True}, "required"),
+    ({"tool_choice": "add"}, "add"),
+    ({"tool_choice": "none", "tool_required": True}, "none"),  # an explicit choice wins
+    ({"tool_choice": {"type": "function", "function": {"name": "add"}}},
+     {"type": "function", "function": {"name": "add"}}),
+])
+def test_tool_choice_reaches_the_engine(scripted, extra, sent):
+    llm, engine = scripted(("", [("add", {"a": 1, "b": 2})]))
+    llm.chat_with_tools(TOOLS, user_msg="1 plus 2?", **extra)
+    assert engine.requests[0]["tool_choice"] == sent
+
+
+def test_chat_with_tools_keeps_only_the_first_call_unless_parallel(scripted):
+    llm, _ = scripted(("", TWO_CALLS), ("", TWO_CALLS))
+    single = llm.chat_with_tools(TOOLS, user_msg="6*7 and 1+2?")
+    both = llm.chat_with_tools(TOOLS, user_msg="6*7 and 1+2?", allow_parallel_tool_calls=True)
+    assert [c.tool_name for c in llm.get_tool_calls_from_response(single)] == ["multiply"]
+    assert [c.tool_name for c in llm.get_tool_calls_from_response(both)] == ["multiply", "add"]
+
+
+def test_stream_chat_with_tools_keeps_only_the_first_call_unless_parallel(scripted):
+    llm, _ = scripted(("", TWO_CALLS), ("", TWO_CALLS))
+    single = list(llm.stream_chat_with_tools(TOOLS, user_msg="6*7 and 1+2?"))[-1]
+    both = list(llm.stream_chat_with_tools(TOOLS, user_msg="6*7 and 1+2?", allow_parallel_tool_calls=True))[-1]
+    assert len(llm.get_tool_calls_from_response(single)) == 1
+    assert len(llm.get_tool_calls_from_response(both)) == 2
+
+
+async def test_achat_and_astream_chat_with_tools_agree(scripted):
+    llm, _ = scripted(("", [CALL]), ("", [CALL]))
+    response = await llm.achat_with_tools(TOOLS, user_msg="6 times 7?", tool_required=True)
+    chunks = [c async for c in await llm.astream_chat_with_tools(TOOLS, user_msg="6 times 7?", tool_required=True)]
+    assert llm.get_tool_calls_from_response(response) == llm.get_tool_calls_from_response(chunks[-1])
+
+
+def test_get_tool_calls_from_response_gives_tool_selections(scripted):
+    llm, _ = scripted(("", TWO_CALLS))
+    calls = llm.get_tool_calls_from_response(llm.chat_with_tools(TOOLS, user_msg="?", allow_parallel_tool_calls=True))
+    assert [(c.tool_id, c.tool_name, c.tool_kwargs) for c in calls] == [
+        ("call_0", "multiply", {"a": 6, "b": 7}), ("call_1", "add", {"a": 1, "b": 2})]
+
+
+def test_no_tool_call_is_empty_or_a_clear_error(scripted):
+    llm, _ = scripted(("I can answer that myself: 42.", []))
+    response = llm.chat_with_tools(TOOLS, user_msg="6 times 7?")
+    assert llm.get_tool_calls_from_response(response, error_on_no_tool_call=False) == []
+    with pytest.raises(ValueError, match="expected at least one tool call.*got none.*42"):
+        llm.get_tool_calls_from_response(response)
+
+
+def test_no_tool_call_error_names_a_call_that_failed_validation(scripted):
+    llm, _ = scripted(("", []))
+    response = llm.chat(USER)
+    response.raw["invalid_tool_calls"] = [{"id": "call_0", "name": "multiply", "arguments": '{"a": "six"}',
+                                           "error": "'six' is not of type 'integer' (at 'a')"}]
+    with pytest.raises(ValueError, match="failed validation: 'six' is not of type 'integer'"):
+        llm.get_tool_calls_from_response(response)
+
+
+def test_predict_and_call_runs_the_tool(scripted):
+    llm, _ = scripted(("", [CALL]))
+    result = llm.predict_and_call(TOOLS, user_msg="6 times 7?")
+    assert result.response == "42"
+    assert result.sources[0].tool_name == "multiply"
+
+
+async def test_apredict_and_call_runs_the_tool(scripted):
+    llm, _ = scripted(("", [("add", {"a": 1, "b": 2})]))
+    assert (await llm.apredict_and_call(TOOLS, user_msg="1 plus 2?")).response == "3"
+
+
+class Album(BaseModel):
+    """An album."""
+    title: str
+    year: int
+
+
+def test_structured_predict_returns_the_pydantic_object(scripted):
+    llm, engine = scripted(("", [("Album", {"title": "Blue", "year": 1971})]))
+    album = llm.structured_predict(Album, PromptTemplate("Name an album by {artist}."), artist="Joni Mitchell")
+    assert album == Album(title="Blue", year=1971)
+    request = engine.requests[0]
+    assert request["tool_choice"] == "required"
+    assert request["tools"][0]["function"]["name"] == "Album"
+    assert "Joni Mitchell" in request["messages"][-1]["content"]
+
+
+async def test_astructured_predict_returns_the_pydantic_object(scripted):
+    llm, _ = scripted(("", [("Album", {"title": "Blue", "year": 1971})]))
+    album = await llm.astructured_predict(Album, PromptTemplate("Name an album by {artist}."), artist="Joni")
+    assert album == Album(title="Blue", year=1971)
+
+
+# ------------------------------------------------------------------ histories
+
+def test_history_with_tool_call_blocks_and_results(scripted):
+    llm, engine = scripted(("6 times 7 is 42.", []))
+    history = [
+        *USER,
+        ChatMessage(role="assistant", blocks=[TextBlock(text=""), ToolCallBlock(
+            tool_call_id="call_9", tool_name="multiply", tool_kwargs={"a": 6, "b": 7})]),
+        ChatMessage(role="tool", content="42", additional_kwargs={"tool_call_id": "call_9"}),
+    ]
+    llm.chat_with_tools(TOOLS, chat_history=history)
+    assert engine.requests[0]["messages"][1:] == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_9", "type": "function", "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "call_9"},
+    ]
+
+
+def test_history_with_older_additional_kwargs_tool_calls(scripted):
+    llm, engine = scripted(("42.", []))
+    legacy = ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [
+        {"id": "abc", "type": "function", "function": {"name": "multiply", "arguments": json.dumps({"a": 6, "b": 7})}},
+    ]})
+    llm.chat([*USER, legacy, ChatMessage(role="tool", content="42", additional_kwargs={"tool_call_id": "abc"})])
+    assert engine.requests[0]["messages"][1]["tool_calls"] == [
+        {"id": "abc", "type": "function", "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}]
+
+
+def test_its_own_replies_go_back_into_the_history(scripted):
+    llm, engine = scripted(("Computing.", [CALL]), ("It is 42.", []))
+    first = llm.chat_with_tools(TOOLS, chat_history=list(USER)).message
+    result = ChatMessage(role="tool", content="42", additional_kwargs={"tool_call_id": "call_0"})
+    llm.chat_with_tools(TOOLS, chat_history=[*USER, first, result])
+    assert engine.requests[1]["messages"][1:] == [
+        {"role": "assistant", "content": "Computing.", "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "call_0"},
+    ]
+
+
+# ------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("messages, error, match", [
+    ("What is 6 times 7?", ValueError, "valid list"),  # caught by LlamaIndex's callback layer
+    ([], ValueError, "messages is empty"),
+    ([{"role": "user", "content": "hi"}], TypeError, r"messages\[0\] must be a ChatMessage, got dict"),
+    ([ChatMessage(role="function", content="x")], ValueError, r"role 'function'; OoOSpec accepts"),
+    ([ChatMessage(role="user", blocks=[ImageBlock(url="http://example.com/cat.png")])], ValueError,
+     r"messages\[0\] holds a ImageBlock; OoOSpec targets read text only"),
+    ([ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [
+        {"id": "x", "function": {"name": "multiply", "arguments": "{a: 6"}}]})], ValueError,
+     "'multiply' has arguments that are not valid JSON"),
+])
+def test_bad_messages_get_clear_errors(scripted, messages, error, match):
+    llm, engine = scripted(("never reached", []))
+    with pytest.raises(error, match=match):
+        llm.chat(messages)
+    assert engine.requests == []
+
+
+def test_unknown_chat_options_are_rejected(scripted):
+    llm, _ = scripted(("never reached", []))
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['temperature'\].*greedy"):
+        llm.chat(USER, temperature=0.7)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        llm.stream_chat(USER, top_p=0.9)  # raised at the call, not on the first chunk
+
+
+def test_tools_must_be_llamaindex_tools(scripted):
+    llm, _ = scripted()
+    with pytest.raises(TypeError, match=r"tools\[0\] must be a LlamaIndex BaseTool .*got function"):
+        llm.chat_with_tools([multiply], user_msg="6 times 7?")
