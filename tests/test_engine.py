@@ -1,0 +1,225 @@
+"""The engine core: lossless against transformers' greedy generate, fewer forwards, clear errors."""
+import pytest
+import torch
+
+from conftest import greedy
+from oospec_agents import Engine, Generation
+from oospec_agents.drafters import Draft, DraftContext, Drafter
+from oospec_agents.drafters.schema import forced_text
+from oospec_agents.errors import (ChatFormatError, ContextLengthError, DeviceError, OoOSpecError, ToolSchemaError,
+                                  UnknownToolError)
+from oospec_agents.formats import HermesFormat
+from oospec_agents.models import resolve_device
+from oospec_agents.tools import normalize_tools
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_current_weather", "description": "Get the weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris in celsius?"}]
+
+
+# ---------------------------------------------------------------- lossless on tiny random models
+
+@pytest.mark.parametrize("method", ["ar", "toolspec", "oospec"])
+@pytest.mark.parametrize("tool_choice", ["auto", "required", "get_time", "none"])
+def test_tiny_models_match_greedy_generate(tiny_engine, method, tool_choice):
+    ids = tiny_engine.prompt_ids(ASK, [WEATHER, TIME], tool_choice=tool_choice)
+    gen = tiny_engine.generate(ASK, [WEATHER, TIME], tool_choice=tool_choice, max_new_tokens=24, method=method)
+    assert gen.token_ids == greedy(tiny_engine, ids, 24)
+    assert gen.stats["new_tokens"] == len(gen.token_ids) == 24
+
+
+class ReferenceDrafter(Drafter):
+    """A test double that knows the greedy continuation and drafts it with a planted error."""
+    source = "retrieval"
+
+    def __init__(self, reference, n_prompt, wrong_at, branch):
+        self.reference, self.n_prompt, self.wrong_at, self.branch = reference, n_prompt, wrong_at, branch
+
+    def propose(self, ctx: DraftContext):
+        done = len(ctx.ids) - self.n_prompt
+        good = self.reference[done:done + 8]
+        bad = list(good)
+        if len(bad) > self.wrong_at:
+            bad[self.wrong_at] = (bad[self.wrong_at] + 1) % 1000
+        # With `branch`, the flawed draft comes first, so the accepted path is not contiguous in the tree.
+        return [Draft(bad, self.source), Draft(good, self.source)] if self.branch else [Draft(bad, self.source)]
+
+
+@pytest.mark.parametrize("wrong_at", [0, 1, 3, 6])
+@pytest.mark.parametrize("branch", [False, True], ids=["chain", "tree"])
+def test_kv_rollback_across_rejected_drafts(tiny_engine, wrong_at, branch, monkeypatch):
+    ids = tiny_engine.prompt_ids(ASK, [WEATHER])
+    ref = greedy(tiny_engine, ids, 40)
+    monkeypatch.setitem(tiny_engine._drafters, "retrieval", ReferenceDrafter(ref, len(ids), wrong_at, branch))
+    gen = tiny_engine.generate(ASK, [WEATHER], max_new_tokens=40, method="toolspec")
+    assert gen.token_ids == ref
+    # Each forward commits the accepted drafts plus one token of the target's own.
+    per_forward = (8 if branch else wrong_at) + 1
+    assert gen.stats["target_forwards"] <= 1 + -(-39 // per_forward) + 1
+
+
+def test_stream_yields_deltas_then_the_generation(tiny_engine):
+    items = list(tiny_engine.stream(ASK, [WEATHER], max_new_tokens=12, method="toolspec"))
+    gen = items[-1]
+    assert isinstance(gen, Generation)
+    assert "".join(items[:-1]) == gen.text
+    assert all(isinstance(d, str) and d for d in items[:-1])
+
+
+def test_stop_strings_cut_the_reply(tiny_engine):
+    full = tiny_engine.generate(ASK, max_new_tokens=20, method="ar")
+    stop = full.text[5:8]
+    gen = tiny_engine.generate(ASK, max_new_tokens=20, method="toolspec", stop=[stop])
+    assert gen.text == full.text[:full.text.index(stop)]
+    assert gen.token_ids == full.token_ids[:len(gen.token_ids)]
+
+
+def test_forced_tool_choice_is_part_of_prompt_ids(tiny_engine):
+    tok = tiny_engine.tokenizer
+    auto = tok.decode(tiny_engine.prompt_ids(ASK, [WEATHER, TIME]))
+    required = tok.decode(tiny_engine.prompt_ids(ASK, [WEATHER, TIME], tool_choice="required"))
+    named = tok.decode(tiny_engine.prompt_ids(ASK, [WEATHER, TIME], tool_choice={"type": "function",
+                                                                                   "function": {"name": "get_time"}}))
+    none = tok.decode(tiny_engine.prompt_ids(ASK, [WEATHER, TIME], tool_choice="none"))
+    assert required == auto + '<tool_call>\n{"name": "'
+    assert named == auto + '<tool_call>\n{"name": "get_time"'
+    assert "get_current_weather" not in none
+
+
+# ---------------------------------------------------------------- the schema drafter
+
+def _ctx(text, tools=(WEATHER, TIME)):
+    return DraftContext(ids=[1], n_prompt=1, text=text, tools=normalize_tools(list(tools)), fmt=HermesFormat(),
+                        tokenizer=None)
+
+
+@pytest.mark.parametrize("text, forced", [
+    ("", '<tool_call>\n{"name": "'),
+    ("<tool_call>", '\n{"name": "'),
+    ('<tool_call>\n{"name": "get_c', 'urrent_weather", "arguments": {"city": "'),
+    ('<tool_call>\n{"name": "get_', ""),  # two tools share the prefix: nothing is forced
+    ('<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Paris"', ', "unit": "'),
+    ('<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Paris", "unit": "c',
+     'elsius"}}\n</tool_call>'),
+    ('<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Paris", "u', 'nit": "'),
+    ('<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}', "}\n</tool_call>"),
+    ("Sure, here you go.", ""),
+])
+def test_schema_drafter_drafts_exactly_the_forced_stretches(text, forced):
+    assert forced_text(_ctx(text)) == forced
+
+
+def test_schema_draft_is_reencoded_at_the_token_boundary(smollm2_tokenizer):
+    from oospec_agents.drafters import encode_after
+    tok = smollm2_tokenizer
+    ids = tok.encode('<tool_call>\n{"name": "get', add_special_tokens=False)
+    draft = encode_after(tok, ids, '_current_weather", "arguments": {"')
+    whole = tok.encode('<tool_call>\n{"name": "get_current_weather", "arguments": {"', add_special_tokens=False)
+    assert ids + draft == whole
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("tools, error, words", [
+    ([{"type": "function", "function": {"parameters": {}}}], ToolSchemaError, "missing its 'name'"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 3}}}],
+     ToolSchemaError, "invalid JSON Schema"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
+     ToolSchemaError, "invalid JSON Schema"),
+    ([WEATHER, WEATHER], ToolSchemaError, "duplicate tool name 'get_current_weather'"),
+])
+def test_bad_tools_are_named(tiny_engine, tools, error, words):
+    with pytest.raises(error, match=words):
+        tiny_engine.generate(ASK, tools, max_new_tokens=2)
+
+
+def test_unknown_tool_choice(tiny_engine):
+    with pytest.raises(UnknownToolError, match="unknown tool 'get_stock'.*get_current_weather"):
+        tiny_engine.generate(ASK, [WEATHER], tool_choice="get_stock")
+    with pytest.raises(UnknownToolError, match="no tools were offered"):
+        tiny_engine.generate(ASK, None, tool_choice="required")
+
+
+@pytest.mark.parametrize("messages, words", [
+    ([], "non-empty list"),
+    ("hello", "non-empty list"),
+    ([{"role": "robot", "content": "hi"}], "role 'robot'"),
+    ([{"role": "user", "content": 5}], "content must be a string"),
+    ([{"role": "system", "content": "only me"}], "only system messages"),
+    ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}], "not valid JSON"),
+])
+def test_invalid_chats_are_named(tiny_engine, messages, words):
+    with pytest.raises(ChatFormatError, match=words):
+        tiny_engine.generate(messages, max_new_tokens=2)
+
+
+def test_prompt_over_the_context_window(tiny_engine):
+    long = [{"role": "user", "content": "word " * 3000}]
+    with pytest.raises(ContextLengthError, match=r"over the target's context window of 2048"):
+        tiny_engine.generate(long)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5])
+def test_max_new_tokens_must_be_positive(tiny_engine, bad):
+    with pytest.raises(OoOSpecError, match="max_new_tokens must be an integer >= 1"):
+        tiny_engine.generate(ASK, max_new_tokens=bad)
+
+
+def test_unknown_method(tiny_engine):
+    with pytest.raises(OoOSpecError, match="unknown method 'fast'"):
+        tiny_engine.generate(ASK, method="fast")
+
+
+@pytest.mark.parametrize("device, words", [("gpu:7", "unknown device 'gpu:7'"),
+                                           ("tpu", "unknown device"),
+                                           ("cuda", "no CUDA GPU"), ("cuda:3", "CUDA")])
+def test_bad_devices(device, words):
+    if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.device_count() > 3:
+        pytest.skip("this machine has that many GPUs")
+    with pytest.raises(DeviceError, match=words):
+        resolve_device(device)
+    with pytest.raises(DeviceError):
+        Engine.from_pretrained("embedded", target_device=device)
+
+
+def test_hitting_max_new_tokens_inside_a_call_reports_it_invalid(tiny_engine):
+    gen = tiny_engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=3, method="toolspec")
+    assert gen.finish_reason == "length"
+    assert gen.tool_calls == []
+    assert "unterminated tool call" in gen.invalid_tool_calls[0]["error"]
+
+
+# ---------------------------------------------------------------- the embedded model
+
+@pytest.fixture(scope="module")
+def embedded_runs(embedded_fp32, dev_records20):
+    runs = []
+    for rec in dev_records20:
+        ids = embedded_fp32.prompt_ids(rec["messages"], rec["tools"], tool_choice="required")
+        out = {m: embedded_fp32.generate(rec["messages"], rec["tools"], tool_choice="required",
+                                         max_new_tokens=48, method=m) for m in ("ar", "toolspec")}
+        runs.append((rec, greedy(embedded_fp32, ids, 48), out))
+    return runs
+
+
+@pytest.mark.slow
+def test_embedded_is_lossless_on_20_dev_records(embedded_runs):
+    assert len({rec["source"] for rec, _, _ in embedded_runs}) >= 4
+    for rec, reference, out in embedded_runs:
+        for method, gen in out.items():
+            assert gen.token_ids == reference, f"{method} diverged from greedy on {rec['id']}"
+
+
+@pytest.mark.slow
+def test_toolspec_needs_at_most_0_6x_the_forwards_of_ar(embedded_runs):
+    ar = sum(out["ar"].stats["target_forwards"] for _, _, out in embedded_runs)
+    ts = sum(out["toolspec"].stats["target_forwards"] for _, _, out in embedded_runs)
+    assert ts <= 0.6 * ar, (ts, ar)
+    accepted = {s: sum(out["toolspec"].stats["accepted_by_source"][s] for _, _, out in embedded_runs)
+                for s in ("schema", "retrieval")}
+    assert accepted["schema"] > 0 and accepted["retrieval"] > 0
