@@ -1,0 +1,300 @@
+"""ChatOoOSpec: a LangChain chat model whose replies and tool calls come from the oospec-agents engine."""
+from __future__ import annotations
+
+import json
+from contextlib import closing
+from operator import itemgetter
+from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.exceptions import OutputParserException
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.output_parsers import (JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser,
+                                           PydanticToolsParser)
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.runnables.config import run_in_executor
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import Field, field_validator, model_validator
+
+from oospec_agents import Engine, Generation
+from oospec_agents.errors import ToolSchemaError
+from oospec_agents.tools import normalize_tools, resolve_tool_choice
+
+from ._messages import to_openai_messages
+from ._streaming import ContentStream, iterate_in_thread
+
+#: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
+_CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature")
+#: speculation stats copied from `Generation.stats` into `response_metadata`
+_STATS = ("method", "target_forwards", "accepted_by_source", "hint_bytes")
+
+
+class ChatOoOSpec(BaseChatModel):
+    """A local tool-calling chat model, decoded losslessly faster with out-of-order speculation.
+
+    Output is exactly the target model's greedy decoding; the speculation only saves forwards.
+
+    Setup:
+        `pip install langchain-oospec`. `model="embedded"` (the default) needs no download.
+
+    Instantiate:
+        ```python
+        from langchain_oospec import ChatOoOSpec
+
+        model = ChatOoOSpec()                                   # the embedded default
+        model = ChatOoOSpec(model="Qwen/Qwen2.5-0.5B-Instruct", sidecar="Qwen/Qwen2.5-0.5B-Instruct",
+                            max_tokens=512)
+        ```
+
+    Tool calling:
+        ```python
+        model.bind_tools([get_current_weather], tool_choice="auto").invoke("Weather in Paris?")
+        ```
+
+    Engines are shared: every `ChatOoOSpec` naming the same models and devices uses one loaded engine,
+    loaded on first use (constructing the chat model loads nothing).
+    """
+
+    model: str = "embedded"
+    """The target: a Hugging Face id, a local path, a GGUF file or "embedded"."""
+    sidecar: str | None = None
+    """The hint model, a reference like `model`; None lets the engine choose (embedded: its own)."""
+    target_device: str | None = None
+    sidecar_device: str | None = None
+    method: Literal["ar", "toolspec", "oospec"] = "oospec"
+    """Decoding: plain autoregressive, schema drafting only, or schema drafting plus sidecar hints."""
+    max_tokens: int = 256
+    temperature: float | None = None
+    """Only greedy decoding exists, so only 0 (or unset) is accepted."""
+    stop: list[str] | None = None
+    engine: Engine | None = Field(default=None, exclude=True)
+    """An already loaded engine, used instead of loading `model`."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_only(cls, value: float | None) -> float | None:
+        _check_temperature(value)
+        return value
+
+    @model_validator(mode="after")
+    def _name_the_given_engine(self) -> ChatOoOSpec:
+        if self.engine is not None and "model" not in self.model_fields_set:
+            self.model = self.engine.model_name
+        return self
+
+    @property
+    def _llm_type(self) -> str:
+        return "chat-oospec"
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(ls_provider="oospec", ls_model_name=kwargs.get("model", self.model),
+                                 ls_model_type="chat", ls_max_tokens=kwargs.get("max_tokens", self.max_tokens))
+        temperature = kwargs.get("temperature", self.temperature)
+        if temperature is not None:
+            params["ls_temperature"] = temperature
+        if ls_stop := stop or self.stop:
+            params["ls_stop"] = ls_stop
+        return params
+
+    # ------------------------------------------------------------------ tools and structured output
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+        *,
+        tool_choice: dict | str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools, kept under `tools` as OpenAI function dicts (LangGraph reads them there).
+
+        Args:
+            tools: anything `convert_to_openai_tool` accepts; each schema is checked now.
+            tool_choice: "auto", "none", "any" or "required" (some tool must be called), a tool's
+                name, or `{"type": "function", "function": {"name": ...}}`.
+        """
+        formatted = [_openai_tool(t, i) for i, t in enumerate(tools)]
+        # Each schema is checked now, so a bad one fails here, naming the tool. Duplicate names are
+        # the engine's to reject when a request is made: binding them is not yet an error.
+        checked = [tool for spec in formatted for tool in normalize_tools([spec])]
+        if tool_choice is not None:
+            mode, name = resolve_tool_choice(tool_choice, checked)
+            if mode == "required" and len(checked) == 1:
+                # "call some tool" with one tool offered means that tool: prefill its name too
+                mode, name = "named", checked[0].name
+            kwargs["tool_choice"] = name if mode == "named" else mode
+        return super().bind(tools=formatted, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict | type | None = None,
+        *,
+        method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict | Any]:
+        """Return output matching `schema` (pydantic class, TypedDict or JSON Schema).
+
+        "function_calling" and "json_schema" both force one call of a tool whose parameters are the
+        schema, so the output is parsed from a call the engine has validated. "json_mode" asks
+        for nothing structural: the prompt must request JSON, and the reply's text is parsed.
+        `strict` is accepted for compatibility; calls are always validated against the schema.
+        """
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        ls_format = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        if method in ("function_calling", "json_schema"):
+            if schema is None:
+                raise ValueError(f"schema must be given for method={method!r}")
+            name = convert_to_openai_tool(schema)["function"]["name"]
+            llm = self.bind_tools([schema], tool_choice=name, ls_structured_output_format=ls_format)
+            tools_parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
+                            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+            parser: Runnable = RunnableLambda(_reject_invalid_call) | tools_parser
+        elif method == "json_mode":
+            llm = self.bind(ls_structured_output_format=ls_format)
+            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+        else:
+            raise ValueError(f"method must be 'function_calling', 'json_schema' or 'json_mode', got {method!r}")
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
+
+    # ------------------------------------------------------------------ generation
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        engine, request = self._prepare(messages, stop, kwargs)
+        gen = engine.generate(**request)
+        message = AIMessage(
+            content=gen.content,
+            tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"]) for c in gen.tool_calls],
+            invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=c["error"])
+                                for c in gen.invalid_tool_calls],
+            usage_metadata=_usage(gen),
+            response_metadata=_response_metadata(gen, engine.model_name),
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return await run_in_executor(None, self._generate, messages, stop, None, **kwargs)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        for chunk in self._chunks(messages, stop, kwargs):
+            if run_manager:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async for chunk in iterate_in_thread(lambda: self._chunks(messages, stop, kwargs)):
+            if run_manager:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    def _chunks(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator[ChatGenerationChunk]:
+        """Content deltas as the engine commits them; then each tool call; then usage and stats."""
+        engine, request = self._prepare(messages, stop, kwargs)
+        content = ContentStream(engine.fmt, request["stop"] or ())
+        with closing(engine.stream(**request)) as items:
+            for item in items:
+                if isinstance(item, Generation):
+                    gen = item
+                elif delta := content.feed(item):
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+        if rest := content.finish(gen.content):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=rest))
+        calls = [*gen.tool_calls, *gen.invalid_tool_calls]
+        for index, call in enumerate(calls):
+            args = call["arguments"]
+            args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            chunk = tool_call_chunk(name=call["name"], args=args, id=call["id"], index=index)
+            yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))
+        yield ChatGenerationChunk(message=AIMessageChunk(
+            content="", usage_metadata=_usage(gen), response_metadata=_response_metadata(gen, engine.model_name),
+            chunk_position="last"))
+
+    def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, dict]:
+        """The engine for this call and the arguments of its `generate`/`stream`."""
+        unknown = sorted(set(kwargs) - set(_CALL_KWARGS))
+        if unknown:
+            raise TypeError(f"ChatOoOSpec got unsupported call arguments {unknown}; supported: {list(_CALL_KWARGS)}")
+        _check_temperature(kwargs.get("temperature"))
+        request = {
+            "messages": to_openai_messages(messages),
+            "tools": kwargs.get("tools"),
+            "tool_choice": kwargs.get("tool_choice") or "auto",
+            "max_new_tokens": kwargs.get("max_tokens", self.max_tokens),
+            "method": kwargs.get("method", self.method),
+            "stop": self.stop if stop is None else stop,
+        }
+        return self._engine(kwargs.get("model")), request
+
+    def _engine(self, model: str | None) -> Engine:
+        if self.engine is not None and model in (None, self.model):
+            return self.engine
+        devices = {k: v for k, v in (("target_device", self.target_device), ("sidecar_device", self.sidecar_device))
+                   if v is not None}
+        return Engine.shared(model or self.model, self.sidecar, **devices)
+
+
+def _check_temperature(value: Any) -> None:
+    if value not in (None, 0):
+        raise ValueError(f"temperature={value!r} is not supported: ChatOoOSpec decodes greedily (the speculation "
+                         "is verified against the target's argmax), so use temperature=0 or leave it unset")
+
+
+def _openai_tool(tool: Any, position: int) -> dict:
+    try:
+        return convert_to_openai_tool(tool)
+    except (ValueError, TypeError) as e:
+        reason = " ".join(str(e).split())
+        raise ToolSchemaError(f"tools[{position}] ({tool!r:.80}) cannot be converted to an OpenAI tool: {reason}") from e
+
+
+def _reject_invalid_call(message: AIMessage) -> AIMessage:
+    """Structured output from a call that failed its schema is an error, not a silent None."""
+    if not message.tool_calls and message.invalid_tool_calls:
+        bad = message.invalid_tool_calls[0]
+        raise OutputParserException(f"the model's {bad['name']!r} call does not match the schema: {bad['error']}",
+                                    llm_output=bad["args"])
+    return message
+
+
+def _usage(gen: Generation) -> dict:
+    output = len(gen.token_ids)
+    return {"input_tokens": gen.prompt_tokens, "output_tokens": output, "total_tokens": gen.prompt_tokens + output}
+
+
+def _response_metadata(gen: Generation, model_name: str) -> dict:
+    return {"model_name": model_name, "finish_reason": gen.finish_reason, **{k: gen.stats.get(k) for k in _STATS}}

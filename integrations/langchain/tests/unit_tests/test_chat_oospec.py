@@ -1,0 +1,365 @@
+"""ChatOoOSpec's own behaviour, on the ScriptedEngine test double (see conftest.py): no model loads."""
+from __future__ import annotations
+
+import json
+from typing import TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
+from pydantic import BaseModel, Field
+
+from langchain_oospec import ChatOoOSpec
+from langchain_oospec._messages import to_openai_messages
+from langchain_oospec._streaming import ContentStream
+from oospec_agents import Engine
+from oospec_agents.errors import ToolSchemaError, UnknownToolError
+from oospec_agents.formats import HermesFormat
+
+
+@tool
+def get_current_weather(location: str) -> str:
+    """Get the current weather in a city."""
+    return f"It is sunny in {location}."
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+WEATHER_CALL = '<tool_call>\n{"name": "get_current_weather", "arguments": {"location": "Paris"}}\n</tool_call>'
+
+
+def collect(chunks) -> AIMessageChunk:
+    full = None
+    for chunk in chunks:
+        full = chunk if full is None else full + chunk
+    return full
+
+
+# ---------------------------------------------------------------- construction
+
+
+def test_constructing_loads_no_engine(monkeypatch):
+    monkeypatch.setattr(Engine, "shared", classmethod(lambda *a, **k: pytest.fail("engine loaded")))
+    model = ChatOoOSpec(model="embedded", sidecar="embedded", target_device="cpu", max_tokens=8, stop=["x"])
+    assert (model.model, model.method, model.max_tokens, model.stop) == ("embedded", "oospec", 8, ["x"])
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, -0.1])
+def test_only_greedy_temperature_is_accepted(temperature):
+    with pytest.raises(ValueError, match=rf"temperature={temperature} is not supported.*greedily"):
+        ChatOoOSpec(temperature=temperature)
+
+
+def test_temperature_zero_or_unset_is_accepted():
+    assert ChatOoOSpec(temperature=0).temperature == 0
+    assert ChatOoOSpec().temperature is None
+
+
+def test_per_call_temperature_is_checked_too(scripted):
+    model = ChatOoOSpec(engine=scripted("hi"))
+    with pytest.raises(ValueError, match="temperature=0.5 is not supported"):
+        model.invoke("hello", temperature=0.5)
+
+
+def test_unknown_call_arguments_are_an_error(scripted):
+    with pytest.raises(TypeError, match=r"unsupported call arguments \['top_p'\]"):
+        ChatOoOSpec(engine=scripted("hi")).invoke("hello", top_p=0.9)
+
+
+def test_same_models_share_one_engine(monkeypatch, scripted):
+    loads = []
+    monkeypatch.setattr(Engine, "_shared", {})
+    monkeypatch.setattr(Engine, "from_pretrained",
+                        classmethod(lambda cls, *args, **kw: loads.append((args, kw)) or scripted("a", "b")))
+    first, second = ChatOoOSpec(max_tokens=5), ChatOoOSpec(max_tokens=9)
+    first.invoke("hi")
+    second.invoke("hi")
+    assert loads == [(("embedded", None), {})]
+    assert first._engine(None) is second._engine(None)
+
+
+def test_given_engine_names_the_model(scripted):
+    assert ChatOoOSpec(engine=scripted()).model == "scripted-test-double"
+
+
+def test_ls_params_honour_a_model_override():
+    model = ChatOoOSpec(max_tokens=12, stop=["END"], temperature=0)
+    assert model._get_ls_params() == {"ls_provider": "oospec", "ls_model_name": "embedded",
+                                      "ls_model_type": "chat", "ls_max_tokens": 12, "ls_temperature": 0,
+                                      "ls_stop": ["END"]}
+    assert model._get_ls_params(model="other")["ls_model_name"] == "other"
+
+
+# ---------------------------------------------------------------- bind_tools
+
+
+def test_bind_tools_keeps_openai_dicts_under_tools():
+    bound = ChatOoOSpec().bind_tools([get_current_weather, add])
+    assert [t["function"]["name"] for t in bound.kwargs["tools"]] == ["get_current_weather", "add"]
+    assert bound.kwargs["tools"][1] == {
+        "type": "function",
+        "function": {"name": "add", "description": "Add two integers.",
+                     "parameters": {"type": "object", "required": ["a", "b"],
+                                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+    assert "tool_choice" not in bound.kwargs
+
+
+@pytest.mark.parametrize("choice, bound_as", [
+    ("auto", "auto"), ("none", "none"), ("any", "required"), ("required", "required"), ("add", "add"),
+    ({"type": "function", "function": {"name": "add"}}, "add"),
+])
+def test_tool_choice_forms(choice, bound_as):
+    bound = ChatOoOSpec().bind_tools([get_current_weather, add], tool_choice=choice)
+    assert bound.kwargs["tool_choice"] == bound_as
+
+
+def test_any_with_a_single_tool_names_it():
+    assert ChatOoOSpec().bind_tools([add], tool_choice="any").kwargs["tool_choice"] == "add"
+
+
+def test_tool_choice_naming_no_bound_tool_is_an_error():
+    with pytest.raises(UnknownToolError, match=r"unknown tool 'mul'; offered tools: \['add'\]"):
+        ChatOoOSpec().bind_tools([add], tool_choice="mul")
+
+
+def test_bad_tool_schema_is_an_error_at_bind_time():
+    bad = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object",
+                                                                            "properties": {"q": {"type": "text"}}}}}
+    with pytest.raises(ToolSchemaError, match="tool 'lookup' has an invalid JSON Schema"):
+        ChatOoOSpec().bind_tools([bad])
+
+
+def test_object_that_is_no_tool_is_an_error():
+    with pytest.raises(ToolSchemaError, match=r"tools\[1\] \(42\) cannot be converted to an OpenAI tool"):
+        ChatOoOSpec().bind_tools([add, 42])
+
+
+# ---------------------------------------------------------------- messages
+
+
+def test_agent_history_converts_to_engine_dicts():
+    history = [
+        SystemMessage("Be brief."),
+        HumanMessage("Weather in Paris, and 1+2?"),
+        AIMessage("", tool_calls=[{"name": "get_current_weather", "args": {"location": "Paris"}, "id": "c1"},
+                                  {"name": "add", "args": {"a": 1, "b": 2}, "id": "c2"}]),
+        ToolMessage("It is sunny in Paris.", tool_call_id="c1", name="get_current_weather"),
+        ToolMessage("3", tool_call_id="c2"),
+        AIMessage("Sunny, and 3."),
+        HumanMessage("Thanks!"),
+    ]
+    assert to_openai_messages(history) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris, and 1+2?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_current_weather",
+                                                          "arguments": {"location": "Paris"}}},
+            {"id": "c2", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
+        {"role": "tool", "content": "It is sunny in Paris.", "tool_call_id": "c1", "name": "get_current_weather"},
+        {"role": "tool", "content": "3", "tool_call_id": "c2"},
+        {"role": "assistant", "content": "Sunny, and 3."},
+        {"role": "user", "content": "Thanks!"},
+    ]
+
+
+def test_list_content_keeps_text_and_drops_repeated_tool_blocks():
+    message = AIMessage([{"type": "text", "text": "Let me add."},
+                         {"type": "tool_use", "id": "c1", "name": "add", "input": {"a": 1, "b": 2}}],
+                        tool_calls=[{"name": "add", "args": {"a": 1, "b": 2}, "id": "c1"}])
+    (converted,) = to_openai_messages([message])
+    assert converted["content"] == "Let me add."
+    assert converted["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 1, "b": 2}}
+
+
+def test_non_text_content_is_an_error():
+    image = HumanMessage([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])
+    with pytest.raises(ValueError, match=r"messages\[0\]: ChatOoOSpec reads text only, got a 'image_url'"):
+        to_openai_messages([image])
+
+
+# ---------------------------------------------------------------- results
+
+
+def test_invoke_returns_calls_with_ids_usage_and_stats(scripted):
+    engine = scripted("Checking." + WEATHER_CALL)
+    bound = ChatOoOSpec(engine=engine).bind_tools([get_current_weather], tool_choice="auto")
+    message = bound.invoke("Weather in Paris?")
+    assert message.content == "Checking."
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_current_weather", {"location": "Paris"})]
+    assert message.tool_calls[0]["id"]
+    out = len("Checking." + WEATHER_CALL) // 4  # the double counts one token per 4-character delta
+    assert message.usage_metadata == {"input_tokens": 11, "output_tokens": out, "total_tokens": 11 + out}
+    assert message.response_metadata == {"model_name": "scripted-test-double", "finish_reason": "tool_calls",
+                                         "method": "oospec", "target_forwards": 3, "hint_bytes": 40,
+                                         "accepted_by_source": {"schema": 5, "retrieval": 0, "hint": 2}}
+    request = engine.requests[0]
+    assert request["tools"][0]["function"]["name"] == "get_current_weather"
+    assert request["messages"] == [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def test_a_call_that_fails_its_schema_goes_to_invalid_tool_calls(scripted):
+    reply = '<tool_call>\n{"name": "add", "arguments": {"a": "one", "b": 2}}\n</tool_call>'
+    message = ChatOoOSpec(engine=scripted(reply)).bind_tools([add]).invoke("1+2?")
+    assert message.tool_calls == []
+    (bad,) = message.invalid_tool_calls
+    assert (bad["name"], json.loads(bad["args"])) == ("add", {"a": "one", "b": 2})
+    assert "'one' is not of type 'integer'" in bad["error"]
+
+
+def test_call_arguments_and_settings_reach_the_engine(scripted):
+    engine = scripted("a", "b")
+    model = ChatOoOSpec(engine=engine, max_tokens=7, stop=["END"], method="toolspec")
+    model.invoke("x")
+    model.invoke("x", stop=["STOP"], max_tokens=3, method="ar")
+    assert [(r["max_new_tokens"], r["stop"], r["method"]) for r in engine.requests] == [
+        (7, ["END"], "toolspec"), (3, ["STOP"], "ar")]
+
+
+# ---------------------------------------------------------------- streaming
+
+
+def test_stream_yields_content_deltas_then_calls_then_usage(scripted):
+    bound = ChatOoOSpec(engine=scripted("Checking the weather." + WEATHER_CALL)).bind_tools([get_current_weather])
+    chunks = list(bound.stream("Weather in Paris?"))
+    texts = [c.content for c in chunks if c.content]
+    assert len(texts) > 1 and "".join(texts) == "Checking the weather."
+    assert not any("<tool" in t for t in texts)
+    (call_chunk,) = [c for c in chunks if c.tool_call_chunks]
+    assert call_chunk.tool_call_chunks[0]["index"] == 0
+    assert call_chunk.tool_call_chunks[0]["name"] == "get_current_weather"
+    last = chunks[-1]
+    assert last.chunk_position == "last"
+    assert last.usage_metadata["input_tokens"] == 11
+    assert last.response_metadata["model_name"] == "scripted-test-double"
+    assert sum(1 for c in chunks if c.usage_metadata) == 1
+
+
+def test_streamed_call_reassembles_to_the_invoked_call(scripted):
+    reply = WEATHER_CALL + "\n" + '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    model = ChatOoOSpec(engine=scripted(reply, reply)).bind_tools([get_current_weather, add])
+    invoked = model.invoke("Weather, and 1+2?")
+    streamed = collect(model.stream("Weather, and 1+2?"))
+    assert [c["index"] for c in streamed.tool_call_chunks] == [0, 1]
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == \
+        [(c["name"], c["args"]) for c in invoked.tool_calls] == \
+        [("get_current_weather", {"location": "Paris"}), ("add", {"a": 1, "b": 2})]
+    assert streamed.content == invoked.content == ""
+    assert streamed.usage_metadata == invoked.usage_metadata
+
+
+async def test_astream_and_ainvoke_match_their_sync_forms(scripted):
+    reply = "Sure." + WEATHER_CALL
+    model = ChatOoOSpec(engine=scripted(reply, reply, reply)).bind_tools([get_current_weather])
+    streamed = collect([c async for c in model.astream("Weather?")])
+    invoked = await model.ainvoke("Weather?")
+    synced = collect(model.stream("Weather?"))
+    for message in (streamed, invoked):
+        assert message.content == synced.content == "Sure."
+        assert [(c["name"], c["args"], c["id"]) for c in message.tool_calls] == \
+            [(c["name"], c["args"], c["id"]) for c in synced.tool_calls]
+    assert streamed.chunk_position == "last"
+
+
+async def test_astream_stopped_early_releases_the_stream(scripted):
+    engine = scripted("a long reply that the consumer abandons", "next")
+    model = ChatOoOSpec(engine=engine)
+    async for _ in model.astream("hi"):
+        break
+    assert (await model.ainvoke("hi")).content == "next"
+
+
+def test_stream_errors_surface(scripted):
+    with pytest.raises(ValueError, match="temperature"):
+        list(ChatOoOSpec(engine=scripted("x")).stream("hi", temperature=1.0))
+
+
+def test_content_stream_holds_back_what_may_become_a_call_or_a_stop():
+    stream = ContentStream(HermesFormat(), stop=["you"])
+    assert stream.feed("Thank ") == "Thank"   # trailing space waits: the final content is stripped
+    assert stream.feed("yo") == ""            # could be the stop string "you"
+    assert stream.finish("Thank") == ""       # it was: the engine cut the reply there
+    stream = ContentStream(HermesFormat(), stop=["you"])
+    assert stream.feed("Thank yo") == "Thank"
+    assert stream.feed("ur") == " your"       # it was not
+    stream = ContentStream(HermesFormat(), stop=[])
+    assert stream.feed("See <tool") == "See"  # could be a call opening
+    assert stream.feed("_call>\n{") == ""     # it is
+    assert stream.feed('"name": "x", "arguments": {}}\n</tool_call> after') == "  after"
+    assert stream.finish("See  after") == ""
+
+
+# ---------------------------------------------------------------- structured output
+
+
+class Person(BaseModel):
+    """A person."""
+
+    name: str = Field(description="their name")
+    age: int
+
+
+class PersonDict(TypedDict):
+    """A person."""
+
+    name: str
+    age: int
+
+
+PERSON_JSON_SCHEMA = {"title": "Person", "description": "A person.", "type": "object",
+                      "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                      "required": ["name", "age"]}
+
+
+def _person_reply(name: str = "Person", age: str = "41") -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"name": "Ada", "age": {age}}}}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("schema, expected", [
+    (Person, Person(name="Ada", age=41)),
+    (PersonDict, {"name": "Ada", "age": 41}),
+    (PERSON_JSON_SCHEMA, {"name": "Ada", "age": 41}),
+])
+@pytest.mark.parametrize("method", ["function_calling", "json_schema"])
+def test_structured_output_forces_the_schema_tool(scripted, schema, expected, method):
+    name = "PersonDict" if schema is PersonDict else "Person"
+    engine = scripted(_person_reply(name))
+    assert ChatOoOSpec(engine=engine).with_structured_output(schema, method=method).invoke("Ada, 41") == expected
+    assert engine.requests[0]["tool_choice"] == name
+
+
+def test_structured_output_include_raw(scripted):
+    result = ChatOoOSpec(engine=scripted(_person_reply())).with_structured_output(
+        Person, include_raw=True).invoke("Ada, 41")
+    assert result["parsed"] == Person(name="Ada", age=41)
+    assert result["parsing_error"] is None
+    assert result["raw"].tool_calls[0]["args"] == {"name": "Ada", "age": 41}
+
+
+def test_structured_output_reports_a_call_that_fails_the_schema(scripted):
+    reply = _person_reply(age='"old"')
+    structured = ChatOoOSpec(engine=scripted(reply, reply)).with_structured_output(Person, include_raw=True)
+    result = structured.invoke("Ada")
+    assert result["parsed"] is None
+    assert "does not match the schema" in str(result["parsing_error"])
+    with pytest.raises(Exception, match="does not match the schema"):
+        ChatOoOSpec(engine=scripted(reply)).with_structured_output(Person).invoke("Ada")
+
+
+def test_structured_output_streams(scripted):
+    chunks = list(ChatOoOSpec(engine=scripted(_person_reply())).with_structured_output(Person).stream("Ada"))
+    assert chunks[-1] == Person(name="Ada", age=41)
+
+
+def test_json_mode_parses_the_reply_text(scripted):
+    reply = '{"name": "Ada", "age": 41}'
+    assert ChatOoOSpec(engine=scripted(reply)).with_structured_output(
+        Person, method="json_mode").invoke("Ada as JSON") == Person(name="Ada", age=41)
+
+
+def test_unknown_structured_output_method_is_an_error():
+    with pytest.raises(ValueError, match="method must be"):
+        ChatOoOSpec().with_structured_output(Person, method="xml")
