@@ -58,6 +58,15 @@ def test_engine_must_be_an_engine():
         OoOSpec(engine="embedded")
 
 
+@pytest.mark.parametrize("bad, error", [
+    ({"model": "/no/such/model"}, "model path '/no/such/model' does not exist"),
+    ({"target_device": "tpu"}, "unknown device 'tpu'"),
+])
+def test_bad_model_or_device_fails_at_construction(bad, error):
+    with pytest.raises(ValueError, match=error):
+        OoOSpec(**bad)
+
+
 @pytest.mark.parametrize("bad", [{"method": "beam"}, {"max_new_tokens": 0}])
 def test_bad_settings_are_rejected(scripted, bad):
     with pytest.raises(ValidationError):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
 from llama_index.core.base.llms.generic_utils import (
@@ -67,7 +68,7 @@ class OoOSpec(FunctionCallingLLM):
 
     def __init__(
         self,
-        model: Optional[str] = None,
+        model: Union[str, os.PathLike, None] = None,
         *,
         sidecar: Optional[str] = None,
         target_device: Optional[str] = None,
@@ -86,7 +87,7 @@ class OoOSpec(FunctionCallingLLM):
             if not isinstance(engine, Engine):
                 raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
             model = engine.model_name
-        super().__init__(model=model or "embedded", method=method, max_new_tokens=max_new_tokens,
+        super().__init__(model="embedded" if model is None else os.fspath(model), method=method, max_new_tokens=max_new_tokens,
                          **placement, **kwargs)
         if engine is None:
             # Unset arguments are left out so that equal requests hit the same shared engine.

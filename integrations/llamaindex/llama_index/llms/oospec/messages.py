@@ -21,9 +21,9 @@ _ENGINE_ROLES = {
     MessageRole.ASSISTANT: "assistant",
     MessageRole.TOOL: "tool",
 }
-# Blocks that carry nothing the target should read: cache hints for hosted APIs, and another
-# model's reasoning, which the target's chat template has no place for.
-_SKIPPED_BLOCKS = (CachePoint, ThinkingBlock, ToolCallBlock)
+# Blocks left out of a message's text: tool calls travel separately as "tool_calls"; cache hints are
+# for hosted APIs; and another model's reasoning has no place in the target's chat template.
+_NOT_TEXT = (ToolCallBlock, CachePoint, ThinkingBlock)
 
 
 def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict]:
@@ -92,7 +92,7 @@ def _text(message: ChatMessage, i: int) -> str:
     for block in message.blocks:
         if isinstance(block, TextBlock):
             parts.append(block.text)
-        elif not isinstance(block, _SKIPPED_BLOCKS):
+        elif not isinstance(block, _NOT_TEXT):
             raise ValueError(f"messages[{i}] holds a {type(block).__name__}; OoOSpec targets read "
                              "text only (TextBlock)")
     return "\n".join(parts)
