@@ -1,0 +1,84 @@
+"""Read BFCL's own files (a `bfcl_eval/data` checkout) into the shared record format.
+
+Layout: `DIR/BFCL_v*_<category>.json` holds one question per line
+(`{"id", "question": [[{role, content}, ...]], "function": [...]}`), and
+`DIR/possible_answer/<same name>` holds `{"id", "ground_truth": [{name: {arg: [acceptable, ...]}}]}`.
+
+The conversion matches ../shared/data/toolcalls/README.md: BFCL types become JSON Schema types,
+`expected` takes the first acceptable value per argument, and an optional argument that may be ""
+is left out. Multi-turn, memory and web-search categories (which need an executor) and questions
+without a ground truth (irrelevance) are skipped and counted.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+TYPE_MAP = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
+FILE_RE = re.compile(r"^BFCL_(v\d+)_(.+)\.json$")
+
+
+def read_bfcl(directory: str | Path) -> list[dict]:
+    root = Path(directory)
+    files = sorted(p for p in root.glob("BFCL_v*_*.json") if FILE_RE.match(p.name))
+    if not files:
+        raise ValueError(f"--bfcl {str(root)!r} holds no BFCL_v*_*.json files (expected BFCL's bfcl_eval/data)")
+    records, skipped = [], 0
+    for path in files:
+        version, category = FILE_RE.match(path.name).groups()
+        answers = {a["id"]: a["ground_truth"] for a in _json_lines(root / "possible_answer" / path.name)}
+        for q in _json_lines(path):
+            rec = _convert(q, answers.get(q.get("id")), version, category)
+            if rec is None:
+                skipped += 1
+            else:
+                records.append(rec)
+    if skipped:
+        log.warning("BFCL: skipped %d questions that are multi-turn or have no ground truth", skipped)
+    if not records:
+        raise ValueError(f"no single-turn BFCL question with a possible_answer under {str(root)!r}")
+    return records
+
+
+def _json_lines(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _convert(q: dict, truth: list | None, version: str, category: str) -> dict | None:
+    turns, functions = q.get("question"), q.get("function")
+    if truth is None or not functions or not isinstance(turns, list) or len(turns) != 1:
+        return None
+    messages = turns[0] if isinstance(turns[0], list) else turns
+    tools = [{"type": "function", "function": {"name": f["name"], "description": f.get("description", ""),
+                                               "parameters": _schema(f.get("parameters", {}))}} for f in functions]
+    required = {f["name"]: set(f.get("parameters", {}).get("required", [])) for f in functions}
+    expected = []
+    for call in truth:
+        (name, args), = call.items()
+        expected.append({"name": name, "arguments": {
+            k: v[0] for k, v in args.items()
+            if v and not (k not in required.get(name, ()) and "" in v)}})
+    source = "bfcl_" + category.removesuffix("_python")
+    return {"id": f"bfcl/{q['id']}", "source": source, "messages": messages, "tools": tools, "expected": expected,
+            "meta": {"dataset": f"BFCL_{version}", "category": category, "orig_id": q["id"],
+                     "note": "expected = first acceptable value per arg; optional args omitted",
+                     "possible_answer": truth}}
+
+
+def _schema(node):
+    """BFCL's parameter types (dict, float, tuple, any) as JSON Schema, recursively."""
+    if isinstance(node, list):
+        return [_schema(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _schema(v) for k, v in node.items()}
+    if isinstance(out.get("type"), str):
+        out["type"] = TYPE_MAP.get(out["type"], out["type"])
+    return out

@@ -1,0 +1,81 @@
+"""`oospec bench`: compare decoding methods on tool-call records and write results.json, report.md, speedup.png."""
+from __future__ import annotations
+
+import logging
+
+from .methods import METHODS
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="benchmark ar / hf_generate / prompt_lookup / assisted / toolspec / oospec / oracle",
+                       description=__doc__)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", metavar="FILE.jsonl", help="records in the shared format (../shared/data/toolcalls)")
+    src.add_argument("--bfcl", metavar="DIR", help="BFCL's own data dir: BFCL_v*_*.json plus possible_answer/")
+    p.add_argument("--limit", type=int, default=None, help="take N records, spread round-robin over sources")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma-separated, from {','.join(METHODS)} (ar always runs: it is the reference)")
+    p.add_argument("--out", default="bench-out", metavar="DIR")
+    p.add_argument("--target", default="embedded", help="HF id, local dir, GGUF file, or 'embedded'")
+    p.add_argument("--sidecar", default=None, help="sidecar model (default: the embedded one for target=embedded)")
+    p.add_argument("--assistant", default=None,
+                   help="draft model for 'assisted' (default: the embedded base model for target=embedded, "
+                        "else --sidecar)")
+    p.add_argument("--target-device", default=None)
+    p.add_argument("--sidecar-device", default=None)
+    p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
+    p.add_argument("--tool-choice", default="required",
+                   help="required (default: every record expects a call, so the opener is forced alike for "
+                        "every method), auto, or a tool name")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for prompt_lookup")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no report on stdout")
+    p.set_defaults(run=run)
+
+
+def run(args):
+    import torch
+
+    from ..engine import Engine
+    from .bfcl import read_bfcl
+    from .records import read_jsonl, spread
+    from .report import write_all
+    from .runner import BenchConfig, check_methods, run_bench
+
+    methods = check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
+    records = spread(read_bfcl(args.bfcl) if args.bfcl else read_jsonl(args.data), args.limit)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = Engine.from_pretrained(args.target, args.sidecar, target_device=args.target_device,
+                                    sidecar_device=args.sidecar_device, dtype=args.dtype)
+    assistant, assistant_tok = _load_assistant(args, engine) if "assisted" in methods else (None, None)
+    config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
+                         warmup=not args.no_warmup, progress=not args.quiet)
+    results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
+                        data=args.bfcl or args.data)
+    paths = write_all(results, args.out)
+    if not args.quiet:
+        print(paths["report"].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _load_assistant(args, engine):
+    """The draft model for `assisted`, on the target's device; its tokenizer only if the vocabularies differ."""
+    from .. import models
+    ref = args.assistant or ("embedded" if args.target == "embedded" else args.sidecar)
+    if not isinstance(ref, str):
+        raise ValueError("method 'assisted' needs a draft model that shares the target's tokenizer: "
+                         "pass --assistant MODEL (or drop 'assisted' from --methods)")
+    device = next(engine.target.parameters()).device
+    # For target=embedded this is a second load of the embedded SmolLM2 without the target's adapter:
+    # the sidecar's base model.
+    model, tok = models.load_model(ref, device=device, dtype=engine.target.dtype)
+    same_vocab = tok.get_vocab() == engine.tokenizer.get_vocab()
+    if not same_vocab:
+        log.warning("assistant %s has another vocabulary; using transformers' universal assisted decoding", ref)
+    return model, (None if same_vocab else tok)

@@ -1,0 +1,129 @@
+"""The decoding methods the benchmark compares, each a function `(BenchContext, record, ar) -> Run`.
+
+Engine methods (`ar`, `toolspec`, `oospec`, `oracle`) report their own timings: `prefill_s` is the
+target's forward over the prompt (and its first token), `decode_s` everything after.
+
+transformers' `generate` methods (`hf_generate`, `prompt_lookup`, `assisted`) are timed from the
+outside. Their `prefill_s` is a separate plain greedy `generate(max_new_tokens=1)` on the same prompt,
+which is the same work as the engine's prefill plus `generate`'s own setup; their end-to-end time is
+the full call, and `decode_s` is end-to-end minus that prefill. Target forwards are counted with a
+forward hook on the target, so the assistant model's own forwards are not counted as target forwards.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Run:
+    token_ids: list[int]
+    text: str
+    prefill_s: float
+    decode_s: float
+    target_forwards: int
+    accepted_by_source: dict = field(default_factory=dict)
+    hint_ready_s: float | None = None
+    hint_bytes: int | None = None
+    margins: list[float] | None = None     # AR only: top-2 logit margin per token, for tie checks
+    sidecar_error: str | None = None
+
+
+@dataclass
+class BenchContext:
+    engine: object
+    tool_choice: str = "required"
+    max_new_tokens: int = 128
+    assistant: object | None = None        # draft model for `assisted`
+    assistant_tokenizer: object | None = None  # set only when its vocabulary differs from the target's
+    prompt_lookup_tokens: int = 10
+
+
+# ------------------------------------------------------------------ our engine
+
+def _engine(ctx: BenchContext, rec: dict, method: str, hint: str | None = None, margins: bool = False) -> Run:
+    ctx.engine._memory.clear()  # each record is a fresh session: no method retrieves another's output
+    gen = ctx.engine.generate(rec["messages"], rec["tools"], tool_choice=ctx.tool_choice,
+                              max_new_tokens=ctx.max_new_tokens, method=method, hint=hint, record_margins=margins)
+    s = gen.stats
+    return Run(gen.token_ids, gen.text, s["prefill_s"], s["decode_s"], s["target_forwards"],
+               dict(s["accepted_by_source"]), s.get("hint_ready_s"), s.get("hint_bytes"),
+               s.get("margins"), s.get("sidecar_error"))
+
+
+def ar(ctx, rec, ref=None):
+    return _engine(ctx, rec, "ar", margins=True)
+
+
+def toolspec(ctx, rec, ref=None):
+    return _engine(ctx, rec, "toolspec")
+
+
+def oospec(ctx, rec, ref=None):
+    return _engine(ctx, rec, "oospec")
+
+
+def oracle(ctx, rec, ref: Run):
+    # AR's whole reply (forced opener included) is the hint: the hint drafter aligns it to the
+    # committed text, which starts with the same opener, and proposes the rest.
+    return _engine(ctx, rec, "oospec", hint=ref.text)
+
+
+# ------------------------------------------------------------------ transformers' generate
+
+def _hf(ctx: BenchContext, rec: dict, **extra) -> Run:
+    engine = ctx.engine
+    model, tok = engine.target, engine.tokenizer
+    prompt = engine.prompt_ids(rec["messages"], rec["tools"], tool_choice=ctx.tool_choice)
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    base = dict(attention_mask=torch.ones_like(ids), do_sample=False, temperature=None, top_p=None, top_k=None,
+                max_new_tokens=min(ctx.max_new_tokens, engine.context_window - len(prompt)),
+                pad_token_id=model.generation_config.pad_token_id)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed(**kw):
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, **{**base, **kw})
+        sync()
+        return out, time.perf_counter() - t0
+
+    _, prefill = timed(max_new_tokens=1)
+    forwards = [0]
+    hook = model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        out, total = timed(**extra)
+    finally:
+        hook.remove()
+    new = out[0, len(prompt):].tolist()
+    prefix = engine._request(rec["messages"], rec["tools"], ctx.tool_choice).prefix
+    return Run(new, prefix + tok.decode(new, skip_special_tokens=True), prefill, max(0.0, total - prefill),
+               forwards[0])
+
+
+def hf_generate(ctx, rec, ref=None):
+    return _hf(ctx, rec)
+
+
+def prompt_lookup(ctx, rec, ref=None):
+    return _hf(ctx, rec, prompt_lookup_num_tokens=ctx.prompt_lookup_tokens)
+
+
+def assisted(ctx, rec, ref=None):
+    if ctx.assistant is None:
+        raise ValueError("method 'assisted' needs a draft model: pass --assistant MODEL")
+    extra = {"assistant_model": ctx.assistant}
+    if ctx.assistant_tokenizer is not None:  # transformers' universal assisted decoding
+        extra.update(tokenizer=ctx.engine.tokenizer, assistant_tokenizer=ctx.assistant_tokenizer)
+    return _hf(ctx, rec, **extra)
+
+
+METHODS: dict[str, Callable[..., Run]] = {
+    "ar": ar, "hf_generate": hf_generate, "prompt_lookup": prompt_lookup, "assisted": assisted,
+    "toolspec": toolspec, "oospec": oospec, "oracle": oracle,
+}

@@ -1,0 +1,99 @@
+"""Token-level lossless check against AR, and the per-method aggregates that results.json reports.
+
+A method is lossless on a record when its tokens equal AR's, or when they first diverge at a
+numerical tie: AR's top-2 logits at that position lie within the dtype's rounding, so a forward
+over several tokens may legitimately flip the argmax. Ties are counted apart from losses.
+"""
+from __future__ import annotations
+
+import torch
+
+#: top-2 logit margin at or below which a divergence counts as a numerical tie
+TIE_TOLERANCE = {torch.bfloat16: 0.3, torch.float16: 0.06, torch.float32: 0.001}
+
+
+def tie_tolerance(dtype: torch.dtype) -> float:
+    return TIE_TOLERANCE.get(dtype, TIE_TOLERANCE[torch.bfloat16])
+
+
+def compare(ref: list[int], ref_margins: list[float], out: list[int], tol: float) -> dict:
+    """{"verdict": "exact" | "tie" | "loss", "at": first differing index or None, "margin": AR's margin there}."""
+    n = min(len(ref), len(out))
+    at = next((i for i in range(n) if ref[i] != out[i]), None)
+    if at is None:
+        if len(ref) == len(out):
+            return {"verdict": "exact", "at": None, "margin": None}
+        at = n  # one stopped where the other went on: the divergence is at the shorter one's end
+    margin = ref_margins[at] if at < len(ref_margins) else None
+    verdict = "tie" if margin is not None and margin <= tol else "loss"
+    return {"verdict": verdict, "at": at, "margin": margin}
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
+    """One method's figures over `rows` (per-record dicts from the runner); `ref_rows` are AR's, same order.
+
+    Speedups are per-token time ratios over the records, (T_ar / N_ar) / (T_m / N_m), with T summed
+    over records and N the new tokens: equal to the plain time ratio whenever the outputs are
+    identical, and not skewed when a tie makes one output longer.
+    """
+    tokens = sum(r["new_tokens"] for r in rows)
+    decode = sum(r["decode_s"] for r in rows)
+    e2e = sum(r["prefill_s"] + r["decode_s"] for r in rows)
+    forwards = sum(r["target_forwards"] for r in rows)
+    verdicts = [r["check"]["verdict"] for r in rows]
+    by_source: dict[str, int] = {}
+    for r in rows:
+        for k, v in (r.get("accepted_by_source") or {}).items():
+            by_source[k] = by_source.get(k, 0) + v
+    out = {
+        "n": len(rows),
+        "lossless": all(v != "loss" for v in verdicts),
+        "numerical_ties": verdicts.count("tie"),
+        "losses": verdicts.count("loss"),
+        "speedup_decode": None,
+        "speedup_e2e": None,
+        "mean_accepted_tokens": tokens / forwards if forwards else None,
+        "target_forwards": forwards / len(rows) if rows else None,
+        "new_tokens": tokens / len(rows) if rows else None,
+        "prefill_s": _mean([r["prefill_s"] for r in rows]),
+        "decode_s": _mean([r["decode_s"] for r in rows]),
+        "decode_tok_s": tokens / decode if decode else None,
+        "hint_ready_s": _mean([r.get("hint_ready_s") for r in rows]),
+        "hint_bytes": _mean([r.get("hint_bytes") for r in rows]),
+        "hints": sum(r.get("hint_ready_s") is not None for r in rows),
+        "accepted_by_source": by_source or None,
+        "sidecar_errors": sum(bool(r.get("sidecar_error")) for r in rows),
+    }
+    if ref_rows:
+        ref_tokens = sum(r["new_tokens"] for r in ref_rows)
+        ref_decode = sum(r["decode_s"] for r in ref_rows)
+        ref_e2e = sum(r["prefill_s"] + r["decode_s"] for r in ref_rows)
+        if decode and tokens:
+            out["speedup_decode"] = (ref_decode / ref_tokens) / (decode / tokens)
+        if e2e and tokens:
+            out["speedup_e2e"] = (ref_e2e / ref_tokens) / (e2e / tokens)
+    return out
+
+
+def summarize(records: list[dict], methods: list[str]) -> dict:
+    """{"methods": {m: figures}, "sources": {source: {m: figures}}} over the runner's per-record output.
+
+    Every method gets `vs_oracle` (its decode speedup over the oracle's) when the oracle ran.
+    """
+    def block(recs):
+        ref = [r["runs"]["ar"] for r in recs] if "ar" in methods else None
+        figs = {m: aggregate([r["runs"][m] for r in recs], ref) for m in methods}
+        top = (figs.get("oracle") or {}).get("speedup_decode")
+        for f in figs.values():
+            f["vs_oracle"] = f["speedup_decode"] / top if top and f["speedup_decode"] else None
+        return figs
+
+    sources: dict[str, list[dict]] = {}
+    for r in records:
+        sources.setdefault(r["source"], []).append(r)
+    return {"methods": block(records), "sources": {s: block(rs) for s, rs in sources.items()}}

@@ -1,0 +1,95 @@
+"""Write a benchmark's results: DIR/results.json, DIR/report.md and DIR/speedup.png."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_all(results: dict, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"results": out / "results.json", "report": out / "report.md", "plot": out / "speedup.png"}
+    paths["results"].write_text(json.dumps(results, indent=2, ensure_ascii=False, default=str) + "\n")
+    paths["report"].write_text(markdown(results))
+    plot(results, paths["plot"])
+    return paths
+
+
+def _f(x, fmt="{:.2f}", suffix=""):
+    return "–" if x is None else fmt.format(x) + suffix
+
+
+def _lossless(f: dict) -> str:
+    word = "yes" if f["lossless"] else f"**no: {f['losses']} lost**"
+    return word + (f" ({f['numerical_ties']} ties)" if f["numerical_ties"] else "")
+
+
+def markdown(results: dict) -> str:
+    env, cfg, methods = results["env"], results["config"], results["methods"]
+    dev = env["target_device_name"] + (f", sidecar on {env['sidecar_device_name']}"
+                                       if env.get("sidecar_device_name") else "")
+    lines = [
+        "# oospec bench",
+        "",
+        f"{cfg['n_records']} records from `{cfg['data']}`, tool_choice={cfg['tool_choice']}, "
+        f"max_new_tokens={cfg['max_new_tokens']}; target {env['target']} ({env['dtype']}) on {dev}; "
+        f"torch {env['torch']}, transformers {env['transformers']}, {env['torch_threads']} threads.",
+        "",
+        "Speedups are over `ar` (per-token time; decode excludes the prompt's prefill, e2e includes it). "
+        "Accepted tokens = tokens committed per target forward. Lossless: tokens equal AR's except at "
+        f"numerical ties (AR's top-2 logit margin <= {cfg['tie_tolerance']}).",
+        "",
+        "| method | n | speedup decode | speedup e2e | decode tok/s | mean accepted tokens | target forwards "
+        "| hint_ready_s | hint_bytes | vs oracle | lossless |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, f in methods.items():
+        lines.append(f"| {name} | {f['n']} | {_f(f['speedup_decode'], suffix='x')} | {_f(f['speedup_e2e'], suffix='x')} "
+                     f"| {_f(f['decode_tok_s'], '{:.1f}')} | {_f(f['mean_accepted_tokens'])} "
+                     f"| {_f(f['target_forwards'], '{:.1f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
+                     f"| {_f(f['hint_bytes'], '{:.0f}')} | {_f(f['vs_oracle'], '{:.0%}')} | {_lossless(f)} |")
+    sources = results["sources"]
+    names = list(methods)
+    lines += ["", "## Decode speedup per source", "",
+              "| source | n | " + " | ".join(names) + " |",
+              "|---|---|" + "---|" * len(names)]
+    for src, figs in sources.items():
+        n = next(iter(figs.values()))["n"]
+        lines.append(f"| {src} | {n} | " + " | ".join(_f(figs[m]["speedup_decode"], suffix="x") for m in names) + " |")
+    accepted = {m: f["accepted_by_source"] for m, f in methods.items() if f["accepted_by_source"]}
+    if accepted:
+        lines += ["", "## Accepted draft tokens by drafter", "", "| method | schema | retrieval | hint |",
+                  "|---|---|---|---|"]
+        lines += [f"| {m} | {a.get('schema', 0)} | {a.get('retrieval', 0)} | {a.get('hint', 0)} |"
+                  for m, a in accepted.items()]
+    errors = {m: f["sidecar_errors"] for m, f in methods.items() if f["sidecar_errors"]}
+    if errors:
+        lines += ["", "Sidecar errors (the target decoded on without a hint): "
+                  + ", ".join(f"{m}: {n}" for m, n in errors.items())]
+    lines += ["", f"Run took {cfg['wall_s']} s (git {env.get('git_commit')}).", ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: str | Path) -> None:
+    """Grouped bars: decode speedup over AR, one group per source plus "all", one bar per method."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {**results["sources"], "all": results["methods"]}
+    names = [m for m in results["methods"] if m != "ar"] or list(results["methods"])
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(groups) + 2), 4))
+    for i, m in enumerate(names):
+        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
+        ys = [figs[m]["speedup_decode"] or 0.0 for figs in groups.values()]
+        ax.bar(xs, ys, width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(groups)), list(groups), rotation=20, ha="right")
+    ax.set_ylabel("decode speedup over ar (x)")
+    env = results["env"]
+    ax.set_title(f"{env['target']} on {env['target_device_name'][:40]} ({env['dtype']})", fontsize=9)
+    ax.legend(fontsize=8, ncol=min(len(names), 4))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
