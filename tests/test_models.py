@@ -1,0 +1,64 @@
+"""Loading: directories, GGUF files (converted once into a cache), hub ids, dtypes."""
+import pytest
+import torch
+
+from conftest import tiny_model
+from oospec_agents import Engine
+from oospec_agents.errors import ModelLoadError
+from oospec_agents.models import embedded_gguf, gguf_to_safetensors, resolve_dtype, resolve_reference
+
+
+def test_loads_a_local_directory(tmp_path, smollm2_tokenizer):
+    model = tiny_model("qwen2", smollm2_tokenizer)
+    model.save_pretrained(tmp_path)
+    smollm2_tokenizer.save_pretrained(tmp_path)
+    engine = Engine.from_pretrained(str(tmp_path), dtype="float32")
+    assert engine.sidecar is None and engine.target.dtype == torch.float32
+    gen = engine.generate([{"role": "user", "content": "hi"}], max_new_tokens=4, method="ar")
+    ref = model.generate(torch.tensor([engine.prompt_ids([{"role": "user", "content": "hi"}])]), do_sample=False,
+                         max_new_tokens=4)
+    assert gen.token_ids == ref[0, -4:].tolist()
+
+
+def test_gguf_is_converted_once_then_reused(monkeypatch):
+    first = gguf_to_safetensors(embedded_gguf())
+    assert (first / "model.safetensors").exists() and (first / "tokenizer.json").exists()
+    import transformers
+
+    def no_gguf(*a, **kw):
+        raise AssertionError("the GGUF was dequantized again instead of reusing the cache")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_gguf)
+    assert gguf_to_safetensors(embedded_gguf()) == first
+
+
+def test_cache_location_follows_oospec_cache(monkeypatch, tmp_path):
+    from oospec_agents.models import cache_dir
+    monkeypatch.setenv("OOSPEC_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+
+
+def test_gguf_file_reference_resolves_to_the_cache():
+    source, _ = resolve_reference(str(embedded_gguf()))
+    assert source == str(gguf_to_safetensors(embedded_gguf()))
+
+
+def test_hub_ids_pass_through_for_transformers_to_resolve():
+    assert resolve_reference("Qwen/Qwen2.5-0.5B-Instruct")[0] == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.mark.parametrize("ref, words", [("/nope/model", "does not exist"), ("missing.gguf", "does not exist")])
+def test_missing_models_are_named(ref, words):
+    with pytest.raises(ModelLoadError, match=words):
+        resolve_reference(ref)
+
+
+def test_directory_without_config_is_rejected(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        resolve_reference(str(tmp_path))
+
+
+def test_dtypes():
+    assert resolve_dtype("fp32", torch.device("cpu")) == torch.float32
+    assert resolve_dtype(None, torch.device("cpu")) in (torch.bfloat16, torch.float32)
+    with pytest.raises(ModelLoadError, match="unknown dtype 'int3'"):
+        resolve_dtype("int3", torch.device("cpu"))
