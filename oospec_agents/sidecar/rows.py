@@ -113,19 +113,21 @@ def _clip(text: str) -> str:
 # --------------------------------------------------------------------------- reading a row's answer
 
 _DECODER = json.JSONDecoder()
+_NUMBER_GOES_ON = ("", *"0123456789.eE+-")
 
 
 def value_end(text: str) -> int | None:
     """Index just past the first complete JSON value in `text`, or None while it is incomplete.
 
-    A number is complete only once something follows it ("10" may still become "100").
+    A number is complete only once something that cannot continue it follows ("10" may still
+    become "100" or "10.5").
     """
     body = text.lstrip()
     try:
         value, end = _DECODER.raw_decode(body)
     except json.JSONDecodeError:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and end == len(body):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and body[end:end + 1] in _NUMBER_GOES_ON:
         return None
     return len(text) - len(body) + end
 

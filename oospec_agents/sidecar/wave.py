@@ -1,0 +1,169 @@
+"""One request-level wave: every row of a request decoded greedily as one batch on the sidecar model.
+
+    prefill the shared prefix once                      [1, P]
+    fan its KV cache out to the rows                    [R, P]      (via one level per tool: rows of
+    feed every row's suffix, right-aligned              [R, P + S]   a tool share their call opener)
+                                                                     pads masked, positions per row
+    decode all rows together; drop a row from the batch once its JSON value is complete
+
+A row may be constrained to a few choices (the function row: the offered tool names): its logits
+are masked to the tokens that continue one of them, and it stops once only one choice is left.
+
+Rows never attend to each other: each batch element is its own sequence. Right-aligning the
+suffixes puts every row's last token in the same column, so all rows decode in lockstep.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from transformers import DynamicCache
+
+from ..verify import _cache_kwarg
+from .rows import Row, parse_value, value_end
+
+JSON_STARTS = set('"{[-0123456789tfn')  # a row whose first character is none of these is garbage
+
+
+class Wave:
+    def __init__(self, model, tokenizer, *, max_row_tokens: int = 32):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_row_tokens = max_row_tokens
+        self.device = next(model.parameters()).device
+        self.cache_kw = _cache_kwarg(model)
+        eos = model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
+
+    def __call__(self, prefix: str, rows: list[Row], cancel: threading.Event | None = None,
+                 choices: dict[int, list[str]] | None = None) -> list[str]:
+        """The text each row generated after its suffix (up to the end of its JSON value).
+
+        `choices` maps a row's index to the only texts it may produce.
+        """
+        if not rows:
+            return []
+        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        tries = {i: [enc(c) for c in cs] for i, cs in (choices or {}).items()}
+        out: list[list[int]] = [[] for _ in rows]
+        live = list(range(len(rows)))      # the row of each batch element still decoding
+        with torch.inference_mode():
+            cache, logits, mask, pos = self._prefill(enc(prefix), [enc(r.suffix) for r in rows],
+                                                     [r.tool for r in rows])
+            for _ in range(self.max_row_tokens):
+                if cancel is not None and cancel.is_set():
+                    break
+                last = logits[:, -1]
+                for b, row in enumerate(live):
+                    if row in tries:
+                        last[b] = _constrain(last[b], tries[row], out[row])
+                tokens = last.argmax(-1)
+                done, ruled_out = set(), set()
+                for row, t in zip(live, tokens.tolist()):
+                    if self._append(out[row], t, tries.get(row)):
+                        done.add(row)
+                        if rows[row].kind == "function":
+                            # Slots of the tools it ruled out cannot reach the call: stop decoding them.
+                            name = parse_value(self.tokenizer.decode(out[row], skip_special_tokens=True))
+                            ruled_out = {i for i, r in enumerate(rows) if r.tool not in (None, name)}
+                keep = [b for b, row in enumerate(live) if row not in done | ruled_out]
+                if not keep:
+                    break
+                if len(keep) < len(live):
+                    sel = torch.tensor(keep, device=self.device)
+                    cache.batch_select_indices(sel)
+                    tokens, mask, pos = tokens[sel], mask[sel], pos[sel]
+                    live = [live[b] for b in keep]
+                mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
+                logits = self._forward(tokens[:, None], cache, mask, pos[:, None])
+                pos = pos + 1
+        return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
+
+    def _prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list):
+        """Feed prefix + suffix of every row, sharing the KV cache of every common part.
+
+        Three levels, each fanned out from the one before: the prefix plus what all suffixes share
+        (one sequence), what each group's suffixes share (one per group: a tool's call opener), then
+        each row's own rest (its key). Every row keeps at least one token for the last level.
+        Returns (cache, logits, attention mask so far, each row's next position)."""
+        common = _keep_one(_common_prefix(suffixes), suffixes)
+        rests = [s[len(common):] for s in suffixes]
+        group_ids = list(dict.fromkeys(groups))
+        members = [[r for r, g in zip(rests, groups) if g == gid] for gid in group_ids]
+        openers = [_keep_one(_common_prefix(m), m) for m in members]
+        row_group = [group_ids.index(g) for g in groups]
+        cache = DynamicCache(config=self.model.config)
+        mask = torch.ones(1, 0, dtype=torch.long, device=self.device)
+        pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        logits, mask, pos = self._feed(cache, mask, pos, [0], [prefix + common])
+        if any(openers):
+            logits, mask, pos = self._feed(cache, mask, pos, [0] * len(openers), openers)
+        else:
+            row_group = [0] * len(rests)
+        tails = [r[len(openers[g]):] for r, g in zip(rests, row_group)]
+        logits, mask, pos = self._feed(cache, mask, pos, row_group, tails)
+        return cache, logits, mask, pos
+
+    def _feed(self, cache, mask, pos, parents: list[int], segments: list[list[int]]):
+        """Batch element i continues element parents[i] of the cache with segments[i], right-aligned
+        (pads between the two are masked out, and positions skip them)."""
+        idx = torch.tensor(parents, device=self.device)
+        cache.batch_select_indices(idx)
+        mask, pos = mask[idx], pos[idx]
+        n, width = len(segments), max(map(len, segments))
+        ids = torch.full((n, width), self.pad, dtype=torch.long, device=self.device)
+        seg_mask = torch.zeros(n, width, dtype=torch.long, device=self.device)
+        seg_pos = torch.zeros(n, width, dtype=torch.long, device=self.device)
+        for i, seg in enumerate(segments):
+            if seg:
+                ids[i, width - len(seg):] = torch.tensor(seg, device=self.device)
+                seg_mask[i, width - len(seg):] = 1
+                seg_pos[i, width - len(seg):] = pos[i] + torch.arange(len(seg), device=self.device)
+        mask = torch.cat([mask, seg_mask], dim=1)
+        logits = self._forward(ids, cache, mask, seg_pos)
+        return logits, mask, pos + torch.tensor([len(s) for s in segments], device=self.device)
+
+    def _append(self, out: list[int], token: int, choices: list[list[int]] | None) -> bool:
+        """Add a row's token; True when the row is finished."""
+        if token in self.eos:
+            return True
+        out.append(token)
+        if choices is not None:
+            left = [c for c in choices if c[:len(out)] == out]
+            if len(left) == 1:
+                out[:] = left[0]  # the only choice left: complete it
+                return True
+        return self._done(out)
+
+    def _done(self, ids: list[int]) -> bool:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        head = text.lstrip()
+        return bool(head) and (head[0] not in JSON_STARTS or value_end(text) is not None)
+
+    def _forward(self, ids, cache, mask, pos):
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                          **{self.cache_kw: cache}).logits
+
+
+def _constrain(logits: torch.Tensor, choices: list[list[int]], so_far: list[int]) -> torch.Tensor:
+    k = len(so_far)
+    allowed = {c[k] for c in choices if len(c) > k and c[:k] == so_far}
+    masked = torch.full_like(logits, float("-inf"))
+    idx = torch.tensor(sorted(allowed), device=logits.device)
+    masked[idx] = logits[idx]
+    return masked
+
+
+def _common_prefix(seqs: list[list[int]]) -> list[int]:
+    first = seqs[0]
+    n = min(map(len, seqs))
+    for i in range(n):
+        if any(s[i] != first[i] for s in seqs):
+            return first[:i]
+    return first[:n]
+
+
+def _keep_one(common: list[int], seqs: list[list[int]]) -> list[int]:
+    """`common`, shortened so that every sequence keeps at least one token of its own."""
+    return common[:min(map(len, seqs)) - 1] if len(common) >= min(map(len, seqs)) else common

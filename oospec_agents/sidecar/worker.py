@@ -1,0 +1,145 @@
+"""The sidecar runtime: each request's wave runs in its own thread; the target polls a mailbox.
+
+    submit(request) -> ticket                 returns at once; a thread runs rows -> wave -> join -> payload
+    ticket.poll()   -> Hint | None            non-blocking: reads the mailbox, never takes a lock
+    ticket.cancel()                           the request is done; the wave stops at its next step
+
+Devices: the sidecar model sits on its own device (two GPUs: cuda:1). On a GPU it shares with the
+target, its wave runs on its own CUDA stream. On the CPU its thread sets its own torch thread count
+(OpenMP's thread count is per calling thread, so the target's thread keeps its own).
+
+Faults never reach the target: an exception, CUDA OOM, a hang past `timeout_s`, or output that does
+not join into a call become `ticket.error` and no hint.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from .base import Hint, HintRequest
+from .join import JoinError, encode_payload, join, render_payload
+from .rows import Row, expand_rows
+
+#: (prefix, rows, cancel, choices) -> one generated text per row; `Wave` is the real one
+WaveFn = Callable[[str, list[Row], threading.Event, dict[int, list[str]]], list[str]]
+
+
+class WaveSidecar:
+    def __init__(self, wave: WaveFn, *, device: torch.device | str = "cpu", timeout_s: float = 30.0,
+                 threads: int | None = 1):
+        self.wave = wave
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._one_wave = threading.Lock()  # taken only by wave threads: a cancelled wave finishes before the next
+
+    def submit(self, request: HintRequest) -> "Ticket":
+        ticket = Ticket(request, self.timeout_s)
+        threading.Thread(target=self._run, args=(request, ticket), name="oospec-sidecar", daemon=True).start()
+        return ticket
+
+    def _run(self, request: HintRequest, ticket: "Ticket") -> None:
+        try:
+            rows, prefix, choices = wave_rows(request)
+            if not self._one_wave.acquire(timeout=self.timeout_s):
+                raise TimeoutError(f"the previous wave has held the sidecar for over {self.timeout_s:g}s")
+            try:
+                if ticket.cancelled.is_set():
+                    return
+                with self._placement():
+                    texts = self.wave(prefix, rows, ticket.cancelled, choices)
+                    if self.stream is not None:
+                        self.stream.synchronize()
+            finally:
+                self._one_wave.release()
+            if ticket.cancelled.is_set():
+                return
+            payload = encode_payload(join(rows, texts, request.tools, request.tool_choice))
+            ticket.post(payload=payload)
+        except JoinError as e:
+            ticket.post(error=f"sidecar gave no usable call: {e}")
+        except torch.OutOfMemoryError as e:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            ticket.post(error=f"sidecar out of memory on {self.device}: {str(e).splitlines()[0] if str(e) else ''}")
+        except Exception as e:
+            ticket.post(error=f"sidecar failed: {type(e).__name__}: {e}")
+
+    def _placement(self):
+        if self.stream is not None:
+            return torch.cuda.stream(self.stream)
+        if self.threads:
+            torch.set_num_threads(self.threads)  # this thread's own count; the target's thread is untouched
+        return contextlib.nullcontext()
+
+
+def wave_rows(request: HintRequest) -> tuple[list[Row], str, dict[int, list[str]]]:
+    """The rows this request needs. A named tool_choice needs only that tool's slot rows; otherwise
+    the function row is constrained to the offered names (and `null` unless a call is required)."""
+    mode, named = request.tool_choice
+    prefix, rows = expand_rows(request.messages, request.tools)
+    if mode == "named":
+        return [r for r in rows if r.tool == named], prefix, {}
+    names = [" " + json.dumps(t.name, ensure_ascii=False) for t in request.tools] + ([] if mode == "required" else [" null"])
+    return rows, prefix, {0: names}
+
+
+class Ticket:
+    """One request's mailbox. The wave thread posts once; the target's poll reads without locking."""
+
+    def __init__(self, request: HintRequest, timeout_s: float):
+        self.error: str | None = None
+        self.cancelled = threading.Event()
+        self._request = request
+        self._deadline = request.arrived + timeout_s
+        self._timeout_s = timeout_s
+        self._mailbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._hint: Hint | None = None
+
+    def post(self, *, payload: bytes | None = None, error: str | None = None) -> None:
+        self._mailbox.put((payload, time.perf_counter() - self._request.arrived, error))
+
+    def poll(self) -> Hint | None:
+        if self._hint is not None or self.error is not None:
+            return self._hint
+        try:
+            payload, ready_s, error = self._mailbox.get_nowait()
+        except queue.Empty:
+            if time.perf_counter() > self._deadline:
+                self.error = f"sidecar timeout: no hint after {self._timeout_s:g}s; the wave is abandoned"
+                self.cancelled.set()
+            return None
+        if error is not None:
+            self.error = error
+            return None
+        try:
+            self._hint = Hint(render_payload(payload, self._request.fmt), len(payload), ready_s)
+        except Exception as e:
+            self.error = f"sidecar gave no usable call: cannot render payload {payload[:80]!r}: {e}"
+        return self._hint
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s: float = 30.0,
+                 sidecar_threads: int | None = 1, sidecar_max_row_tokens: int = 32) -> WaveSidecar:
+    """Load a sidecar model (HF id, path, GGUF, or "embedded") behind a `WaveSidecar`.
+
+    "embedded" is SmolLM2-135M-Instruct plus the slot-prediction LoRA adapter when it is present.
+    """
+    from .. import models
+    from .wave import Wave
+    adapter = sidecar_adapter
+    if str(ref) == "embedded" and adapter is None and models.EMBEDDED_SIDECAR_ADAPTER.exists():
+        adapter = models.EMBEDDED_SIDECAR_ADAPTER
+    model, tok = models.load_model(ref, device=device, dtype=dtype, adapter=adapter)
+    return WaveSidecar(Wave(model, tok, max_row_tokens=sidecar_max_row_tokens), device=device,
+                       timeout_s=sidecar_timeout_s, threads=sidecar_threads)
