@@ -237,8 +237,10 @@ class Engine:
         sync()
         stats["decode_s"] = time.perf_counter() - t1
         if ticket is not None:
-            if ctx.hint is None:
-                self._poll(ticket, req, stats)  # a late hint is still reported, never used
+            if ctx.hint is None and self._poll(ticket, req, stats) is not None:
+                self._fault(stats, "sidecar hint late: it arrived after the reply was complete (reported, not used)")
+            elif ctx.hint is None and stats["sidecar_error"] is None:
+                self._fault(stats, "sidecar hint late: not ready when the reply was complete")
             _safe(ticket.cancel)
         text = ctx.text if _stop_at(ctx.text, req.stop, len(req.prefix)) is None else \
             ctx.text[:_stop_at(ctx.text, req.stop, len(req.prefix))]
