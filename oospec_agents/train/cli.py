@@ -1,0 +1,60 @@
+"""`oospec train-target` and `oospec train-sidecar`: LoRA adapters for the embedded pair (or any base).
+
+    oospec train-target  --base smollm2 --train ../shared/data/toolcalls/train.jsonl --out DIR
+    oospec train-sidecar --base smollm2 --train ../shared/data/toolcalls/train.jsonl --dev ... --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub, name):
+    kind = "target" if name == "train-target" else "sidecar"
+    help_ = ("train the tool-calling LoRA of a target (hermes calls, text after results, plain text)"
+             if kind == "target" else "train the sidecar's slot-prediction LoRA on expanded wave rows")
+    p = sub.add_parser(name, help=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--base", default="smollm2", help='base model: HF id, path, GGUF file; "smollm2" = embedded')
+    p.add_argument("--train", required=True, help="training JSONL in the shared tool-call format")
+    p.add_argument("--dev", default=None, help="dev JSONL for the metrics file")
+    p.add_argument("--out", required=True, help="output directory for the adapter and metrics.json")
+    p.add_argument("--teacher", default=None, help="teacher model; its greedy valid calls replace the ground truth")
+    p.add_argument("--r", type=int, default=16)
+    p.add_argument("--alpha", type=int, default=32)
+    p.add_argument("--dropout", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-len", type=int, default=1024, help="drop examples longer than this many tokens")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N training records")
+    p.add_argument("--subsample", type=int, default=None, help="train on N examples drawn (seeded) from all")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--dev-limit", type=int, default=None, help="evaluate on at most N dev records per source")
+    p.add_argument("--dtype", default="float32", help="training dtype of the base weights")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--autocast", default="auto", choices=["auto", "bf16", "none"],
+                   help="bf16 autocast for the forward (auto: when the CPU has native bf16)")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--resume", action="store_true", help="continue from OUT-checkpoint if present")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=lambda args: _run(args, kind))
+
+
+def _run(args, kind):
+    from ..cli import print_json
+    from .lora import LoraConfigArgs
+    cfg = LoraConfigArgs(r=args.r, alpha=args.alpha, dropout=args.dropout, lr=args.lr, epochs=args.epochs,
+                         batch_size=args.batch_size, seed=args.seed, max_steps=args.max_steps,
+                         threads=args.threads, autocast=None if args.autocast == "none" else args.autocast,
+                         log_every=args.log_every, checkpoint_every=args.checkpoint_every)
+    common = dict(base=args.base, train=args.train, dev=args.dev, out=args.out, teacher=args.teacher, cfg=cfg,
+                  max_len=args.max_len, limit=args.limit, subsample=args.subsample, dev_limit=args.dev_limit,
+                  dtype=args.dtype, resume=args.resume, progress=not args.no_progress)
+    if kind == "target":
+        from .run import train_target
+        metrics = train_target(**common)
+    else:
+        from .run import train_sidecar
+        metrics = train_sidecar(**common)
+    print_json(metrics)

@@ -1,0 +1,214 @@
+"""LoRA training with peft: prompt ids + target ids, loss on the target only.
+
+Each example is (ids, n_target): the last `n_target` ids are the answer the loss is taken on, and
+everything before them is the prompt. Because the answer is always a suffix, the forward asks the
+model for only the last `n_target + 1` logits (`logits_to_keep`), which skips most of the lm_head
+work on long tool prompts. Batches are gradient accumulation over single examples: no padding, so
+a batch of any size gives the same gradient as one padded forward would.
+
+Deterministic under `seed`: the example order, LoRA init and dropout all come from seeded RNGs,
+and a checkpoint stores every RNG state so a resumed run continues the same trajectory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .data import TrainDataError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraConfigArgs:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    lr: float = 3e-4
+    epochs: float = 1.0
+    batch_size: int = 8
+    seed: int = 0
+    warmup: float = 0.03
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    target_modules: tuple = DEFAULT_TARGETS
+    log_every: int = 10
+    checkpoint_every: int = 25
+    max_steps: int | None = None   # stop after this many optimizer steps (smoke tests)
+    threads: int | None = None
+    autocast: str | None = "auto"  # "bf16" | None | "auto" (bf16 when the CPU has native bf16)
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    examples_seen: int
+    losses: list = field(default_factory=list)   # (step, mean loss over the last log window)
+    seconds: float = 0.0
+    resumed_from: int | None = None
+
+
+def example_loss(model, ids, n_target: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of the last n_target ids given everything before them.
+
+    `ids` may instead be a packed sidecar example (`train.rows.PackedExample`).
+    """
+    if n_target is None:
+        from .rows import packed_loss
+        return packed_loss(model, ids)
+    x = torch.tensor([ids], dtype=torch.long)
+    out = model(input_ids=x, logits_to_keep=n_target + 1)
+    logits = out.logits[0, :-1].float()          # positions L-n-1 .. L-2 predict ids L-n .. L-1
+    labels = x[0, -n_target:]
+    return torch.nn.functional.cross_entropy(logits, labels)
+
+
+def _autocast(cfg: LoraConfigArgs, device_type: str = "cpu"):
+    mode = cfg.autocast
+    if mode == "auto":
+        from ..models import cpu_supports_bf16
+        mode = "bf16" if device_type == "cpu" and cpu_supports_bf16() else None
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=mode == "bf16")
+
+
+def add_lora(model, cfg: LoraConfigArgs):
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(cfg.seed)
+    pcfg = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                      target_modules=list(cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, pcfg)
+
+
+def _order(n: int, epochs: float, seed: int) -> list[int]:
+    order, ep = [], 0
+    total = max(1, int(round(n * epochs)))
+    while len(order) < total:
+        idx = list(range(n))
+        random.Random(seed * 1000 + ep).shuffle(idx)
+        order += idx
+        ep += 1
+    return order[:total]
+
+
+def _lr_at(step: int, total: int, cfg: LoraConfigArgs) -> float:
+    warm = max(1, int(total * cfg.warmup))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, total - warm)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def _save_checkpoint(peft_model, opt, step, result, ckpt_dir: Path, cfg: LoraConfigArgs):
+    tmp = ckpt_dir.with_name(ckpt_dir.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    peft_model.save_pretrained(str(tmp))
+    torch.save({"step": step, "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
+                "result": asdict(result), "config": asdict(cfg)}, tmp / "trainer_state.pt")
+    if ckpt_dir.exists():
+        import shutil
+        shutil.rmtree(ckpt_dir)
+    tmp.rename(ckpt_dir)
+
+
+def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraConfigArgs, *,
+               checkpoint_dir=None, resume: bool = False, progress: bool = True, log_file=None,
+               stop_after: int | None = None):
+    """Train a LoRA on `examples`; save the adapter to `out_dir`. Returns (peft_model, TrainResult).
+
+    The checkpoint (adapter, optimizer, RNG state, loss history) goes to `checkpoint_dir` (default:
+    OUT-checkpoint next to OUT) every `cfg.checkpoint_every` steps; `resume=True` continues from it
+    on the same trajectory. `stop_after` ends the run after that many steps with a checkpoint, as an
+    interruption would (the schedule still spans the whole run).
+    """
+    from peft import set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+    from tqdm.auto import tqdm
+
+    if not examples:
+        raise TrainDataError("the training set is empty: no usable examples were built from the data")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out_dir = Path(out_dir)
+    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir.with_name(out_dir.name + "-checkpoint")
+    peft_model = add_lora(model, cfg)
+    peft_model.train()
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    order = _order(len(examples), cfg.epochs, cfg.seed)
+    total_steps = math.ceil(len(order) / cfg.batch_size)
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    result = TrainResult(steps=0, examples_seen=0)
+    start = 0
+    torch.manual_seed(cfg.seed)
+    if resume and (ckpt_dir / "trainer_state.pt").exists():
+        state = torch.load(ckpt_dir / "trainer_state.pt", weights_only=False)
+        set_peft_model_state_dict(peft_model, load_peft_weights(str(ckpt_dir)))
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        start = state["step"]
+        result = TrainResult(**state["result"])
+        result.resumed_from = start
+        log.warning("resumed from %s at step %d", ckpt_dir, start)
+    elif resume:
+        log.warning("no checkpoint at %s; starting from scratch", ckpt_dir)
+
+    logf = open(log_file, "a") if log_file else None
+    t0 = time.perf_counter()
+    window: list[float] = []
+    bar = tqdm(total=total_steps, initial=start, disable=not progress, desc="train", unit="step")
+    for step in range(start, total_steps):
+        batch = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, total_steps, cfg)
+        opt.zero_grad(set_to_none=True)
+        batch_loss = 0.0
+        for i in batch:
+            ex = examples[i]
+            with _autocast(cfg):
+                loss = (example_loss(peft_model, *ex) if isinstance(ex, tuple)
+                        else example_loss(peft_model, ex)) / len(batch)
+            loss.backward()
+            batch_loss += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        result.steps = step + 1
+        result.examples_seen += len(batch)
+        window.append(batch_loss)
+        bar.update(1)
+        bar.set_postfix(loss=f"{batch_loss:.4f}")
+        if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
+            mean = sum(window) / len(window)
+            result.losses.append((step + 1, round(mean, 5)))
+            line = (f"step {step + 1}/{total_steps} loss {mean:.4f} lr {opt.param_groups[0]['lr']:.2e} "
+                    f"elapsed {result.seconds + time.perf_counter() - t0:.0f}s")
+            if logf:
+                logf.write(line + "\n")
+                logf.flush()
+            if not progress:
+                log.warning(line)
+            window = []
+        stopping = stop_after is not None and step + 1 >= stop_after and step + 1 < total_steps
+        if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < total_steps) or stopping:
+            result.seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            _save_checkpoint(peft_model, opt, step + 1, result, ckpt_dir, cfg)
+        if stopping:
+            break
+    bar.close()
+    result.seconds += time.perf_counter() - t0
+    if logf:
+        logf.close()
+    peft_model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    peft_model.save_pretrained(str(out_dir))
+    return peft_model, result

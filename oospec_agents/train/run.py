@@ -1,0 +1,99 @@
+"""`train_target` / `train_sidecar`: data -> traces -> examples -> LoRA -> adapter + metrics.json."""
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .data import TrainDataError, load_records
+from .lora import LoraConfigArgs, train_lora
+from .traces import build_traces
+
+log = logging.getLogger(__name__)
+
+
+def load_base(base: str, dtype="float32"):
+    """(model, tokenizer) of a base model in training dtype on the CPU; clear error if unknown."""
+    from .. import models
+    from ..errors import ModelLoadError
+    try:
+        return models.load_model(base, device=torch.device("cpu"), dtype=models.resolve_dtype(dtype, torch.device("cpu")))
+    except ModelLoadError:
+        raise
+    except Exception as e:  # e.g. a hub id that does not exist offline
+        raise ModelLoadError(f"unknown base model {base!r}: {type(e).__name__}: {e}") from None
+
+
+def _env() -> dict:
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+            "python": platform.python_version()}
+
+
+def _write_metrics(out: Path, metrics: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
+                 max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
+                 progress=True, eval_sources=("bfcl_simple", "bfcl_multiple")) -> dict:
+    """Train the tool-calling target adapter; evaluate on `dev` (tool_choice="auto")."""
+    from ..engine import Engine
+    from .target import build_target_examples, evaluate_target
+    cfg = cfg or LoraConfigArgs()
+    out = Path(out)
+    records = load_records(train, limit=limit)
+    dev_records = load_records(dev) if dev else None
+    traces, trace_stats = build_traces(records, teacher, progress=progress)
+    if not traces:
+        raise TrainDataError("the training set is empty: the teacher wrote no valid call on any record")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tok = load_base(base, dtype)
+    engine = Engine(model, tok, None)
+    examples, counts = build_target_examples(engine, traces, seed=cfg.seed, max_len=max_len)
+    if subsample and subsample < len(examples):
+        examples = random.Random(cfg.seed).sample(examples, subsample)
+    t0 = time.perf_counter()
+    _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress,
+                           log_file=out.with_name(out.name + "-train.log"))
+    metrics = {"kind": "target", "base": base, "train": str(train), "traces": trace_stats,
+               "examples": {"total": len(examples), **counts}, "max_len": max_len, "config": asdict(cfg),
+               "train_seconds": round(result.seconds, 1), "steps": result.steps, "resumed_from": result.resumed_from,
+               "loss_curve": result.losses, "env": _env()}
+    log.warning("trained %d steps in %.0fs", result.steps, time.perf_counter() - t0)
+    _write_metrics(out, metrics)
+    if dev_records:
+        metrics["dev"] = evaluate_adapter(base, out, dev_records, sources=eval_sources, limit=dev_limit,
+                                          progress=progress)
+        metrics["dev"]["file"] = str(dev)
+        _write_metrics(out, metrics)
+    return metrics
+
+
+def evaluate_adapter(base, adapter, dev_records, *, sources=("bfcl_simple", "bfcl_multiple"), limit=None,
+                     method="toolspec", progress=True, dtype=None) -> dict:
+    """Load base + merged adapter the way `Engine.from_pretrained` does, and score it."""
+    from .. import models
+    from ..engine import Engine
+    from .target import evaluate_target
+    dev = torch.device("cpu")
+    model, tok = models.load_model(base, device=dev, dtype=models.resolve_dtype(dtype, dev), adapter=adapter)
+    engine = Engine(model, tok, None)
+    recs = dev_records
+    if limit:
+        per: dict = {}
+        recs = [r for r in dev_records if per.setdefault(r["source"], []).__len__() < limit
+                and not per[r["source"]].append(r)]
+    return evaluate_target(engine, recs, sources=sources, method=method, progress=progress)
+
+
+def train_sidecar(**kw) -> dict:
+    from .sidecar_train import train_sidecar as _ts
+    return _ts(**kw)

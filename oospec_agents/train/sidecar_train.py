@@ -1,0 +1,161 @@
+"""`train_sidecar`: traces -> labelled wave rows -> packed LoRA training -> adapter + metrics.json."""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .data import TrainDataError, load_records
+from .lora import LoraConfigArgs, train_lora
+from .rows import pack, training_rows
+from .traces import build_traces
+
+log = logging.getLogger(__name__)
+
+
+def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_rows=6):
+    """One packed example per trace (its first call); counts of rows by kind."""
+    rng = random.Random(seed)
+    examples, counts = [], {"records": 0, "function_rows": 0, "slot_rows": 0, "too_long": 0, "skipped": 0}
+    for rec in traces:
+        if not rec["expected"]:
+            counts["skipped"] += 1
+            continue
+        try:
+            prefix, rows = training_rows(rec["messages"], rec["tools"], rec["expected"][0])
+        except ValueError as e:
+            counts["skipped"] += 1
+            log.warning("%s: %s", rec.get("id"), e)
+            continue
+        ex = pack(tokenizer, prefix, rows, max_null_rows=max_null_rows, rng=rng)
+        if len(ex) > max_len:
+            counts["too_long"] += 1
+            continue
+        examples.append(ex)
+        counts["records"] += 1
+        counts["function_rows"] += ex.kinds.count("function")
+        counts["slot_rows"] += ex.kinds.count("slot")
+    if not examples:
+        raise TrainDataError("the training set is empty: no record produced sidecar rows")
+    return examples, counts
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def _greedy_value(model, cache_kw, prefix_cache, prefix_len, suffix_ids, eos, tokenizer, max_tokens=32):
+    from ..sidecar.rows import value_end
+    cache = copy.deepcopy(prefix_cache)
+    ids, out, pos = suffix_ids, [], prefix_len
+    with torch.inference_mode():
+        for _ in range(max_tokens):
+            x = torch.tensor([ids])
+            logits = model(input_ids=x, position_ids=torch.arange(pos, pos + len(ids))[None],
+                           use_cache=True, **{cache_kw: cache}).logits[0, -1]
+            pos += len(ids)
+            t = int(logits.argmax())
+            if t in eos:
+                break
+            out.append(t)
+            text = tokenizer.decode(out, skip_special_tokens=True)
+            if value_end(text) is not None:
+                break
+            ids = [t]
+    return tokenizer.decode(out, skip_special_tokens=True)
+
+
+def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_source=None, progress=True) -> dict:
+    """Function-index accuracy and argument-value exact match of the wave's rows, decoded greedily.
+
+    Per record (its first expected call): the function row names a tool; the called tool's slot
+    rows each predict a value or null. `arg_exact_match` is over those slot values (a parameter the
+    call leaves out must read null); `call_exact` needs the tool and every value right.
+    """
+    from tqdm.auto import tqdm
+    from transformers import DynamicCache
+    from ..chat import normalize_messages
+    from ..sidecar.rows import expand_rows, parse_value
+    from ..tools import normalize_tools
+    from ..verify import _cache_kwarg
+    cache_kw = _cache_kwarg(model)
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {tokenizer.eos_token_id}
+    seen: dict = {}
+    recs = []
+    for r in records:
+        if r["expected"] and len(r["expected"]) == 1 and (not sources or r["source"] in sources):
+            if limit_per_source is None or len(seen.setdefault(r["source"], [])) < limit_per_source:
+                seen.setdefault(r["source"], []).append(r)
+                recs.append(r)
+    per: dict = {}
+    model.eval()
+    for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
+        call = rec["expected"][0]
+        tools = normalize_tools(rec["tools"])
+        prefix, rows = expand_rows(normalize_messages(rec["messages"]), tools, None)
+        p_ids = tokenizer.encode(prefix, add_special_tokens=False)
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([p_ids]), use_cache=True, **{cache_kw: cache})
+        enc = lambda s: tokenizer.encode(s, add_special_tokens=False)
+        name = parse_value(_greedy_value(model, cache_kw, cache, len(p_ids), enc(rows[0].suffix), eos, tokenizer))
+        s = per.setdefault(rec["source"], {"n": 0, "function_ok": 0, "slots": 0, "slots_ok": 0, "call_exact": 0})
+        s["n"] += 1
+        s["function_ok"] += name == call["name"]
+        all_ok = name == call["name"]
+        for row in rows[1:]:
+            if row.tool != call["name"]:
+                continue
+            val = parse_value(_greedy_value(model, cache_kw, cache, len(p_ids), enc(row.suffix), eos, tokenizer))
+            ok = val == call["arguments"].get(row.param)
+            s["slots"] += 1
+            s["slots_ok"] += ok
+            all_ok = all_ok and ok
+        s["call_exact"] += all_ok
+    tot = {k: sum(v[k] for v in per.values()) for k in ("n", "function_ok", "slots", "slots_ok", "call_exact")}
+    rate = lambda s: {"n": s["n"], "function_index_acc": round(s["function_ok"] / max(1, s["n"]), 4),
+                      "arg_exact_match": round(s["slots_ok"] / max(1, s["slots"]), 4), "slots": s["slots"],
+                      "call_exact": round(s["call_exact"] / max(1, s["n"]), 4)}
+    return {"overall": rate(tot), "by_source": {k: rate(v) for k, v in sorted(per.items())}}
+
+
+def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
+                  max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
+                  progress=True, max_null_rows=6, eval_sources=None) -> dict:
+    """Train the sidecar's slot-prediction adapter on packed wave rows; evaluate it on `dev`."""
+    from .. import models
+    from .run import _env, _write_metrics, load_base
+    cfg = cfg or LoraConfigArgs()
+    out = Path(out)
+    records = load_records(train, limit=limit)
+    dev_records = load_records(dev) if dev else None
+    traces, trace_stats = build_traces(records, teacher, progress=progress)
+    if not traces:
+        raise TrainDataError("the training set is empty: the teacher wrote no valid call on any record")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tok = load_base(base, dtype)
+    examples, counts = build_sidecar_examples(tok, traces, seed=cfg.seed, max_len=max_len,
+                                              max_null_rows=max_null_rows)
+    if subsample and subsample < len(examples):
+        examples = random.Random(cfg.seed).sample(examples, subsample)
+    _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress,
+                           log_file=out.with_name(out.name + "-train.log"))
+    metrics = {"kind": "sidecar", "base": base, "train": str(train), "traces": trace_stats,
+               "examples": {"total": len(examples), **counts}, "max_len": max_len, "max_null_rows": max_null_rows,
+               "config": asdict(cfg), "train_seconds": round(result.seconds, 1), "steps": result.steps,
+               "resumed_from": result.resumed_from, "loss_curve": result.losses, "env": _env()}
+    _write_metrics(out, metrics)
+    if dev_records:
+        dev_t = torch.device("cpu")
+        m, t = models.load_model(base, device=dev_t, dtype=models.resolve_dtype(None, dev_t), adapter=out)
+        metrics["dev"] = evaluate_sidecar(m, t, dev_records, sources=eval_sources, limit_per_source=dev_limit,
+                                          progress=progress)
+        metrics["dev"]["file"] = str(dev)
+        _write_metrics(out, metrics)
+    return metrics

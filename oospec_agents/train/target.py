@@ -1,0 +1,173 @@
+"""The tool-calling target adapter: full assistant turns on the target's exact prompt ids.
+
+Three kinds of examples, all conditioned on `Engine.prompt_ids(messages, tools, tool_choice="auto")`:
+- **call**: the trace's call(s) in the target's format (`fmt.render_calls`), then the eos token;
+- **answer**: the history with that call and a tool result, then a short text answer built from the
+  result (API-Bank's own post-result replies are used too);
+- **no tool**: the request with unrelated tools offered, then a short plain-text reply.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+from .data import TrainDataError, tool_name
+
+NO_TOOL_REPLIES = (
+    "I'm sorry, none of the available tools can help with that request.",
+    "None of the tools I have can do that, so I can't help with this request directly.",
+    "I don't have a suitable tool for that request.",
+)
+
+
+def _fake_result(call: dict, rng: random.Random) -> dict:
+    """A plausible tool result for a call, for the answer-after-result examples."""
+    name = call["name"].lower()
+    args = call.get("arguments") or {}
+    if "weather" in name:
+        return {"temperature": rng.randint(-5, 35), "unit": args.get("unit", "celsius"),
+                "condition": rng.choice(["sunny", "cloudy", "rainy", "windy"])}
+    kind = rng.randrange(4)
+    if kind == 0:
+        return {"result": round(rng.uniform(1, 1000), rng.choice([0, 2]))}
+    if kind == 1:
+        return {"status": "success", "message": f"{call['name']} completed"}
+    if kind == 2:
+        return {"result": rng.choice(["approved", "found", "available", "scheduled", "updated"])}
+    return {"count": rng.randint(0, 50), "status": "ok"}
+
+
+def _answer_text(call: dict, result: dict) -> str:
+    if "condition" in result and "temperature" in result:
+        where = next((str(v) for k, v in (call.get("arguments") or {}).items()
+                      if k in ("city", "location", "place")), None)
+        return (f"It is currently {result['temperature']} degrees {result['unit']} and {result['condition']}"
+                + (f" in {where}." if where else "."))
+    if "result" in result:
+        return f"The result is {result['result']}."
+    if "message" in result:
+        return f"Done: {result['message']} successfully."
+    return "Here is what I found: " + ", ".join(f"{k}: {v}" for k, v in result.items()) + "."
+
+
+def _encode_answer(engine, text_or_calls) -> list[int]:
+    tok = engine.tokenizer
+    text = engine.fmt.render_calls(text_or_calls) if isinstance(text_or_calls, list) else text_or_calls
+    eos = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else tok.eos_token_id
+    return tok.encode(text, add_special_tokens=False) + [eos]
+
+
+def _example(engine, messages, tools, answer, max_len):
+    prompt = engine.prompt_ids(messages, tools, tool_choice="auto")
+    tgt = _encode_answer(engine, answer)
+    if len(prompt) + len(tgt) > max_len:
+        return None
+    return prompt + tgt, len(tgt)
+
+
+def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len: int = 1024,
+                          answer_frac: float = 0.2, no_tool_frac: float = 0.1) -> tuple[list, dict]:
+    """Examples (ids, n_target) for the target adapter, and counts per kind.
+
+    `traces` are records whose "expected" holds the calls to teach (ground truth or teacher calls).
+    """
+    rng = random.Random(seed)
+    examples, counts = [], {"call": 0, "answer": 0, "answer_apibank": 0, "no_tool": 0, "too_long": 0}
+
+    def add(kind, ex):
+        if ex is None:
+            counts["too_long"] += 1
+        else:
+            examples.append(ex)
+            counts[kind] += 1
+
+    for rec in traces:
+        if rec["expected"]:
+            add("call", _example(engine, rec["messages"], rec["tools"], rec["expected"], max_len))
+        # API-Bank histories hold real text replies that follow a tool result.
+        msgs = rec["messages"]
+        for i, m in enumerate(msgs):
+            if (m.get("role") == "assistant" and not m.get("tool_calls") and m.get("content")
+                    and i > 0 and msgs[i - 1].get("role") == "tool"):
+                add("answer_apibank", _example(engine, msgs[:i], rec["tools"], m["content"], max_len))
+    with_calls = [r for r in traces if r["expected"]]
+    for rec in rng.sample(with_calls, min(len(with_calls), int(len(with_calls) * answer_frac))):
+        calls = [dict(c, id=f"call_{k}") for k, c in enumerate(rec["expected"])]
+        results = [_fake_result(c, rng) for c in calls]
+        msgs = list(rec["messages"]) + [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in calls]}]
+        msgs += [{"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": json.dumps(r)}
+                 for c, r in zip(calls, results)]
+        answer = " ".join(_answer_text(c, r) for c, r in zip(calls, results))
+        add("answer", _example(engine, msgs, rec["tools"], answer, max_len))
+    # Plain text when no offered tool fits: the request with another record's unrelated tools.
+    n_none = int(len(traces) * no_tool_frac)
+    for rec in rng.sample(traces, min(len(traces), n_none)):
+        names = {tool_name(t) for t in rec["tools"]}
+        words = {w.lower() for m in rec["messages"] for w in str(m.get("content") or "").split() if len(w) > 4}
+        for _ in range(20):
+            other = rng.choice(traces)
+            o_names = {tool_name(t) for t in other["tools"]}
+            o_words = {w.lower() for t in other["tools"] for w in
+                       (tool_name(t) + " " + str((t.get("function") or t).get("description", ""))).split()}
+            if not (names & o_names) and not (words & o_words) and other["source"] != rec["source"]:
+                last_user = max(i for i, m in enumerate(rec["messages"]) if m.get("role") == "user")
+                add("no_tool", _example(engine, rec["messages"][:last_user + 1], other["tools"],
+                                        rng.choice(NO_TOOL_REPLIES), max_len))
+                break
+    if not examples:
+        raise TrainDataError("the training set is empty: every record was too long or had no calls")
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    return [examples[i] for i in order], counts
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def _lenient_ok(call: dict, possible: dict | None) -> bool:
+    """BFCL-style: every given argument is among the acceptable values; required ones present."""
+    if not possible or call["name"] not in possible:
+        return False
+    spec = possible[call["name"]]
+    args = call["arguments"]
+    for k, v in args.items():
+        if k not in spec or not any(v == ok or (isinstance(ok, str) and isinstance(v, str)
+                                                and v.strip().lower() == ok.strip().lower()) for ok in spec[k]):
+            return False
+    return all(k in args for k, oks in spec.items() if "" not in oks)
+
+
+def evaluate_target(engine, records: list[dict], *, sources=("bfcl_simple", "bfcl_multiple"),
+                    method: str = "toolspec", max_new_tokens: int = 160, limit: int | None = None,
+                    progress: bool = True) -> dict:
+    """Right-tool and exact-argument rates of `engine.generate(..., tool_choice="auto")`.
+
+    - right_tool: the names of the calls written equal the expected names, in order;
+    - exact_args: the calls parse, validate, and equal the expected calls exactly;
+    - lenient_args: as exact, but each value may be any of BFCL's acceptable values.
+    `method` only changes speed: every method returns the target's greedy output.
+    """
+    from tqdm.auto import tqdm
+    recs = [r for r in records if not sources or r["source"] in sources][:limit]
+    per = {}
+    for rec in tqdm(recs, disable=not progress, desc="eval-target"):
+        gen = engine.generate(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=max_new_tokens,
+                              method=method)
+        names = [c["name"] for c in gen.tool_calls + gen.invalid_tool_calls]
+        exp = rec["expected"]
+        right = names == [c["name"] for c in exp]
+        exact = right and not gen.invalid_tool_calls and \
+            [(c["name"], c["arguments"]) for c in gen.tool_calls] == [(c["name"], c["arguments"]) for c in exp]
+        poss = (rec.get("meta") or {}).get("possible_answer") or []
+        lenient = exact or (right and not gen.invalid_tool_calls and len(poss) == len(gen.tool_calls)
+                            and all(_lenient_ok(c, p) for c, p in zip(gen.tool_calls, poss)))
+        s = per.setdefault(rec["source"], {"n": 0, "right_tool": 0, "exact_args": 0, "lenient_args": 0})
+        s["n"] += 1
+        s["right_tool"] += right
+        s["exact_args"] += exact
+        s["lenient_args"] += lenient
+    tot = {k: sum(s[k] for s in per.values()) for k in ("n", "right_tool", "exact_args", "lenient_args")}
+    rate = lambda s: {"n": s["n"], **{k: round(s[k] / max(1, s["n"]), 4)
+                                      for k in ("right_tool", "exact_args", "lenient_args")}}
+    return {"overall": rate(tot), "by_source": {k: rate(v) for k, v in sorted(per.items())}, "method": method}

@@ -1,0 +1,206 @@
+"""Training: row expansion, the LoRA smoke test (tiny model), bad input, and the embedded pair."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import DATA, tiny_model
+from oospec_agents.errors import ModelLoadError
+from oospec_agents.sidecar.rows import Row
+from oospec_agents.train.data import TrainDataError, load_records
+from oospec_agents.train.lora import LoraConfigArgs, example_loss, train_lora
+from oospec_agents.train.rows import pack, packed_loss, training_rows
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_current_weather", "description": "Get the current weather in a given city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a time zone.",
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string"}, "fmt": {"type": "string"}}}}}
+# The value is not in the request, so any row that saw it would have been shown another row's answer.
+TRACE = {"messages": [{"role": "user", "content": "How warm is it in the French capital? Use celsius."}],
+         "tools": [WEATHER, TIME],
+         "expected": [{"name": "get_current_weather", "arguments": {"city": "Paris"}}]}
+OPEN = '<tool_call>\n{"name":'
+
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Training on a busy 2-core machine: one thread avoids OpenMP spin contention (10x here)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# --------------------------------------------------------------------------- row expansion
+
+def test_rows_are_exactly_as_specified():
+    prefix, rows = training_rows(TRACE["messages"], TRACE["tools"], TRACE["expected"][0])
+    slot = lambda tool, p: OPEN + f' "{tool}", "arguments": {{"{p}":'
+    assert rows == [
+        Row("function", None, None, OPEN, ' "get_current_weather"'),
+        Row("slot", "get_current_weather", "city", slot("get_current_weather", "city"), ' "Paris"'),
+        Row("slot", "get_current_weather", "unit", slot("get_current_weather", "unit"), " null"),
+        Row("slot", "get_time", "tz", slot("get_time", "tz"), " null"),
+        Row("slot", "get_time", "fmt", slot("get_time", "fmt"), " null"),
+    ]
+    assert prefix.startswith("<|im_start|>system\n") and prefix.endswith("<|im_start|>assistant\n")
+    assert "French capital" in prefix
+
+
+def test_uncalled_tools_get_null_and_the_called_tools_missing_params_too():
+    _, rows = training_rows(TRACE["messages"], TRACE["tools"], TRACE["expected"][0])
+    assert [r.target for r in rows if r.tool == "get_time"] == [" null", " null"]
+    assert {r.param: r.target for r in rows if r.tool == "get_current_weather"} == {"city": ' "Paris"',
+                                                                                   "unit": " null"}
+
+
+def test_no_row_sees_another_rows_answer(smollm2_tokenizer):
+    prefix, rows = training_rows(TRACE["messages"], TRACE["tools"], TRACE["expected"][0])
+    for row in rows:
+        seen = prefix + row.suffix
+        assert row.target.strip() not in seen or row.target == " null"
+        assert "Paris" not in seen                         # the only non-null value, in no row's input
+        assert '"name": "get_current_weather", "arguments"' not in prefix  # no call in the shared prefix
+    assert rows[0].suffix == OPEN                          # the function row is not told the tool
+    ex = pack(smollm2_tokenizer, prefix, rows)
+    allowed = ex.allowed()
+    for a, (sa, na, ta) in enumerate(ex.rows):
+        for b, (sb, nb, tb) in enumerate(ex.rows):
+            if a != b:  # no token of one row attends to any token (hence any answer) of another
+                assert not allowed[sa:sa + na + ta, sb:sb + nb + tb].any()
+        assert allowed[sa:sa + na + ta, :ex.prefix_len].all()
+
+
+def test_packed_rows_equal_rows_run_one_by_one(smollm2_tokenizer):
+    model = tiny_model("llama", smollm2_tokenizer)
+    prefix, rows = training_rows(TRACE["messages"], TRACE["tools"], TRACE["expected"][0])
+    p = smollm2_tokenizer.encode(prefix, add_special_tokens=False)
+    one_by_one = []
+    for r in rows:
+        s = smollm2_tokenizer.encode(r.suffix, add_special_tokens=False)
+        t = smollm2_tokenizer.encode(r.target, add_special_tokens=False) + [smollm2_tokenizer.eos_token_id]
+        one_by_one.append(example_loss(model, p + s + t, len(t)))
+    with torch.no_grad():
+        assert torch.allclose(packed_loss(model, pack(smollm2_tokenizer, prefix, rows)),
+                              torch.stack(one_by_one).mean(), atol=1e-5)
+
+
+def test_null_rows_are_subsampled_deterministically(smollm2_tokenizer):
+    import random
+    prefix, rows = training_rows(TRACE["messages"], TRACE["tools"], TRACE["expected"][0])
+    a = pack(smollm2_tokenizer, prefix, rows, max_null_rows=1, rng=random.Random(3))
+    b = pack(smollm2_tokenizer, prefix, rows, max_null_rows=1, rng=random.Random(3))
+    assert a.ids == b.ids and len(a.rows) == 4  # function + the called tool's 2 slots + 1 of 2 nulls
+
+
+# --------------------------------------------------------------------------- bad input
+
+def test_bad_input_gets_a_clear_error(tmp_path):
+    with pytest.raises(TrainDataError, match="does not exist"):
+        load_records(tmp_path / "nope.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}], "tools": [], "expected": []}\n{oops\n')
+    with pytest.raises(TrainDataError, match=r"bad.jsonl:2: malformed record"):
+        load_records(bad)
+    bad.write_text('{"messages": "hi", "tools": [], "expected": []}\n')
+    with pytest.raises(TrainDataError, match="malformed record, 'messages'"):
+        load_records(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(TrainDataError, match="empty training set"):
+        load_records(empty)
+    with pytest.raises(TrainDataError, match="empty"):
+        train_lora(None, [], tmp_path / "out", LoraConfigArgs())
+    from oospec_agents.train.run import load_base
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_base(str(tmp_path / "no-such-model"))
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    from oospec_agents.cli import main
+    rc = main(["train-target", "--train", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- training smoke test (tiny model)
+
+def _target_examples(tokenizer, model, n=2):
+    from oospec_agents import Engine
+    from oospec_agents.train.target import build_target_examples
+    recs = [r for r in load_records(DATA / "train.jsonl", limit=40) if r["source"] == "bfcl_simple"][:n] or \
+        load_records(DATA / "train.jsonl", limit=n)
+    examples, _ = build_target_examples(Engine(model, tokenizer), recs, max_len=512, answer_frac=0.0,
+                                        no_tool_frac=0)
+    return examples
+
+
+def _base(which, tok):
+    if which == "tiny":
+        return tiny_model("llama", tok)
+    from oospec_agents import models
+    return models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32)[0]
+
+
+@pytest.mark.parametrize("which", ["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["target", "sidecar"])
+def test_training_smoke_loss_goes_down_and_adapter_reloads(kind, which, tmp_path, smollm2_tokenizer):
+    """A few steps on a handful of records. The tiny random model checks the mechanics; the
+    embedded model (slow) checks that the loss really drops."""
+    from peft import PeftModel
+    from oospec_agents.train.sidecar_train import build_sidecar_examples
+    tok = smollm2_tokenizer
+    model = _base(which, tok)
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    if kind == "target":
+        examples = _target_examples(tok, model)
+    else:
+        examples, counts = build_sidecar_examples(tok, load_records(DATA / "train.jsonl", limit=2), max_len=2048)
+        assert counts["function_rows"] == len(examples) and counts["slot_rows"] > 0
+    cfg = LoraConfigArgs(r=8, alpha=16, dropout=0.0, lr=1e-2 if which == "tiny" else 1e-3, epochs=6,
+                         batch_size=len(examples), seed=0, warmup=0.0, log_every=1, checkpoint_every=0,
+                         autocast=None)
+    peft_model, result = train_lora(model, examples, tmp_path / "adapter", cfg, progress=False)
+    losses = [loss for _, loss in result.losses]
+    assert result.steps == 6 and losses[-1] < losses[0], losses
+    if which == "embedded":
+        assert losses[-1] < 0.5 * losses[0], losses
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    x = torch.tensor([examples[0][0] if kind == "target" else examples[0].ids])
+    with torch.no_grad():
+        before = peft_model(input_ids=x).logits
+        fresh = _base(which, tok)
+        fresh.load_state_dict(base_state)
+        reloaded = PeftModel.from_pretrained(fresh, str(tmp_path / "adapter")).eval()
+        assert torch.equal(before, reloaded(input_ids=x).logits)
+        merged = reloaded.merge_and_unload()  # how Engine.from_pretrained loads it
+        assert torch.allclose(before, merged(input_ids=x).logits, atol=1e-3)
+
+
+def test_training_is_deterministic_and_resumes_exactly(tmp_path, smollm2_tokenizer):
+    from safetensors.torch import load_file
+    tok = smollm2_tokenizer
+    examples = _target_examples(tok, tiny_model("llama", tok))
+    cfg = dict(r=4, alpha=8, dropout=0.1, lr=5e-3, epochs=3, batch_size=1, seed=7, log_every=1, autocast=None)
+    train_lora(tiny_model("llama", tok), examples, tmp_path / "a", LoraConfigArgs(**cfg, checkpoint_every=0),
+               progress=False)
+    # The same run, stopped at a checkpoint and resumed, lands on the same weights.
+    _, res = train_lora(tiny_model("llama", tok), examples, tmp_path / "b", LoraConfigArgs(**cfg, checkpoint_every=0),
+                        progress=False, stop_after=3)
+    assert res.steps == 3 and (tmp_path / "b-checkpoint" / "trainer_state.pt").exists()
+    _, res = train_lora(tiny_model("llama", tok), examples, tmp_path / "b", LoraConfigArgs(**cfg, checkpoint_every=0),
+                        resume=True, progress=False)
+    assert res.resumed_from == 3 and res.steps == 6
+    train_lora(tiny_model("llama", tok), examples, tmp_path / "c", LoraConfigArgs(**cfg, checkpoint_every=0),
+               progress=False)
+    wc = load_file(tmp_path / "c" / "adapter_model.safetensors")
+    wa = load_file(tmp_path / "a" / "adapter_model.safetensors")
+    assert all(torch.equal(wa[k], wc[k]) for k in wa)  # the same seed, the same weights
+    wb = load_file(tmp_path / "b" / "adapter_model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
