@@ -1,0 +1,64 @@
+"""A real LangChain agent loop on the embedded default: call a Python tool, then answer.
+
+The embedded target calls tools on its own (tool_choice="auto") only with the tool-calling LoRA
+adapter in oospec_agents/adapters/smollm2-target; without it these tests fail, by design.
+"""
+from __future__ import annotations
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
+
+from langchain_oospec import ChatOoOSpec
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the current weather in Paris?"
+# A looping agent fails fast instead of running the default 25 steps.
+CONFIG = {"recursion_limit": 6}
+
+calls: list[str] = []
+
+
+def get_current_weather(location: str) -> str:
+    """Get the current weather in a given city."""
+    calls.append(location)
+    return f"It is 22 degrees Celsius and sunny in {location}."
+
+
+@pytest.fixture(scope="module")
+def agent():
+    return create_agent(ChatOoOSpec(max_tokens=48), tools=[get_current_weather])
+
+
+@pytest.fixture(scope="module")
+def invoked(agent) -> list:
+    calls.clear()
+    return agent.invoke({"messages": [HumanMessage(QUESTION)]}, CONFIG)["messages"]
+
+
+def test_agent_calls_the_tool_then_answers(invoked):
+    assert [type(m) for m in invoked] == [HumanMessage, AIMessage, ToolMessage, AIMessage], \
+        f"expected question, call, tool result, answer; got {[m.pretty_repr() for m in invoked]}"
+    call = invoked[1].tool_calls[0]
+    assert call["name"] == "get_current_weather"
+    assert "Paris" in call["args"]["location"]
+    assert calls == [call["args"]["location"]]
+    assert "sunny" in invoked[2].content
+    answer = invoked[3]
+    assert not answer.tool_calls and answer.content.strip()
+
+
+def test_agent_streams_messages(agent, invoked):
+    events = list(agent.stream({"messages": [HumanMessage(QUESTION)]}, CONFIG, stream_mode="messages"))
+    messages = [message for message, _metadata in events]
+    tool_at = next(i for i, m in enumerate(messages) if isinstance(m, ToolMessage))
+    call_chunks = [m for m in messages[:tool_at] if isinstance(m, AIMessageChunk)]
+    answer_chunks = [m for m in messages[tool_at + 1:] if isinstance(m, AIMessageChunk)]
+    assert any(m.tool_call_chunks for m in call_chunks)
+    assert [m.chunk_position for m in call_chunks][-1] == "last"
+    streamed_call = sum(call_chunks[1:], call_chunks[0]).tool_calls
+    assert [(c["name"], c["args"]) for c in streamed_call] == \
+        [(c["name"], c["args"]) for c in invoked[1].tool_calls]
+    assert sum(1 for m in answer_chunks if m.content) > 1, "the answer should stream in several deltas"
+    assert "".join(m.content for m in answer_chunks) == invoked[3].content
