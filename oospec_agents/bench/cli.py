@@ -29,7 +29,8 @@ def add_parser(sub, name):
     p.add_argument("--tool-choice", default="required",
                    help="required (default: every record expects a call, so the opener is forced alike for "
                         "every method), auto, or a tool name")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=256,
+                   help="per reply (default 256: the longest expected dev reply is about 180 tokens)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for prompt_lookup")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")

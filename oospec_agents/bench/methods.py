@@ -36,7 +36,7 @@ class Run:
 class BenchContext:
     engine: object
     tool_choice: str = "required"
-    max_new_tokens: int = 128
+    max_new_tokens: int = 256
     assistant: object | None = None        # draft model for `assisted`
     assistant_tokenizer: object | None = None  # set only when its vocabulary differs from the target's
     prompt_lookup_tokens: int = 10

@@ -62,6 +62,14 @@ def markdown(results: dict) -> str:
                   "|---|---|---|---|"]
         lines += [f"| {m} | {a.get('schema', 0)} | {a.get('retrieval', 0)} | {a.get('hint', 0)} |"
                   for m, a in accepted.items()]
+    lines += ["", "## Where the time goes", "",
+              "| method | e2e s / record | prefill s | decode s | ms per decode round | hints in time |",
+              "|---|---|---|---|---|---|"]
+    for m, f in methods.items():
+        e2e = None if f["prefill_s"] is None else f["prefill_s"] + f["decode_s"]
+        hints = f"{f['hints_in_time']}/{f['hints']}" if f["hints"] else "–"
+        lines.append(f"| {m} | {_f(e2e, '{:.3f}')} | {_f(f['prefill_s'], '{:.3f}')} | {_f(f['decode_s'], '{:.3f}')} "
+                     f"| {_f(f['round_ms'], '{:.1f}')} | {hints} |")
     errors = {m: f["sidecar_errors"] for m, f in methods.items() if f["sidecar_errors"]}
     if errors:
         lines += ["", "Sidecar errors (the target decoded on without a hint): "

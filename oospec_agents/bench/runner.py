@@ -19,7 +19,7 @@ from .metrics import compare, summarize, tie_tolerance
 class BenchConfig:
     methods: tuple[str, ...] = tuple(METHODS)
     tool_choice: str = "required"
-    max_new_tokens: int = 128
+    max_new_tokens: int = 256
     prompt_lookup_tokens: int = 10
     warmup: bool = True
     progress: bool = True

@@ -1,0 +1,145 @@
+"""`oospec bench`: the lossless check, record spreading, the BFCL reader, and a small end-to-end run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oospec_agents.bench.bfcl import read_bfcl
+from oospec_agents.bench.metrics import compare, summarize
+from oospec_agents.bench.records import spread
+from oospec_agents.bench.report import markdown, plot
+from oospec_agents.cli import main
+
+from conftest import DATA
+
+DESIGN_KEYS = {"n", "lossless", "speedup_decode", "speedup_e2e", "mean_accepted_tokens", "target_forwards",
+               "numerical_ties"}
+ALL_METHODS = ["ar", "hf_generate", "prompt_lookup", "assisted", "toolspec", "oospec", "oracle"]
+
+
+# ------------------------------------------------------------------ the lossless check
+
+def test_equal_tokens_are_exact():
+    assert compare([1, 2, 3], [5.0, 5.0, 5.0], [1, 2, 3], 0.3)["verdict"] == "exact"
+
+
+def test_divergence_at_a_near_tie_is_a_numerical_tie_not_a_loss():
+    check = compare([1, 2, 3], [5.0, 0.125, 5.0], [1, 9, 9, 9], 0.3)
+    assert check == {"verdict": "tie", "at": 1, "margin": 0.125}
+
+
+def test_divergence_with_a_clear_margin_is_a_loss():
+    assert compare([1, 2, 3], [5.0, 2.0, 5.0], [1, 9, 3], 0.3)["verdict"] == "loss"
+    assert compare([1, 2, 3], [5.0, 0.01, 5.0], [1, 9, 3], 0.001)["verdict"] == "loss"  # fp32 tolerance
+
+
+def test_stopping_early_or_late_is_a_divergence_too():
+    assert compare([1, 2, 3], [5.0, 5.0, 5.0], [1, 2], 0.3)["verdict"] == "loss"
+    assert compare([1, 2], [5.0, 5.0], [1, 2, 3], 0.3)["verdict"] == "loss"
+
+
+def _row(tokens, decode, forwards, verdict="exact"):
+    return {"new_tokens": tokens, "prefill_s": 0.5, "decode_s": decode, "target_forwards": forwards,
+            "check": {"verdict": verdict}}
+
+
+def test_summary_speedups_ties_and_oracle_closeness():
+    records = [{"source": s, "runs": {"ar": _row(10, 2.0, 10), "toolspec": _row(10, 1.0, 5, "tie"),
+                                      "oracle": _row(10, 0.5, 2)}} for s in ("a", "b")]
+    s = summarize(records, ["ar", "toolspec", "oracle"])
+    ts = s["methods"]["toolspec"]
+    assert DESIGN_KEYS <= set(ts)
+    assert ts["speedup_decode"] == pytest.approx(2.0) and ts["speedup_e2e"] == pytest.approx(5 / 3)
+    assert ts["lossless"] and ts["numerical_ties"] == 2 and ts["mean_accepted_tokens"] == 2.0
+    assert ts["vs_oracle"] == pytest.approx(0.5)
+    assert set(s["sources"]) == {"a", "b"} and s["sources"]["a"]["oracle"]["speedup_decode"] == pytest.approx(4.0)
+
+
+# ------------------------------------------------------------------ records
+
+def test_limit_is_spread_round_robin_over_sources():
+    recs = [{"id": f"{s}{i}", "source": s} for s in "abc" for i in range(5)]
+    assert [r["id"] for r in spread(recs, 5)] == ["a0", "b0", "c0", "a1", "b1"]
+    assert len(spread(recs, None)) == 15
+
+
+def test_bfcl_reader_parses_bfcls_own_layout(tmp_path):
+    question = {"id": "simple_python_7", "question": [[{"role": "user", "content": "Area of a 3 by 4 rectangle?"}]],
+                "function": [{"name": "geometry.area", "description": "Area of a rectangle.",
+                              "parameters": {"type": "dict", "required": ["width", "height"], "properties": {
+                                  "width": {"type": "float", "description": "Width."},
+                                  "height": {"type": "integer", "description": "Height."},
+                                  "corners": {"type": "tuple", "items": {"type": "float"}},
+                                  "unit": {"type": "string", "description": "Unit."}}}}]}
+    multi_turn = {"id": "multi_turn_base_0", "question": [[{"role": "user", "content": "a"}],
+                                                          [{"role": "user", "content": "b"}]],
+                  "function": question["function"]}
+    irrelevant = {"id": "irrelevance_0", "question": [[{"role": "user", "content": "hi"}]],
+                  "function": question["function"]}
+    answer = {"id": "simple_python_7", "ground_truth": [
+        {"geometry.area": {"width": [3.0, 3], "height": [4], "unit": ["", "m"]}}]}
+    (tmp_path / "possible_answer").mkdir()
+    (tmp_path / "BFCL_v4_simple_python.json").write_text(json.dumps(question) + "\n")
+    (tmp_path / "BFCL_v4_multi_turn_base.json").write_text(json.dumps(multi_turn) + "\n")
+    (tmp_path / "BFCL_v4_irrelevance.json").write_text(json.dumps(irrelevant) + "\n")
+    (tmp_path / "possible_answer" / "BFCL_v4_simple_python.json").write_text(json.dumps(answer) + "\n")
+    (tmp_path / "possible_answer" / "BFCL_v4_multi_turn_base.json").write_text(
+        json.dumps({"id": "multi_turn_base_0", "ground_truth": [["f()"]]}) + "\n")
+
+    records = read_bfcl(tmp_path)
+
+    assert len(records) == 1  # multi-turn and no-ground-truth questions are skipped
+    rec = records[0]
+    assert rec["id"] == "bfcl/simple_python_7" and rec["source"] == "bfcl_simple"
+    assert rec["messages"] == [{"role": "user", "content": "Area of a 3 by 4 rectangle?"}]
+    params = rec["tools"][0]["function"]["parameters"]
+    assert params["type"] == "object" and params["properties"]["width"]["type"] == "number"
+    assert params["properties"]["corners"] == {"type": "array", "items": {"type": "number"}}
+    assert rec["expected"] == [{"name": "geometry.area", "arguments": {"width": 3.0, "height": 4}}]
+    assert rec["meta"]["possible_answer"] == answer["ground_truth"]
+
+
+def test_bfcl_reader_names_a_wrong_directory(tmp_path):
+    with pytest.raises(ValueError, match="BFCL_v"):
+        read_bfcl(tmp_path)
+
+
+# ------------------------------------------------------------------ end to end on the embedded default
+
+@pytest.mark.slow
+def test_small_bench_run_writes_valid_outputs_and_is_lossless(tmp_path, capsys):
+    out = tmp_path / "bench"
+    # --no-warmup keeps the CPU suite short; the warm-up is one more pass over the first record.
+    rc = main(["bench", "--data", str(DATA / "dev.jsonl"), "--limit", "2", "--max-new-tokens", "12", "--no-warmup",
+               "--methods", ",".join(ALL_METHODS), "--out", str(out), "--quiet"])
+    assert rc == 0
+
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["methods"]) == ALL_METHODS
+    for name, figs in results["methods"].items():
+        assert DESIGN_KEYS <= set(figs), name
+        assert figs["n"] == 2
+        assert figs["lossless"], (name, [r["runs"][name]["check"] for r in results["records"]])
+    assert results["methods"]["ar"]["speedup_decode"] == pytest.approx(1.0)
+    assert results["methods"]["ar"]["mean_accepted_tokens"] == pytest.approx(1.0)
+    assert results["methods"]["oracle"]["hint_bytes"] > 0
+    assert len(results["sources"]) == 2  # --limit 2 takes one record from each of two sources
+    for key in ("target_device_name", "dtype", "torch", "transformers", "torch_threads"):
+        assert results["env"][key], key
+    report = (out / "report.md").read_text()
+    assert all(f"| {m} |" in report for m in ALL_METHODS)
+    assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_and_plot_render_from_results(tmp_path):
+    records = [{"source": "a", "runs": {"ar": _row(10, 2.0, 10), "oospec": _row(10, 0.5, 3)}}]
+    results = summarize(records, ["ar", "oospec"])
+    results["env"] = {"target": "t", "target_device_name": "cpu", "dtype": "bfloat16", "torch": "2",
+                      "transformers": "5", "torch_threads": 2, "git_commit": None}
+    results["config"] = {"n_records": 1, "data": "x.jsonl", "tool_choice": "required", "max_new_tokens": 8,
+                         "tie_tolerance": 0.3, "wall_s": 1.0}
+    md = markdown(results)
+    assert "| oospec | 1 | 4.00x |" in md
+    plot(results, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
