@@ -121,7 +121,7 @@ class Engine:
     def shared(cls, target="embedded", sidecar=None, **kw) -> "Engine":
         """A process-wide engine per distinct set of arguments, so chat-model objects share one."""
         key = (str(target), sidecar if isinstance(sidecar, (str, type(None))) else id(sidecar),
-               tuple(sorted((k, str(v)) for k, v in kw.items())))
+               tuple(sorted((k, str(v)) for k, v in kw.items() if v is not None)))
         with cls._shared_lock:
             if key not in cls._shared:
                 cls._shared[key] = cls.from_pretrained(target, sidecar, **kw)
@@ -133,6 +133,8 @@ class Engine:
         msgs = normalize_messages(messages)
         tool_list = normalize_tools(tools)
         mode, name = resolve_tool_choice(tool_choice, tool_list)
+        if mode == "required" and len(tool_list) == 1:  # one tool on offer: requiring a call names it
+            mode, name = "named", tool_list[0].name
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise OoOSpecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         offered = [] if mode == "none" else tool_list
@@ -165,9 +167,12 @@ class Engine:
         """Yield text deltas as tokens are committed, then the final `Generation`."""
         if method not in METHODS:
             raise OoOSpecError(f"unknown method {method!r}; expected one of {METHODS}")
-        req = self._request(messages, tools, tool_choice, max_new_tokens, stop)
+        req = self._request(messages, tools, tool_choice, max_new_tokens, stop)  # bad input raises here, eagerly
+        return self._locked(self._decode(req, method, hint, record_margins))
+
+    def _locked(self, steps):
         with self._lock:
-            yield from self._decode(req, method, hint, record_margins)
+            yield from steps
 
     # ------------------------------------------------------------------ the loop
 

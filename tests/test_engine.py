@@ -223,3 +223,24 @@ def test_toolspec_needs_at_most_0_6x_the_forwards_of_ar(embedded_runs):
     accepted = {s: sum(out["toolspec"].stats["accepted_by_source"][s] for _, _, out in embedded_runs)
                 for s in ("schema", "retrieval")}
     assert accepted["schema"] > 0 and accepted["retrieval"] > 0
+
+
+def test_stream_rejects_bad_input_before_the_first_chunk(tiny_engine):
+    with pytest.raises(UnknownToolError):
+        tiny_engine.stream(ASK, [WEATHER], tool_choice="nope")
+
+
+def test_required_with_a_single_tool_names_it(tiny_engine):
+    tok = tiny_engine.tokenizer
+    auto = tok.decode(tiny_engine.prompt_ids(ASK, [WEATHER]))
+    assert tok.decode(tiny_engine.prompt_ids(ASK, [WEATHER], tool_choice="required")) == \
+        auto + '<tool_call>\n{"name": "get_current_weather"'
+
+
+def test_shared_engines_ignore_unset_arguments(monkeypatch):
+    made = []
+    monkeypatch.setattr(Engine, "from_pretrained", classmethod(lambda cls, *a, **kw: made.append(a) or object()))
+    monkeypatch.setattr(Engine, "_shared", {})
+    assert Engine.shared("some/model", target_device=None) is Engine.shared("some/model")
+    assert Engine.shared("some/model", dtype="float32") is not Engine.shared("some/model")
+    assert len(made) == 2
