@@ -19,8 +19,8 @@ class JoinError(ValueError):
 
 def join(rows: list[Row], texts: list[str], tools: list[Tool], tool_choice: tuple[str, str | None]) -> dict:
     """{"name", "arguments"}: the predicted function and its slots that are not null."""
-    if len(texts) != len(rows) or not all(isinstance(t, str) for t in texts):
-        raise JoinError(f"the wave returned {type(texts).__name__} for {len(rows)} rows; expected one str per row")
+    if not isinstance(texts, list) or len(texts) != len(rows) or not all(isinstance(t, str) for t in texts):
+        raise JoinError(f"the wave returned {str(texts)[:80]!r} for {len(rows)} rows; expected one str per row")
     mode, named = tool_choice
     by_kind = {(r.tool, r.param): parse_value(t) for r, t in zip(rows, texts)}
     name = named if mode == "named" else by_kind.get((None, None))

@@ -49,7 +49,8 @@ class WaveSidecar:
         try:
             rows, prefix, choices = wave_rows(request)
             if not self._one_wave.acquire(timeout=self.timeout_s):
-                raise TimeoutError(f"the previous wave has held the sidecar for over {self.timeout_s:g}s")
+                ticket.post(error=f"sidecar timeout: an earlier wave has held the sidecar for over {self.timeout_s:g}s")
+                return
             try:
                 if ticket.cancelled.is_set():
                     return

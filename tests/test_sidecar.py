@@ -1,0 +1,437 @@
+"""The sidecar: its rows, its batched wave, its mailbox, and what it does to the target's output (nothing)."""
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+
+import pytest
+import torch
+
+from conftest import greedy, tiny_model
+from oospec_agents import Engine
+from oospec_agents.chat import normalize_messages
+from oospec_agents.formats import HermesFormat, Llama3JsonFormat
+from oospec_agents.sidecar import HintRequest
+from oospec_agents.sidecar.join import JoinError, encode_payload, join, render_payload
+from oospec_agents.sidecar.rows import Row, expand_rows, parse_value, value_end
+from oospec_agents.sidecar.wave import Wave
+from oospec_agents.sidecar.worker import WaveSidecar, load_sidecar, wave_rows
+from oospec_agents.tools import normalize_tools
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city, in a long sentence nobody needs.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"tz": {"type": "string"}, "hours": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["tz"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+N = 32  # new tokens per request in the model tests: the call's name and first arguments
+
+
+def _request(tool_choice=("required", None), fmt=None, messages=ASK, tools=(WEATHER, TIME)):
+    return HintRequest(normalize_messages(messages), normalize_tools(list(tools)), fmt or HermesFormat(), tool_choice)
+
+
+# ---------------------------------------------------------------- rows: the one definition
+
+def test_rows_are_exactly_the_function_row_then_one_slot_row_per_parameter():
+    prefix, rows = expand_rows(normalize_messages(ASK), normalize_tools([WEATHER, TIME]),
+                               {"name": "get_weather", "arguments": {"city": "Paris"}})
+    assert prefix == ('<|im_start|>system\nCall one of these tools. Reply with the call as JSON.\n'
+                      '- get_weather(city: string, unit?: "celsius"|"fahrenheit")\n'
+                      '- get_time(tz: string, hours?: array<integer>)<|im_end|>\n'
+                      '<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n'
+                      '<|im_start|>assistant\n')
+    opener = '<tool_call>\n{"name": "get_weather", "arguments": {'
+    assert rows == [
+        Row("function", None, None, '<tool_call>\n{"name":', ' "get_weather"'),
+        Row("slot", "get_weather", "city", opener + '"city":', ' "Paris"'),
+        Row("slot", "get_weather", "unit", opener + '"unit":', " null"),
+        Row("slot", "get_time", "tz", '<tool_call>\n{"name": "get_time", "arguments": {"tz":', None),
+        Row("slot", "get_time", "hours", '<tool_call>\n{"name": "get_time", "arguments": {"hours":', None),
+    ]
+    assert "nobody needs" not in prefix  # descriptions stay out: the shared prefix is compact
+
+
+def test_rows_without_a_call_are_unlabelled_and_history_is_compact():
+    history = ASK + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x" * 1000}, {"role": "user", "content": "And Rome?"}]
+    prefix, rows = expand_rows(normalize_messages(history), normalize_tools([WEATHER]))
+    assert all(r.target is None for r in rows)
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}<|im_end|>' in prefix
+    assert "Tool result: " + "x" * 400 + "...<|im_end|>" in prefix
+    assert prefix.endswith("And Rome?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("text, end, value", [
+    (' "Paris"}', 8, "Paris"), (" 10,", 3, 10), (" 10", None, 10), (" 24.", None, 24), (" 24.5}", 5, 24.5),
+    (" null,", 5, None), (" [1, 2]}", 7, [1, 2]), (' {"a": true}', 12, {"a": True}), (" true", 5, True),
+    (" garbage", None, None), ("", None, None), (' "unterminated', None, None)])
+def test_a_row_ends_at_the_end_of_its_json_value(text, end, value):
+    assert value_end(text) == end
+    assert parse_value(text) == value
+
+
+# ---------------------------------------------------------------- join and payload
+
+def test_join_keeps_the_predicted_function_and_its_non_null_slots():
+    req = _request()
+    rows, _, _ = wave_rows(req)
+    texts = [' "get_weather"', ' "Paris"', " null", ' "UTC"', " [1]"]
+    call = join(rows, texts, req.tools, req.tool_choice)
+    assert call == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    payload = encode_payload(call)
+    assert payload == b'{"f":"get_weather","a":{"city":"Paris"}}'
+    assert render_payload(payload, HermesFormat()) == \
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert render_payload(payload, Llama3JsonFormat()) == '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+
+
+def test_named_tool_choice_needs_only_that_tools_rows():
+    req = _request(("named", "get_time"))
+    rows, _, choices = wave_rows(req)
+    assert [r.param for r in rows] == ["tz", "hours"] and choices == {}
+    assert join(rows, [' "UTC"', " null"], req.tools, req.tool_choice) == {"name": "get_time", "arguments": {"tz": "UTC"}}
+
+
+def test_the_function_row_may_choose_only_offered_tools():
+    assert wave_rows(_request(("required", None)))[2] == {0: [' "get_weather"', ' "get_time"']}
+    assert wave_rows(_request(("auto", None)))[2] == {0: [' "get_weather"', ' "get_time"', " null"]}
+
+
+@pytest.mark.parametrize("texts, words", [
+    ([' "launch_rockets"', ' "Paris"', " null", " null", " null"], "unknown function 'launch_rockets'"),
+    ([" null"] * 5, "no call"), (["@@"] * 5, "no call"), ([' "get_weather"'], "5 rows"), (None, "5 rows")])
+def test_join_refuses_what_is_not_a_call(texts, words):
+    req = _request()
+    rows, _, _ = wave_rows(req)
+    with pytest.raises(JoinError, match=words):
+        join(rows, texts, req.tools, req.tool_choice)
+
+
+# ---------------------------------------------------------------- the wave on tiny models
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer():
+    """A byte-level BPE tokenizer trained here, unlike SmolLM2's: the cross-tokenizer sidecar's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from conftest import load_records
+    texts = []
+    for r in load_records("train")[:100]:
+        prefix, rows = expand_rows(normalize_messages(r["messages"]), normalize_tools(r["tools"]), r["expected"][0])
+        texts += [prefix] + [row.suffix + (row.target or "") for row in rows]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=700, special_tokens=["<|im_start|>", "<|im_end|>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def bpe_sidecar_model(bpe_tokenizer):
+    return tiny_model("llama", bpe_tokenizer, seed=3)
+
+
+class StaggeredWave(Wave):
+    """Rows end at arbitrary tokens, so rows leave the batch at different steps."""
+    def _done(self, ids):
+        return ids[-1] % 4 == 0
+
+
+class EndlessWave(Wave):
+    """Rows never reach the end of a value: only the cap, or being ruled out, stops them."""
+    def _done(self, ids):
+        return False
+
+
+def _alone(model, ids: list[int], steps: int, eos: int, ends=lambda t: False) -> list[int]:
+    """One row decoded by itself, to eos, to `ends`, or for `steps` tokens."""
+    out = []
+    for t in model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=steps)[0, len(ids):].tolist():
+        if t == eos:
+            break
+        out.append(t)
+        if ends(t):
+            break
+    return out
+
+
+def test_the_batched_wave_equals_each_row_decoded_on_its_own(bpe_tokenizer, bpe_sidecar_model):
+    tok, model = bpe_tokenizer, bpe_sidecar_model
+    prefix, rows = expand_rows(normalize_messages(ASK), normalize_tools([WEATHER, TIME]))
+    slot_rows = rows[1:]  # a function row would rule out its rivals' rows
+    texts = StaggeredWave(model, tok, max_row_tokens=8)(prefix, slot_rows)
+    lengths = set()
+    for row, text in zip(slot_rows, texts):
+        alone = _alone(model, tok.encode(prefix) + tok.encode(row.suffix), 8, tok.eos_token_id, lambda t: t % 4 == 0)
+        assert text == tok.decode(alone, skip_special_tokens=True), row
+        lengths.add(len(alone))
+    assert len(lengths) > 1  # rows did leave the batch at different steps
+
+
+def test_the_function_row_picks_an_offered_name_and_rules_out_the_other_tools_rows(bpe_tokenizer, bpe_sidecar_model):
+    req = _request()
+    rows, prefix, choices = wave_rows(req)
+    tok, model = bpe_tokenizer, bpe_sidecar_model
+    texts = EndlessWave(model, tok, max_row_tokens=12)(prefix, rows, None, choices)
+    assert texts[0] in choices[0]
+    name = parse_value(texts[0])
+    for row, text in list(zip(rows, texts))[1:]:
+        alone = _alone(model, tok.encode(prefix) + tok.encode(row.suffix), 12, tok.eos_token_id)
+        if row.tool == name:
+            assert text == tok.decode(alone)
+        else:  # stopped as soon as the function row had chosen
+            assert text in [tok.decode(alone[:k]) for k in range(len(alone))], text
+
+
+# ---------------------------------------------------------------- the mailbox
+
+def test_poll_returns_at_once_while_the_wave_computes():
+    release = threading.Event()
+
+    def slow_wave(prefix, rows, cancel, choices):
+        release.wait(10)
+        return [' "get_weather"', ' "Paris"', " null", " null", " null"]
+    ticket = WaveSidecar(slow_wave).submit(_request())
+    t0 = time.perf_counter()
+    polls = [ticket.poll() for _ in range(100)]
+    assert time.perf_counter() - t0 < 0.5 and polls == [None] * 100
+    release.set()
+    while (hint := ticket.poll()) is None and ticket.error is None:
+        time.sleep(0.001)
+    assert hint.text == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert hint.payload_bytes == len(b'{"f":"get_weather","a":{"city":"Paris"}}') and hint.ready_s > 0
+
+
+class InTime:
+    """Holds submit() until the wave has posted: the hint is ready at the first round, as when the
+    sidecar has its own GPU. Forward counts then do not depend on how busy the CPU is."""
+
+    def __init__(self, sidecar):
+        self.sidecar = sidecar
+
+    def submit(self, request):
+        ticket = self.sidecar.submit(request)
+        deadline = time.perf_counter() + 120
+        while ticket.poll() is None and ticket.error is None and time.perf_counter() < deadline:
+            time.sleep(0.002)
+        return ticket
+
+
+# ---------------------------------------------------------------- faults change nothing in the target's output
+
+@pytest.fixture(scope="module")
+def tiny_target(smollm2_tokenizer):
+    return tiny_model("llama", smollm2_tokenizer, seed=7), smollm2_tokenizer
+
+
+@pytest.fixture(scope="module")
+def released():
+    event = threading.Event()
+    yield event
+    event.set()  # lets the hung test doubles' threads end
+
+
+def _fault_sidecars(released):
+    def raises(*a):
+        raise RuntimeError("boom")
+
+    def oom(*a):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def hangs(*a):
+        released.wait()
+        return ["x"] * 5
+
+    def late(prefix, rows, cancel, choices):
+        cancel.wait(30)
+        return [' "get_weather"', ' "Paris"', " null", " null", " null"]
+
+    class SubmitRaises:
+        def submit(self, request):
+            raise ConnectionError("mailbox down")
+
+    class PollRaises:
+        def submit(self, request):
+            return type("T", (), {"error": None, "poll": lambda s: 1 / 0, "cancel": lambda s: None})()
+    return {
+        "raises": WaveSidecar(raises),
+        "out of memory": WaveSidecar(oom),
+        "hangs": WaveSidecar(hangs, timeout_s=0.0),
+        "is late": WaveSidecar(late),
+        "returns garbage": WaveSidecar(lambda *a: ["}}garbage{{"] * 5),
+        "names an unknown function": WaveSidecar(lambda *a: [' "launch_rockets"', ' "Paris"'] + [" 1"] * 3),
+        "fails to submit": SubmitRaises(),
+        "fails to poll": PollRaises(),
+    }
+
+
+FAULTS = {"raises": "sidecar failed", "out of memory": "sidecar out of memory", "hangs": "sidecar timeout",
+          "is late": "sidecar hint late", "returns garbage": "sidecar gave no usable call",
+          "names an unknown function": "sidecar gave no usable call", "fails to submit": "sidecar submit failed",
+          "fails to poll": "sidecar poll failed"}
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_target):
+    engine = Engine(*tiny_target)
+    return greedy(engine, engine.prompt_ids(ASK, [WEATHER, TIME], tool_choice="required"), 12)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_faulty_sidecar_leaves_the_target_tokens_unchanged(fault, tiny_target, tiny_reference, released, caplog):
+    model, tok = tiny_target
+    engine = Engine(model, tok, _fault_sidecars(released)[fault])
+    kind = FAULTS[fault]
+    with caplog.at_level(logging.WARNING, logger="oospec_agents.engine"):
+        gens = [engine.generate(ASK, [WEATHER, TIME], tool_choice="required", max_new_tokens=12) for _ in range(2)]
+    for gen in gens:
+        assert gen.token_ids == tiny_reference
+        assert gen.stats["new_tokens"] == 12 and gen.finish_reason == "length"
+        assert gen.stats["sidecar_error"].startswith(kind), gen.stats["sidecar_error"]
+        assert gen.stats["accepted_by_source"]["hint"] == 0
+    assert sum(kind in r.getMessage() for r in caplog.records) == 1  # logged once, in stats every time
+
+
+def test_without_a_sidecar_oospec_is_toolspec(tiny_target):
+    a, b = (Engine(*tiny_target).generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=16, method=m)
+            for m in ("toolspec", "oospec"))
+    assert a.token_ids == b.token_ids and a.stats["target_forwards"] == b.stats["target_forwards"]
+    assert b.stats["sidecar_error"] is None and b.stats["hint_ready_s"] is None
+
+
+# ---------------------------------------------------------------- cross-tokenizer, concurrency (tiny models)
+
+def test_a_sidecar_with_another_tokenizer_crosses_as_text(tiny_target, bpe_tokenizer, bpe_sidecar_model):
+    model, tok = tiny_target
+    assert bpe_tokenizer.get_vocab() != tok.get_vocab()
+    side = WaveSidecar(Wave(bpe_sidecar_model, bpe_tokenizer, max_row_tokens=8))
+    engine = Engine(model, tok, InTime(side))
+    for tools in ([WEATHER], [WEATHER, TIME]):
+        ids = engine.prompt_ids(ASK, tools, tool_choice="required")
+        gen = engine.generate(ASK, tools, tool_choice="required", max_new_tokens=N)
+        assert gen.token_ids == greedy(engine, ids, N)
+        assert gen.stats["sidecar_error"] is None and gen.stats["hint_bytes"] > 10
+
+
+def test_requests_from_several_threads_are_serialised_and_unchanged(tiny_target, bpe_tokenizer, bpe_sidecar_model):
+    model, tok = tiny_target
+    engine = Engine(model, tok, WaveSidecar(Wave(bpe_sidecar_model, bpe_tokenizer, max_row_tokens=8)))
+    asks = [[{"role": "user", "content": f"Weather in city number {i}?"}] for i in range(4)]
+    expected = [greedy(engine, engine.prompt_ids(a, [WEATHER, TIME], tool_choice="required"), 12) for a in asks]
+    inside, most, lock = 0, 0, threading.Lock()
+    forward = model.forward
+
+    def counting_forward(*a, **kw):
+        nonlocal inside, most
+        with lock:
+            inside += 1
+            most = max(most, inside)
+        try:
+            time.sleep(0.002)  # widen the window in which an unserialised request would overlap
+            return forward(*a, **kw)
+        finally:
+            with lock:
+                inside -= 1
+    results = [None] * len(asks)
+
+    def run(i):
+        results[i] = engine.generate(asks[i], [WEATHER, TIME], tool_choice="required", max_new_tokens=12).token_ids
+    model.forward = counting_forward
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(asks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        del model.forward
+    assert results == expected
+    assert most == 1  # one request at a time owns the target
+
+
+# ---------------------------------------------------------------- the embedded pair (SmolLM2-135M-Instruct, fp32)
+
+@pytest.fixture(scope="module")
+def embedded_sidecar():
+    return load_sidecar("embedded", device=torch.device("cpu"), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def runs20(embedded_fp32, embedded_sidecar, dev_records20):
+    """Per record: plain greedy, toolspec, and oospec with the embedded sidecar's hint in time."""
+    target, tok = embedded_fp32.target, embedded_fp32.tokenizer
+    toolspec, oospec = Engine(target, tok), Engine(target, tok, InTime(embedded_sidecar))
+    runs = []
+    for r in dev_records20:
+        ref = greedy(toolspec, toolspec.prompt_ids(r["messages"], r["tools"], tool_choice="required"), N)
+        ts, oo = (e.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N, method=m)
+                  for e, m in ((toolspec, "toolspec"), (oospec, "oospec")))
+        runs.append((r, ref, ts, oo))
+    return runs
+
+
+@pytest.mark.slow
+def test_oospec_is_lossless_on_20_dev_records(runs20):
+    assert len({r["source"] for r, *_ in runs20}) >= 4
+    for r, ref, ts, oo in runs20:
+        assert oo.token_ids == ref, r["id"]
+        assert ts.token_ids == ref, r["id"]
+
+
+@pytest.mark.slow
+def test_oospec_takes_fewer_target_forwards_than_toolspec(runs20):
+    ts = sum(t.stats["target_forwards"] for *_, t, _ in runs20)
+    oo = sum(o.stats["target_forwards"] for *_, o in runs20)
+    hint = sum(o.stats["accepted_by_source"]["hint"] for *_, o in runs20)
+    print(f"\ntarget forwards on 20 dev records: toolspec {ts}, oospec {oo}; hint tokens accepted {hint}; "
+          f"median hint_bytes {statistics.median(o.stats['hint_bytes'] for *_, o in runs20)}")
+    assert oo < ts and hint > 0
+    assert all(o.stats["sidecar_error"] is None and o.stats["hint_bytes"] > 0 for *_, o in runs20)
+
+
+@pytest.mark.slow
+def test_an_oracle_hint_takes_a_call_in_a_few_forwards(embedded_fp32, runs20):
+    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer)
+    for r, ref, ts, _ in runs20[:3]:
+        gen = engine.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N,
+                                     method="oospec", hint=ts.text)
+        assert gen.token_ids == ref
+        assert gen.stats["target_forwards"] <= 4 < ts.stats["target_forwards"]
+        assert gen.stats["accepted_by_source"]["hint"] >= N // 2
+
+
+@pytest.mark.slow
+def test_the_threaded_sidecar_races_the_target_without_changing_it(embedded_fp32, embedded_sidecar, runs20):
+    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer, embedded_sidecar)
+    for r, ref, ts, _ in runs20[:5]:
+        gen = engine.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N)
+        assert gen.token_ids == ref
+        s = gen.stats
+        assert s["sidecar_error"] is None or s["sidecar_error"].startswith("sidecar hint late"), s["sidecar_error"]
+        print(f"\n{r['id']}: hint_ready_s={s['hint_ready_s']} call_s={s['prefill_s'] + s['decode_s']:.2f} "
+              f"hint_bytes={s['hint_bytes']} forwards={s['target_forwards']} (toolspec {ts.stats['target_forwards']})")
+
+
+@pytest.mark.slow
+def test_a_real_target_takes_hints_from_a_sidecar_with_another_tokenizer(embedded_fp32, bpe_tokenizer,
+                                                                         bpe_sidecar_model, runs20):
+    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer,
+                    InTime(WaveSidecar(Wave(bpe_sidecar_model, bpe_tokenizer, max_row_tokens=8))))
+    single = [(r, ref) for r, ref, *_ in runs20 if len(r["tools"]) == 1][:3]
+    accepted = 0
+    for r, ref in single:
+        gen = engine.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N)
+        assert gen.token_ids == ref and gen.stats["hint_bytes"]
+        accepted += gen.stats["accepted_by_source"]["hint"]
+    assert accepted > 0  # the one offered name, re-tokenized from the sidecar's text
