@@ -29,7 +29,7 @@ def test_notebook_executes(name, tmp_path, monkeypatch):
 
     # The kernel inherits this environment: a small benchmark, the shared data, outputs in tmp_path.
     monkeypatch.setenv("OOSPEC_DATA", str(DATA / "dev.jsonl"))
-    monkeypatch.setenv("BENCH_LIMIT", "2")
+    monkeypatch.setenv("BENCH_LIMIT", "1")
     monkeypatch.setenv("BENCH_MAX_NEW_TOKENS", "12")
     nb = nbformat.read(EXAMPLES / f"{name}.ipynb", as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
