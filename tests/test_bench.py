@@ -71,14 +71,16 @@ def test_bfcl_reader_parses_bfcls_own_layout(tmp_path):
                                   "width": {"type": "float", "description": "Width."},
                                   "height": {"type": "integer", "description": "Height."},
                                   "corners": {"type": "tuple", "items": {"type": "float"}},
-                                  "unit": {"type": "string", "description": "Unit."}}}}]}
+                                  "unit": {"type": "string", "description": "Unit."},
+                                  "options": {"type": "dict", "properties": {"fast": {"type": "boolean"}}}}}}]}
     multi_turn = {"id": "multi_turn_base_0", "question": [[{"role": "user", "content": "a"}],
                                                           [{"role": "user", "content": "b"}]],
                   "function": question["function"]}
     irrelevant = {"id": "irrelevance_0", "question": [[{"role": "user", "content": "hi"}]],
                   "function": question["function"]}
     answer = {"id": "simple_python_7", "ground_truth": [
-        {"geometry.area": {"width": [3.0, 3], "height": [4], "unit": ["", "m"]}}]}
+        {"geometry.area": {"width": [3.0, 3], "height": [4], "unit": ["", "m"],
+                          "options": [{"fast": [True, False], "mode": ["", "x"]}]}}]}
     (tmp_path / "possible_answer").mkdir()
     (tmp_path / "BFCL_v4_simple_python.json").write_text(json.dumps(question) + "\n")
     (tmp_path / "BFCL_v4_multi_turn_base.json").write_text(json.dumps(multi_turn) + "\n")
@@ -96,7 +98,10 @@ def test_bfcl_reader_parses_bfcls_own_layout(tmp_path):
     params = rec["tools"][0]["function"]["parameters"]
     assert params["type"] == "object" and params["properties"]["width"]["type"] == "number"
     assert params["properties"]["corners"] == {"type": "array", "items": {"type": "number"}}
-    assert rec["expected"] == [{"name": "geometry.area", "arguments": {"width": 3.0, "height": 4}}]
+    assert params["properties"]["options"]["type"] == "object"
+    # first acceptable value per argument, nested answer lists too; optional "" values are left out
+    assert rec["expected"] == [{"name": "geometry.area", "arguments": {"width": 3.0, "height": 4,
+                                                                       "options": {"fast": True}}}]
     assert rec["meta"]["possible_answer"] == answer["ground_truth"]
 
 

@@ -63,13 +63,23 @@ def _convert(q: dict, truth: list | None, version: str, category: str) -> dict |
     for call in truth:
         (name, args), = call.items()
         expected.append({"name": name, "arguments": {
-            k: v[0] for k, v in args.items()
+            k: _first(v[0]) for k, v in args.items()
             if v and not (k not in required.get(name, ()) and "" in v)}})
     source = "bfcl_" + category.removesuffix("_python")
     return {"id": f"bfcl/{q['id']}", "source": source, "messages": messages, "tools": tools, "expected": expected,
             "meta": {"dataset": f"BFCL_{version}", "category": category, "orig_id": q["id"],
                      "note": "expected = first acceptable value per arg; optional args omitted",
                      "possible_answer": truth}}
+
+
+def _first(value):
+    """An acceptable value with BFCL's nested answer lists resolved: inside a dict argument each key
+    again holds a list of acceptable values, of which the first is taken ("" = may be left out)."""
+    if isinstance(value, dict):
+        return {k: _first(v[0]) for k, v in value.items() if isinstance(v, list) and v and v[0] != ""}
+    if isinstance(value, list):
+        return [_first(x) if isinstance(x, dict) else x for x in value]
+    return value
 
 
 def _schema(node):
