@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from contextlib import closing
 from operator import itemgetter
 from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
@@ -74,6 +75,11 @@ class ChatOoOSpec(BaseChatModel):
     stop: list[str] | None = None
     engine: Engine | None = Field(default=None, exclude=True)
     """An already loaded engine, used instead of loading `model`."""
+
+    @field_validator("model", "sidecar", mode="before")
+    @classmethod
+    def _path_as_str(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("temperature")
     @classmethod

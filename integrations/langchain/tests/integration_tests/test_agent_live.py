@@ -52,7 +52,9 @@ def test_agent_calls_the_tool_then_answers(invoked):
 def test_agent_streams_messages(agent, invoked):
     events = list(agent.stream({"messages": [HumanMessage(QUESTION)]}, CONFIG, stream_mode="messages"))
     messages = [message for message, _metadata in events]
-    tool_at = next(i for i, m in enumerate(messages) if isinstance(m, ToolMessage))
+    tool_results = [i for i, m in enumerate(messages) if isinstance(m, ToolMessage)]
+    assert len(tool_results) == 1, f"expected one tool result in the stream, got {len(tool_results)}"
+    tool_at = tool_results[0]
     call_chunks = [m for m in messages[:tool_at] if isinstance(m, AIMessageChunk)]
     answer_chunks = [m for m in messages[tool_at + 1:] if isinstance(m, AIMessageChunk)]
     assert any(m.tool_call_chunks for m in call_chunks)

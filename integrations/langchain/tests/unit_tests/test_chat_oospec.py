@@ -48,6 +48,11 @@ def test_constructing_loads_no_engine(monkeypatch):
     assert (model.model, model.method, model.max_tokens, model.stop) == ("embedded", "oospec", 8, ["x"])
 
 
+def test_model_and_sidecar_may_be_paths(tmp_path):
+    model = ChatOoOSpec(model=tmp_path / "target.gguf", sidecar=tmp_path / "sidecar")
+    assert (model.model, model.sidecar) == (str(tmp_path / "target.gguf"), str(tmp_path / "sidecar"))
+
+
 @pytest.mark.parametrize("temperature", [0.7, 1.0, -0.1])
 def test_only_greedy_temperature_is_accepted(temperature):
     with pytest.raises(ValueError, match=rf"temperature={temperature} is not supported.*greedily"):
