@@ -38,7 +38,7 @@ _STATS = ("method", "target_forwards", "accepted_by_source", "hint_bytes")
 class ChatOoOSpec(BaseChatModel):
     """A local tool-calling chat model, decoded losslessly faster with out-of-order speculation.
 
-    Output is exactly the target model's greedy decoding; the speculation only saves forwards.
+    Output is the target model's own greedy decoding; the speculation only saves target forwards.
 
     Setup:
         `pip install langchain-oospec`. `model="embedded"` (the default) needs no download.
@@ -48,7 +48,7 @@ class ChatOoOSpec(BaseChatModel):
         from langchain_oospec import ChatOoOSpec
 
         model = ChatOoOSpec()                                   # the embedded default
-        model = ChatOoOSpec(model="Qwen/Qwen2.5-0.5B-Instruct", sidecar="Qwen/Qwen2.5-0.5B-Instruct",
+        model = ChatOoOSpec(model="Qwen/Qwen2.5-1.5B-Instruct", sidecar="Qwen/Qwen2.5-0.5B-Instruct",
                             max_tokens=512)
         ```
 
