@@ -53,3 +53,16 @@ def check_record(rec, where: str = "record") -> None:
 
 def tool_name(t: dict) -> str:
     return (t.get("function") or t).get("name")
+
+
+def select(records: list[dict], sources=None, limit_per_source: int | None = None) -> list[dict]:
+    """Records of the given sources (all if None), at most `limit_per_source` of each, in file order."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in records:
+        if sources and r.get("source") not in sources:
+            continue
+        if limit_per_source is None or seen.get(r.get("source"), 0) < limit_per_source:
+            seen[r.get("source")] = seen.get(r.get("source"), 0) + 1
+            out.append(r)
+    return out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .data import TrainDataError, load_records
+from .data import TrainDataError, load_records, select
 from .lora import LoraConfigArgs, train_lora
 from .traces import build_traces
 
@@ -86,12 +86,8 @@ def evaluate_adapter(base, adapter, dev_records, *, sources=("bfcl_simple", "bfc
     dev = torch.device("cpu")
     model, tok = models.load_model(base, device=dev, dtype=models.resolve_dtype(dtype, dev), adapter=adapter)
     engine = Engine(model, tok, None)
-    recs = dev_records
-    if limit:
-        per: dict = {}
-        recs = [r for r in dev_records if per.setdefault(r["source"], []).__len__() < limit
-                and not per[r["source"]].append(r)]
-    return evaluate_target(engine, recs, sources=sources, method=method, progress=progress)
+    return evaluate_target(engine, select(dev_records, sources, limit), sources=sources, method=method,
+                           progress=progress)
 
 
 def train_sidecar(**kw) -> dict:

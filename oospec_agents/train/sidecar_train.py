@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .data import TrainDataError, load_records
+from .data import TrainDataError, load_records, select
 from .lora import LoraConfigArgs, train_lora
 from .rows import pack, training_rows
 from .traces import build_traces
@@ -85,13 +85,7 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     cache_kw = _cache_kwarg(model)
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {tokenizer.eos_token_id}
-    seen: dict = {}
-    recs = []
-    for r in records:
-        if r["expected"] and len(r["expected"]) == 1 and (not sources or r["source"] in sources):
-            if limit_per_source is None or len(seen.setdefault(r["source"], [])) < limit_per_source:
-                seen.setdefault(r["source"], []).append(r)
-                recs.append(r)
+    recs = select([r for r in records if len(r["expected"]) == 1], sources, limit_per_source)
     per: dict = {}
     model.eval()
     for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
