@@ -1,16 +1,16 @@
 """One request-level wave: every row of a request decoded greedily as one batch on the sidecar model.
 
-    prefill the shared prefix once                      [1, P]
-    fan its KV cache out to the rows                    [R, P]      (via one level per tool: rows of
-    feed every row's suffix, right-aligned              [R, P + S]   a tool share their call opener)
-                                                                     pads masked, positions per row
-    decode all rows together; drop a row from the batch once its JSON value is complete
+    prefix + what all suffixes share       prefilled once                         [1, P]
+    each tool's call opener                fanned out: one element per tool       [T, P + O]
+    each row's key                         fanned out: one element per row        [R, P + O + K]
+    decode all rows in lockstep; a row leaves the batch once its JSON value is complete
+
+Each level is right-aligned: pads sit between levels, masked out, and position ids skip them, so
+every batch element is exactly its row's `prefix + suffix` and no row attends to another.
 
 A row may be constrained to a few choices (the function row: the offered tool names): its logits
-are masked to the tokens that continue one of them, and it stops once only one choice is left.
-
-Rows never attend to each other: each batch element is its own sequence. Right-aligning the
-suffixes puts every row's last token in the same column, so all rows decode in lockstep.
+are masked to the tokens that continue one of them, and it stops once only one choice is left. Once
+it has chosen, the rows of every other tool leave the batch too.
 """
 from __future__ import annotations
 
@@ -149,6 +149,8 @@ class Wave:
 def _constrain(logits: torch.Tensor, choices: list[list[int]], so_far: list[int]) -> torch.Tensor:
     k = len(so_far)
     allowed = {c[k] for c in choices if len(c) > k and c[:k] == so_far}
+    if not allowed:
+        return logits
     masked = torch.full_like(logits, float("-inf"))
     idx = torch.tensor(sorted(allowed), device=logits.device)
     masked[idx] = logits[idx]
