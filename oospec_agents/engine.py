@@ -213,7 +213,8 @@ class Engine:
             ctx.ids = list(req.prompt_ids) + new
             ctx.text = req.prefix + tok.decode(new, skip_special_tokens=True)
             cut = _stop_at(ctx.text, req.stop, len(req.prefix))
-            delta_end = len(ctx.text) if cut is None else cut
+            # Hold back text that may still turn out to start a stop string.
+            delta_end = len(ctx.text) - _partial_stop(ctx.text, req.stop) if cut is None else cut
             if not ctx.text[:delta_end].endswith("\ufffd") and delta_end > len(emitted):
                 yield ctx.text[len(emitted):delta_end]
                 emitted = ctx.text[:delta_end]
@@ -307,6 +308,11 @@ class Engine:
 def _stop_at(text: str, stops: list[str], start: int) -> int | None:
     hits = [i for s in stops if s and (i := text.find(s, start)) >= 0]
     return min(hits) if hits else None
+
+
+def _partial_stop(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+    return max((k for s in stops for k in range(len(s) - 1, 0, -1) if text.endswith(s[:k])), default=0)
 
 
 def _safe(fn) -> None:

@@ -74,8 +74,10 @@ def test_stream_yields_deltas_then_the_generation(tiny_engine):
 def test_stop_strings_cut_the_reply(tiny_engine):
     full = tiny_engine.generate(ASK, max_new_tokens=20, method="ar")
     stop = full.text[5:8]
-    gen = tiny_engine.generate(ASK, max_new_tokens=20, method="toolspec", stop=[stop])
+    items = list(tiny_engine.stream(ASK, max_new_tokens=20, method="toolspec", stop=[stop]))
+    gen = items[-1]
     assert gen.text == full.text[:full.text.index(stop)]
+    assert "".join(items[:-1]) == gen.text  # nothing streamed that the stop string later cut
     assert gen.token_ids == full.token_ids[:len(gen.token_ids)]
 
 
@@ -244,3 +246,10 @@ def test_shared_engines_ignore_unset_arguments(monkeypatch):
     assert Engine.shared("some/model", target_device=None) is Engine.shared("some/model")
     assert Engine.shared("some/model", dtype="float32") is not Engine.shared("some/model")
     assert len(made) == 2
+
+
+def test_partial_stop_strings_are_held_back():
+    from oospec_agents.engine import _partial_stop
+    assert _partial_stop("Thank yo", ["you", "\nObservation:"]) == 2
+    assert _partial_stop("Thank\nObs", ["you", "\nObservation:"]) == 4
+    assert _partial_stop("Thanks", ["you"]) == 0
