@@ -36,6 +36,10 @@ def add_parser(sub, name):
                    help="bf16 autocast for the forward (auto: when the CPU has native bf16)")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--init-adapter", default=None, help="start from this trained adapter (a second stage)")
+    if kind == "sidecar":
+        p.add_argument("--max-null-rows", type=int, default=6,
+                       help="at most this many null rows of uncalled tools per record (seeded sample)")
     p.add_argument("--resume", action="store_true", help="continue from OUT-checkpoint if present")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=lambda args: _run(args, kind))
@@ -50,7 +54,9 @@ def _run(args, kind):
                          log_every=args.log_every, checkpoint_every=args.checkpoint_every)
     common = dict(base=args.base, train=args.train, dev=args.dev, out=args.out, teacher=args.teacher, cfg=cfg,
                   max_len=args.max_len, limit=args.limit, subsample=args.subsample, dev_limit=args.dev_limit,
-                  dtype=args.dtype, resume=args.resume, progress=not args.no_progress)
+                  dtype=args.dtype, resume=args.resume, progress=not args.no_progress, init_adapter=args.init_adapter)
+    if kind == "sidecar":
+        common["max_null_rows"] = args.max_null_rows
     if kind == "target":
         from .run import train_target
         metrics = train_target(**common)

@@ -121,7 +121,7 @@ def _save_checkpoint(peft_model, opt, step, result, ckpt_dir: Path, cfg: LoraCon
 
 def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraConfigArgs, *,
                checkpoint_dir=None, resume: bool = False, progress: bool = True, log_file=None,
-               stop_after: int | None = None):
+               stop_after: int | None = None, init_adapter=None):
     """Train a LoRA on `examples`; save the adapter to `out_dir`. Returns (peft_model, TrainResult).
 
     The checkpoint (adapter, optimizer, RNG state, loss history) goes to `checkpoint_dir` (default:
@@ -140,6 +140,9 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
     out_dir = Path(out_dir)
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir.with_name(out_dir.name + "-checkpoint")
     peft_model = add_lora(model, cfg)
+    if init_adapter is not None and not (resume and (ckpt_dir / "trainer_state.pt").exists()):
+        # Continue from a trained adapter (a second stage); its r and targets must match `cfg`.
+        set_peft_model_state_dict(peft_model, load_peft_weights(str(init_adapter)))
     peft_model.train()
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

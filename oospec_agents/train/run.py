@@ -35,6 +35,14 @@ def _env() -> dict:
             "python": platform.python_version()}
 
 
+def label_base(out: Path, base: str) -> None:
+    """Name the base model in adapter_config.json by its reference, not this machine's cache path."""
+    cfg_path = Path(out) / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct" if base in ("smollm2", "embedded") else base
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 def _write_metrics(out: Path, metrics: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -42,7 +50,7 @@ def _write_metrics(out: Path, metrics: dict) -> None:
 
 def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                  max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
-                 progress=True, eval_sources=("bfcl_simple", "bfcl_multiple")) -> dict:
+                 progress=True, eval_sources=("bfcl_simple", "bfcl_multiple"), init_adapter=None) -> dict:
     """Train the tool-calling target adapter; evaluate on `dev` (tool_choice="auto")."""
     from ..engine import Engine
     from .target import build_target_examples, evaluate_target
@@ -61,13 +69,14 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
     if subsample and subsample < len(examples):
         examples = random.Random(cfg.seed).sample(examples, subsample)
     t0 = time.perf_counter()
-    _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress,
+    _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress, init_adapter=init_adapter,
                            log_file=out.with_name(out.name + "-train.log"))
     metrics = {"kind": "target", "base": base, "train": str(train), "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len, "config": asdict(cfg),
                "train_seconds": round(result.seconds, 1), "steps": result.steps, "resumed_from": result.resumed_from,
                "loss_curve": result.losses, "env": _env()}
     log.warning("trained %d steps in %.0fs", result.steps, time.perf_counter() - t0)
+    label_base(out, base)
     _write_metrics(out, metrics)
     if dev_records:
         metrics["dev"] = evaluate_adapter(base, out, dev_records, sources=eval_sources, limit=dev_limit,

@@ -120,10 +120,10 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
 
 def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                   max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
-                  progress=True, max_null_rows=6, eval_sources=None) -> dict:
+                  progress=True, max_null_rows=6, eval_sources=None, init_adapter=None) -> dict:
     """Train the sidecar's slot-prediction adapter on packed wave rows; evaluate it on `dev`."""
     from .. import models
-    from .run import _env, _write_metrics, load_base
+    from .run import _env, _write_metrics, label_base, load_base
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
     records = load_records(train, limit=limit)
@@ -138,10 +138,12 @@ def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lo
                                               max_null_rows=max_null_rows)
     if subsample and subsample < len(examples):
         examples = random.Random(cfg.seed).sample(examples, subsample)
-    _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress,
+    _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress, init_adapter=init_adapter,
                            log_file=out.with_name(out.name + "-train.log"))
+    label_base(out, base)
     metrics = {"kind": "sidecar", "base": base, "train": str(train), "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len, "max_null_rows": max_null_rows,
+               "init_adapter": str(init_adapter) if init_adapter else None,
                "config": asdict(cfg), "train_seconds": round(result.seconds, 1), "steps": result.steps,
                "resumed_from": result.resumed_from, "loss_curve": result.losses, "env": _env()}
     _write_metrics(out, metrics)
