@@ -171,8 +171,12 @@ class Engine:
         return self._locked(self._decode(req, method, hint, record_margins))
 
     def _locked(self, steps):
+        threads = torch.get_num_threads()
         with self._lock:
-            yield from steps
+            try:
+                yield from steps
+            finally:
+                torch.set_num_threads(threads)  # _decode may lend cores to a CPU sidecar's wave
 
     # ------------------------------------------------------------------ the loop
 
@@ -183,6 +187,7 @@ class Engine:
                                  "prefill_s": 0.0, "decode_s": 0.0, "hint_ready_s": None, "hint_bytes": None,
                                  "prompt_tokens": len(req.prompt_ids), "sidecar_error": None}
         ticket = self._submit(req, method, hint_text, stats)
+        lent = self._lend_cores() if ticket is not None and hint_text is None else 0
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
         ctx = DraftContext(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix,
                            tools=req.tools, fmt=fmt, tokenizer=tok, memo={"pool": list(self._memory)})
@@ -226,6 +231,9 @@ class Engine:
             # Draft.
             if ticket is not None and ctx.hint is None:
                 ctx.hint = self._poll(ticket, req, stats)
+                if lent and (ctx.hint or stats["sidecar_error"]):  # the wave is over: take the cores back
+                    torch.set_num_threads(torch.get_num_threads() + lent)
+                    lent = 0
                 if ctx.hint:
                     ctx.memo["pool"].append(tok.encode(ctx.hint, add_special_tokens=False))
             drafts = [d for dr in drafters for d in dr.propose(ctx)]
@@ -283,6 +291,19 @@ class Engine:
         except Exception as e:  # a sidecar fault never reaches the target's answer
             self._fault(stats, f"sidecar submit failed: {type(e).__name__}: {e}")
             return None
+
+    def _lend_cores(self) -> int:
+        """While a CPU sidecar's wave runs, leave it its own cores: oversubscribed cores slow both
+        models several-fold. Returns how many threads the target gave up."""
+        side_dev = getattr(self.sidecar, "device", None)
+        side_threads = getattr(self.sidecar, "threads", None) or 0
+        if self._verifier.device.type != "cpu" or side_dev is None or torch.device(side_dev).type != "cpu":
+            return 0
+        mine = torch.get_num_threads()
+        lent = min(side_threads, mine - 1)
+        if lent > 0:
+            torch.set_num_threads(mine - lent)
+        return max(lent, 0)
 
     def _poll(self, ticket, req: _Request, stats: dict) -> str | None:
         try:
