@@ -204,3 +204,60 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, smollm2_tokeniz
     assert all(torch.equal(wa[k], wc[k]) for k in wa)  # the same seed, the same weights
     wb = load_file(tmp_path / "b" / "adapter_model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# --------------------------------------------------------------------------- the embedded pair (trained adapters)
+
+@pytest.fixture(scope="module")
+def embedded_pair():
+    """Engine.from_pretrained("embedded") in float32: target + tool-calling adapter, sidecar + its adapter."""
+    from oospec_agents import Engine, models
+    assert models.EMBEDDED_TARGET_ADAPTER.exists(), "the target adapter is not committed"
+    assert models.EMBEDDED_SIDECAR_ADAPTER.exists(), "the sidecar adapter is not committed"
+    return Engine.from_pretrained("embedded", dtype=torch.float32)
+
+
+WEATHER_Q = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.mark.slow
+def test_embedded_adapters_are_small_and_have_metrics():
+    from oospec_agents import models
+    for d in (models.EMBEDDED_TARGET_ADAPTER, models.EMBEDDED_SIDECAR_ADAPTER):
+        files = list(d.iterdir())
+        assert all(f.stat().st_size < 20 * 2**20 for f in files)
+        assert {"adapter_config.json", "adapter_model.safetensors", "metrics.json"} <= {f.name for f in files}
+        assert "config" in json.loads((d / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_embedded_target_calls_the_weather_tool_on_auto(embedded_pair):
+    gen = embedded_pair.generate(WEATHER_Q, [WEATHER, TIME], tool_choice="auto", max_new_tokens=64, method="toolspec")
+    assert [c["name"] for c in gen.tool_calls] == ["get_current_weather"], gen.text
+    assert gen.tool_calls[0]["arguments"].get("city") == "Paris"
+    assert gen.finish_reason == "tool_calls"
+
+
+@pytest.mark.slow
+def test_embedded_target_answers_in_text_after_a_tool_result(embedded_pair):
+    msgs = WEATHER_Q + [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_current_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18, "unit": "celsius", "condition": "sunny"}'}]
+    gen = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="toolspec")
+    assert not gen.tool_calls and not gen.invalid_tool_calls, gen.text
+    assert gen.content and gen.finish_reason == "stop"
+    assert "18" in gen.content or "sunny" in gen.content  # it reads the result
+
+
+@pytest.mark.slow
+def test_oospec_stays_lossless_with_the_trained_sidecar(embedded_pair):
+    from conftest import greedy
+    if embedded_pair.sidecar is None:
+        pytest.fail("the embedded sidecar did not load")
+    msgs = [{"role": "user", "content": "What's the weather in Tokyo in fahrenheit?"}]
+    ar = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="ar")
+    oo = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="oospec")
+    assert oo.token_ids == ar.token_ids
+    assert oo.token_ids == greedy(embedded_pair, embedded_pair.prompt_ids(msgs, [WEATHER, TIME]), 48)
+    assert oo.stats["sidecar_error"] is None and oo.stats["hint_ready_s"] is not None

@@ -40,6 +40,8 @@ def add_parser(sub, name):
     if kind == "sidecar":
         p.add_argument("--max-null-rows", type=int, default=6,
                        help="at most this many null rows of uncalled tools per record (seeded sample)")
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="stop after this many steps with a checkpoint (the schedule still spans the whole run)")
     p.add_argument("--resume", action="store_true", help="continue from OUT-checkpoint if present")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=lambda args: _run(args, kind))
@@ -54,7 +56,8 @@ def _run(args, kind):
                          log_every=args.log_every, checkpoint_every=args.checkpoint_every)
     common = dict(base=args.base, train=args.train, dev=args.dev, out=args.out, teacher=args.teacher, cfg=cfg,
                   max_len=args.max_len, limit=args.limit, subsample=args.subsample, dev_limit=args.dev_limit,
-                  dtype=args.dtype, resume=args.resume, progress=not args.no_progress, init_adapter=args.init_adapter)
+                  dtype=args.dtype, resume=args.resume, progress=not args.no_progress, init_adapter=args.init_adapter,
+                  stop_after=args.stop_after)
     if kind == "sidecar":
         common["max_null_rows"] = args.max_null_rows
     if kind == "target":

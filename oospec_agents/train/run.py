@@ -50,7 +50,8 @@ def _write_metrics(out: Path, metrics: dict) -> None:
 
 def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                  max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
-                 progress=True, eval_sources=("bfcl_simple", "bfcl_multiple"), init_adapter=None) -> dict:
+                 progress=True, eval_sources=("bfcl_simple", "bfcl_multiple"), init_adapter=None,
+                 stop_after=None) -> dict:
     """Train the tool-calling target adapter; evaluate on `dev` (tool_choice="auto")."""
     from ..engine import Engine
     from .target import build_target_examples, evaluate_target
@@ -70,6 +71,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
         examples = random.Random(cfg.seed).sample(examples, subsample)
     t0 = time.perf_counter()
     _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress, init_adapter=init_adapter,
+                           stop_after=stop_after,
                            log_file=out.with_name(out.name + "-train.log"))
     metrics = {"kind": "target", "base": base, "train": str(train), "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len, "config": asdict(cfg),

@@ -120,7 +120,8 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
 
 def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                   max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
-                  progress=True, max_null_rows=6, eval_sources=None, init_adapter=None) -> dict:
+                  progress=True, max_null_rows=6, eval_sources=None, init_adapter=None,
+                  stop_after=None) -> dict:
     """Train the sidecar's slot-prediction adapter on packed wave rows; evaluate it on `dev`."""
     from .. import models
     from .run import _env, _write_metrics, label_base, load_base
@@ -139,6 +140,7 @@ def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lo
     if subsample and subsample < len(examples):
         examples = random.Random(cfg.seed).sample(examples, subsample)
     _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress, init_adapter=init_adapter,
+                           stop_after=stop_after,
                            log_file=out.with_name(out.name + "-train.log"))
     label_base(out, base)
     metrics = {"kind": "sidecar", "base": base, "train": str(train), "traces": trace_stats,
