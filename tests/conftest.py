@@ -2,32 +2,10 @@
 and dev records spread over the data's sources."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "toolcalls"
-
-
-def load_records(split: str = "dev") -> list[dict]:
-    with open(DATA / f"{split}.jsonl") as f:
-        return [json.loads(line) for line in f]
-
-
-def spread(records: list[dict], n: int) -> list[dict]:
-    """n records taken round-robin over the sources, in file order within each source."""
-    by_source: dict[str, list[dict]] = {}
-    for r in records:
-        by_source.setdefault(r["source"], []).append(r)
-    out, i = [], 0
-    while len(out) < n and any(i < len(v) for v in by_source.values()):
-        for recs in by_source.values():
-            if i < len(recs) and len(out) < n:
-                out.append(recs[i])
-        i += 1
-    return out
+from oospec_testing import greedy, load_records, spread, tiny_model  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -47,21 +25,6 @@ def smollm2_tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def tiny_model(kind: str, tokenizer, seed: int = 0):
-    """A randomly initialised 2-layer model of the given family with SmolLM2's vocabulary."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[kind]
-    cfg = cls(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-              eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-              pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.eos_token_id
-    return model
-
-
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny_engine(request, smollm2_tokenizer):
     from oospec_agents import Engine
@@ -75,10 +38,3 @@ def embedded_fp32():
     return Engine.from_pretrained("embedded", sidecar=None, dtype=torch.float32)
 
 
-def greedy(engine, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Plain transformers greedy decoding: the reference every method must reproduce."""
-    inp = torch.tensor([prompt_ids], device=engine.target.device)
-    with torch.inference_mode():
-        out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
-                                     max_new_tokens=max_new_tokens)
-    return out[0, len(prompt_ids):].tolist()

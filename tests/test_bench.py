@@ -11,7 +11,7 @@ from oospec_agents.bench.records import spread
 from oospec_agents.bench.report import markdown, plot
 from oospec_agents.cli import main
 
-from conftest import DATA
+from oospec_testing import DATA
 
 DESIGN_KEYS = {"n", "lossless", "speedup_decode", "speedup_e2e", "mean_accepted_tokens", "target_forwards",
                "numerical_ties"}

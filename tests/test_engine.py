@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import greedy
+from oospec_testing import greedy
 from oospec_agents import Engine, Generation
 from oospec_agents.drafters import Draft, DraftContext, Drafter
 from oospec_agents.drafters.schema import forced_text

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import tiny_model
+from oospec_testing import tiny_model
 from oospec_agents import Engine
 from oospec_agents.errors import ModelLoadError
 from oospec_agents.models import embedded_gguf, gguf_to_safetensors, resolve_dtype, resolve_reference

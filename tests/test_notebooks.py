@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import DATA
+from oospec_testing import DATA
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import greedy, tiny_model
+from oospec_testing import greedy, tiny_model
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.drafters import DraftContext, HintDrafter
@@ -124,7 +124,7 @@ def bpe_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from conftest import load_records
+    from oospec_testing import load_records
     texts = []
     for r in load_records("train")[:100]:
         prefix, rows = expand_rows(normalize_messages(r["messages"]), normalize_tools(r["tools"]), r["expected"][0])

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import DATA, tiny_model
+from oospec_testing import DATA, tiny_model
 from oospec_agents.errors import ModelLoadError
 from oospec_agents.sidecar.rows import Row
 from oospec_agents.train.data import TrainDataError, load_records
@@ -252,7 +252,7 @@ def test_embedded_target_answers_in_text_after_a_tool_result(embedded_pair):
 
 @pytest.mark.slow
 def test_oospec_stays_lossless_with_the_trained_sidecar(embedded_pair):
-    from conftest import greedy
+    from oospec_testing import greedy
     if embedded_pair.sidecar is None:
         pytest.fail("the embedded sidecar did not load")
     msgs = [{"role": "user", "content": "What's the weather in Tokyo in fahrenheit?"}]
