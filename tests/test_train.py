@@ -100,6 +100,25 @@ def test_null_rows_are_subsampled_deterministically(smollm2_tokenizer):
     assert a.ids == b.ids and len(a.rows) == 4  # function + the called tool's 2 slots + 1 of 2 nulls
 
 
+def test_teacher_traces_keep_only_valid_calls(tiny_engine):
+    from oospec_agents import Generation
+    from oospec_agents.train.traces import build_traces
+    recs = [dict(TRACE, id=str(i)) for i in range(3)]
+    scripted = iter([
+        Generation("", [], [{"id": "c", "name": "get_time", "arguments": {"tz": "UTC"}}], [], {}),
+        Generation("", [], [], [{"name": "get_time", "arguments": "{", "error": "bad"}], {}),
+        Generation("plain text", [], [], [], {}),
+    ])
+    tiny_engine.generate = lambda *a, **k: next(scripted)
+    try:
+        traces, stats = build_traces(recs, tiny_engine, progress=False)
+    finally:
+        del tiny_engine.generate
+    assert stats["kept"] == 1 and stats["invalid"] == 1 and stats["no_call"] == 1
+    assert traces[0]["expected"] == [{"name": "get_time", "arguments": {"tz": "UTC"}}]
+    assert build_traces(recs)[0] == [dict(r, trace="ground_truth") for r in recs]
+
+
 # --------------------------------------------------------------------------- bad input
 
 def test_bad_input_gets_a_clear_error(tmp_path):
