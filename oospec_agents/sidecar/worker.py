@@ -13,6 +13,7 @@ not join into a call become `ticket.error` and no hint.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import queue
@@ -42,10 +43,18 @@ class WaveSidecar:
 
     def submit(self, request: HintRequest) -> "Ticket":
         ticket = Ticket(request, self.timeout_s)
-        threading.Thread(target=self._run, args=(request, ticket), name="oospec-sidecar", daemon=True).start()
+        thread = threading.Thread(target=self._run, args=(request, ticket), name="oospec-sidecar", daemon=True)
+        _LIVE[thread] = ticket
+        thread.start()
         return ticket
 
     def _run(self, request: HintRequest, ticket: "Ticket") -> None:
+        try:
+            self._wave_and_post(request, ticket)
+        finally:
+            _LIVE.pop(threading.current_thread(), None)
+
+    def _wave_and_post(self, request: HintRequest, ticket: "Ticket") -> None:
         try:
             rows, prefix, choices = wave_rows(request)
             if not self._one_wave.acquire(timeout=self.timeout_s):
@@ -79,6 +88,18 @@ class WaveSidecar:
         if self.threads:
             torch.set_num_threads(self.threads)  # this thread's own count; the target's thread is untouched
         return contextlib.nullcontext()
+
+
+#: wave threads still running, with their tickets. At interpreter exit they are cancelled and
+#: joined: a daemon thread killed inside a torch op aborts the process ("terminate called ...").
+_LIVE: dict[threading.Thread, "Ticket"] = {}
+
+
+@atexit.register
+def _stop_waves(timeout_s: float = 5.0) -> None:
+    for thread, ticket in list(_LIVE.items()):
+        ticket.cancelled.set()
+        thread.join(timeout_s)
 
 
 def wave_rows(request: HintRequest) -> tuple[list[Row], str, dict[int, list[str]]]:
