@@ -8,15 +8,13 @@
 
 # %%
 from langchain.agents import create_agent
-from langchain_core.tools import tool
 
 from langchain_oospec import ChatOoOSpec
 
 
-@tool
-def get_current_weather(city: str, unit: str = "celsius") -> str:
+def get_current_weather(location: str) -> str:
     """Get the current weather in a given city."""
-    return f"It is 21 degrees {unit} and sunny in {city}."
+    return f"It is 22 degrees Celsius and sunny in {location}."
 
 
 # was: model = ChatOpenAI(model="gpt-4o-mini")
@@ -25,10 +23,11 @@ agent = create_agent(model, tools=[get_current_weather])
 
 # %% [markdown]
 # The agent loop: the model may call the tool, the agent runs it and feeds the result back, and the
-# model answers.
+# model answers. `recursion_limit` stops a small model that keeps calling tools early.
 
 # %%
-result = agent.invoke({"messages": [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]})
+result = agent.invoke({"messages": [{"role": "user", "content": "What is the current weather in Paris?"}]},
+                      {"recursion_limit": 6})
 for message in result["messages"]:
     message.pretty_print()
 
