@@ -48,6 +48,19 @@ def _write_metrics(out: Path, metrics: dict) -> None:
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
+def prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress):
+    """What both training commands start from: checked records, traces, threads, the base model."""
+    records = load_records(train, limit=limit)
+    dev_records = load_records(dev) if dev else None
+    traces, trace_stats = build_traces(records, teacher, progress=progress)
+    if not traces:
+        raise TrainDataError("the training set is empty: the teacher wrote no valid call on any record")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tok = load_base(base, dtype)
+    return dev_records, traces, trace_stats, model, tok
+
+
 def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                  max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
                  progress=True, eval_sources=("bfcl_simple", "bfcl_multiple"), init_adapter=None,
@@ -57,14 +70,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
     from .target import build_target_examples, evaluate_target
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
-    records = load_records(train, limit=limit)
-    dev_records = load_records(dev) if dev else None
-    traces, trace_stats = build_traces(records, teacher, progress=progress)
-    if not traces:
-        raise TrainDataError("the training set is empty: the teacher wrote no valid call on any record")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    model, tok = load_base(base, dtype)
+    dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress)
     engine = Engine(model, tok, None)
     examples, counts = build_target_examples(engine, traces, seed=cfg.seed, max_len=max_len)
     if subsample and subsample < len(examples):

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import torch
 
-from .data import TrainDataError, load_records, select
+from .data import TrainDataError, select
 from .lora import LoraConfigArgs, train_lora
 from .rows import pack, training_rows
-from .traces import build_traces
 
 log = logging.getLogger(__name__)
 
@@ -124,17 +123,10 @@ def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lo
                   stop_after=None) -> dict:
     """Train the sidecar's slot-prediction adapter on packed wave rows; evaluate it on `dev`."""
     from .. import models
-    from .run import _env, _write_metrics, label_base, load_base
+    from .run import _env, _write_metrics, label_base, prepare_run
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
-    records = load_records(train, limit=limit)
-    dev_records = load_records(dev) if dev else None
-    traces, trace_stats = build_traces(records, teacher, progress=progress)
-    if not traces:
-        raise TrainDataError("the training set is empty: the teacher wrote no valid call on any record")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    model, tok = load_base(base, dtype)
+    dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress)
     examples, counts = build_sidecar_examples(tok, traces, seed=cfg.seed, max_len=max_len,
                                               max_null_rows=max_null_rows)
     if subsample and subsample < len(examples):
