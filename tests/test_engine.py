@@ -1,4 +1,6 @@
 """The engine core: lossless against transformers' greedy generate, fewer forwards, clear errors."""
+import os
+
 import pytest
 import torch
 
@@ -110,10 +112,43 @@ def _ctx(text, tools=(WEATHER, TIME)):
      'elsius"}}\n</tool_call>'),
     ('<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Paris", "u', 'nit": "'),
     ('<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}', "}\n</tool_call>"),
+    ('<tool_call>\n{"name": "get_current_weather","arguments": {', '"city": "'),  # compact separator
+    ('<tool_call>\n{"name":"get_current_weather"', ', "arguments": {"city": "'),
     ("Sure, here you go.", ""),
 ])
 def test_schema_drafter_drafts_exactly_the_forced_stretches(text, forced):
     assert forced_text(_ctx(text)) == forced
+
+
+def test_schema_drafter_drafts_both_argument_separators(smollm2_tokenizer):
+    from oospec_agents.drafters import SchemaDrafter
+    tok = smollm2_tokenizer
+    text = '<tool_call>\n{"name": "get_c'
+    ctx = DraftContext(ids=tok.encode(text, add_special_tokens=False), n_prompt=0, text=text,
+                       tools=normalize_tools([WEATHER, TIME]), fmt=HermesFormat(), tokenizer=tok)
+    drafts = [tok.decode(d.tokens) for d in SchemaDrafter().propose(ctx)]
+    assert drafts == ['urrent_weather", "arguments": {"city": "', 'urrent_weather","arguments": {"city": "']
+    # both are branches of one tree that share everything before the comma
+    from oospec_agents.verify import build_tree
+    a, b = SchemaDrafter().propose(ctx)
+    shared = len(os.path.commonprefix([a.tokens, b.tokens]))
+    assert shared > 0 and len(build_tree(0, [a, b], 64).tokens) == 1 + len(a.tokens) + len(b.tokens) - shared
+
+
+def test_hint_drafter_adds_a_short_compact_separator_branch(smollm2_tokenizer):
+    from oospec_agents.drafters import HintDrafter
+    tok = smollm2_tokenizer
+    hint = '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+    ctx = DraftContext(ids=[tok.eos_token_id], n_prompt=1, text="", tools=normalize_tools([WEATHER, TIME]),
+                       fmt=HermesFormat(), tokenizer=tok, hint=hint)
+    first, alt = [tok.decode(d.tokens) for d in HintDrafter().propose(ctx)]
+    assert first == hint
+    assert alt == '<tool_call>\n{"name": "get_current_weather","arguments": {"city": "P'  # 24 chars past ","
+    # once the reply took the compact separator, the hint re-anchors on its key and offers the rest
+    ctx.text = '<tool_call>\n{"name": "get_current_weather","arguments": {"city": '
+    ctx.ids = [tok.eos_token_id] + tok.encode(ctx.text, add_special_tokens=False)
+    (rest,) = [tok.decode(d.tokens) for d in HintDrafter().propose(ctx)]
+    assert rest == '"Paris", "unit": "celsius"}}\n</tool_call>'
 
 
 def test_schema_draft_is_reencoded_at_the_token_boundary(smollm2_tokenizer):

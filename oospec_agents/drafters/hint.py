@@ -2,10 +2,13 @@
 with the target's tokenizer, aligned to the committed text."""
 from __future__ import annotations
 
-from .base import Draft, DraftContext, Drafter, encode_after
+import os
+
+from .base import Draft, DraftContext, Drafter, encode_after, separator_variants
 
 MIN_ANCHOR = 3      # chars of committed text that must match the hint to re-anchor after a divergence
 MAX_CHARS = 160
+ALT_CHARS = 24      # chars of the alternative separator's branch past the point where it differs
 
 
 class HintDrafter(Drafter):
@@ -15,7 +18,11 @@ class HintDrafter(Drafter):
         text = continuation(ctx.text, ctx.hint, ctx.fmt)
         if not text:
             return []
-        return [Draft(encode_after(ctx.tokenizer, ctx.ids, text[:MAX_CHARS]), self.source)]
+        first, *alts = separator_variants(text[:MAX_CHARS], ctx.fmt.args_key)
+        # The compact-separator branch only has to carry the reply past the comma: the next round
+        # re-anchors on what was written, so a short branch keeps the tree within its node budget.
+        alts = [a[:len(os.path.commonprefix([first, a])) + ALT_CHARS] for a in alts]
+        return [Draft(encode_after(ctx.tokenizer, ctx.ids, t), self.source) for t in (first, *alts)]
 
 
 def continuation(text: str, hint: str | None, fmt) -> str:

@@ -4,9 +4,10 @@ next required key, an enum's unique completion and the closing brackets."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
-from .base import Draft, DraftContext, Drafter, encode_after
+from .base import Draft, DraftContext, Drafter, encode_after, separator_variants
 
 MAX_DRAFT_CHARS = 96
 
@@ -132,7 +133,8 @@ class SchemaDrafter(Drafter):
         text = forced_text(ctx)
         if not text:
             return []
-        return [Draft(encode_after(ctx.tokenizer, ctx.ids, text), self.source)]
+        return [Draft(encode_after(ctx.tokenizer, ctx.ids, t), self.source)
+                for t in separator_variants(text, ctx.fmt.args_key)]
 
 
 def forced_text(ctx: DraftContext) -> str:
@@ -215,10 +217,10 @@ def _enum_strings(schema: dict) -> list[str]:
 
 
 def _call_name(body: str) -> str | None:
-    start = body.find('"name": ')
-    if start < 0:
+    found = re.search(r'"name"\s*:\s*', body)
+    if found is None:
         return None
     try:
-        return json.JSONDecoder().raw_decode(body, start + len('"name": '))[0]
+        return json.JSONDecoder().raw_decode(body, found.end())[0]
     except json.JSONDecodeError:
         return None
