@@ -13,7 +13,7 @@ from IPython.display import Image
 
 from oospec_agents import Engine
 from oospec_agents.bench import BenchConfig, run_bench
-from oospec_agents.bench.records import read_jsonl, spread
+from oospec_agents.bench.records import load_records, spread
 from oospec_agents.bench.report import write_all
 
 LIMIT = int(os.environ.get("BENCH_LIMIT", "5"))
@@ -26,7 +26,7 @@ DATA = Path(os.environ.get("OOSPEC_DATA") or next(
 
 # %%
 engine = Engine.from_pretrained("embedded")
-records = spread(read_jsonl(DATA), LIMIT)  # round-robin over the sources
+records = spread(load_records(DATA), LIMIT)  # round-robin over the sources
 results = run_bench(engine, records, BenchConfig(METHODS, max_new_tokens=MAX_NEW_TOKENS), data=str(DATA))
 paths = write_all(results, os.environ.get("BENCH_OUT", "bench-out"))
 

@@ -110,6 +110,20 @@ def test_bfcl_reader_names_a_wrong_directory(tmp_path):
         read_bfcl(tmp_path)
 
 
+def test_data_reader_names_the_bad_record(tmp_path):
+    from oospec_agents.bench.records import load_records
+    from oospec_agents.data import DataError
+    with pytest.raises(DataError, match="does not exist"):
+        load_records(tmp_path / "nope.jsonl")
+    f = tmp_path / "recs.jsonl"
+    f.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}], "tools": [], "expected": []}\n')
+    with pytest.raises(DataError, match=r"recs.jsonl:1: malformed record, it lacks \['source'\]"):
+        load_records(f)
+    f.write_text("\n")
+    with pytest.raises(DataError, match="empty benchmark set"):
+        load_records(f)
+
+
 # ------------------------------------------------------------------ end to end on the embedded default
 
 @pytest.mark.slow

@@ -43,12 +43,12 @@ def run(args):
 
     from ..engine import Engine
     from .bfcl import read_bfcl
-    from .records import read_jsonl, spread
+    from .records import load_records, spread
     from .report import write_all
     from .runner import BenchConfig, check_methods, run_bench
 
     methods = check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
-    records = spread(read_bfcl(args.bfcl) if args.bfcl else read_jsonl(args.data), args.limit)
+    records = spread(read_bfcl(args.bfcl) if args.bfcl else load_records(args.data), args.limit)
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.target, args.sidecar, target_device=args.target_device,

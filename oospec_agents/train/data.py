@@ -1,54 +1,16 @@
-"""Reading the shared tool-call JSONL format, with clear errors for bad input."""
+"""Training's view of the shared tool-call records: the reader lives in `oospec_agents.data`."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from .. import data
+from ..data import DataError, check_record  # noqa: F401  (re-exported)
 
-from ..errors import OoOSpecError
-
-
-class TrainDataError(OoOSpecError):
-    """A training/dev file is missing, malformed, or yields no examples."""
+# Training raises the shared reader's error under its historical name.
+TrainDataError = DataError
 
 
 def load_records(path, *, limit: int | None = None) -> list[dict]:
-    """Records of the shared format: {"id", "messages", "tools", "expected", ...}, checked."""
-    p = Path(path)
-    if not p.is_file():
-        raise TrainDataError(f"data file {str(path)!r} does not exist")
-    out = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{p.name}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TrainDataError(f"{where}: malformed record, not valid JSON: {e}") from None
-            check_record(rec, where)
-            out.append(rec)
-            if limit is not None and len(out) >= limit:
-                break
-    if not out:
-        raise TrainDataError(f"{str(path)!r} holds no records (empty training set)")
-    return out
-
-
-def check_record(rec, where: str = "record") -> None:
-    if not isinstance(rec, dict):
-        raise TrainDataError(f"{where}: malformed record, expected a JSON object")
-    msgs = rec.get("messages")
-    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
-        raise TrainDataError(f"{where}: malformed record, 'messages' must be a non-empty list of chat dicts")
-    tools = rec.get("tools", [])
-    if not isinstance(tools, list):
-        raise TrainDataError(f"{where}: malformed record, 'tools' must be a list")
-    exp = rec.get("expected")
-    if not isinstance(exp, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
-                                            and isinstance(c.get("arguments", {}), dict) for c in exp):
-        raise TrainDataError(f"{where}: malformed record, 'expected' must be a list of "
-                             "{\"name\": str, \"arguments\": object}")
+    """Training or dev records, read by the shared reader."""
+    return data.load_records(path, limit=limit, kind="training")
 
 
 def tool_name(t: dict) -> str:
