@@ -160,5 +160,25 @@ def test_report_and_plot_render_from_results(tmp_path):
                          "tie_tolerance": 0.3, "wall_s": 1.0}
     md = markdown(results)
     assert "| oospec | 1 | 4.00x |" in md
+    assert "wave prefill s" not in md  # no sidecar profile, no wave table
     plot(results, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_report_profiles_the_sidecar_wave_against_the_target_call():
+    prof = {"queued_s": 0.01, "prefix_tokens": 300, "rows": 6, "prefill_s": 0.2, "steps": 9, "decode_s": 0.3,
+            "wave_s": 0.5}
+    oospec = _row(10, 0.5, 3) | {"accepted_by_source": {"schema": 4, "retrieval": 0, "hint": 3},
+                                 "hint_ready_s": 0.6, "sidecar_profile": prof}
+    records = [{"source": "a", "runs": {"ar": _row(10, 2.0, 10), "oospec": oospec}}]
+    results = summarize(records, ["ar", "oospec"])
+    f = results["methods"]["oospec"]
+    assert f["hint_share"] == pytest.approx(0.3) and f["sidecar_wave"] == prof | {"n": 1}
+    results["env"] = {"target": "t", "target_device_name": "cpu", "dtype": "bfloat16", "torch": "2",
+                      "transformers": "5", "torch_threads": 2, "git_commit": None}
+    results["config"] = {"n_records": 1, "data": "x.jsonl", "tool_choice": "required", "max_new_tokens": 8,
+                         "tie_tolerance": 0.3, "wall_s": 1.0}
+    md = markdown(results)
+    # waves, prefix, rows, queued, wave prefill, steps, wave decode, hint ready, target prefill, call, share
+    assert "| oospec | 1 | 300 | 6.0 | 0.010 | 0.200 | 9.0 | 0.300 | 0.600 | 0.500 | 1.000 | 30% |" in md
+    assert "## Tokens per target forward, per source" in md

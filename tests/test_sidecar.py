@@ -332,6 +332,12 @@ def test_a_sidecar_with_another_tokenizer_crosses_as_text(tiny_target, bpe_token
         gen = engine.generate(ASK, tools, tool_choice="required", max_new_tokens=N)
         assert gen.token_ids == greedy(engine, ids, N)
         assert gen.stats["sidecar_error"] is None and gen.stats["hint_bytes"] > 10
+        # where the wave's time went travels with the hint, for the benchmark's profile
+        prof = gen.stats["sidecar_profile"]
+        req = engine._request(ASK, tools, "required")
+        rows, _, _ = wave_rows(HintRequest(req.messages, req.tools, engine.fmt, req.choice))
+        assert prof["rows"] == len(rows) and prof["prefix_tokens"] > 0 and 1 <= prof["steps"] <= 8
+        assert 0 <= prof["queued_s"] and 0 < prof["prefill_s"] + prof["decode_s"] <= prof["wave_s"]
 
 
 def test_requests_from_several_threads_are_serialised_and_unchanged(tiny_target, bpe_tokenizer, bpe_sidecar_model):

@@ -30,6 +30,7 @@ class Run:
     hint_bytes: int | None = None
     margins: list[float] | None = None     # AR only: top-2 logit margin per token, for tie checks
     sidecar_error: str | None = None
+    sidecar_profile: dict | None = None    # where the sidecar's wave spent its time (oospec)
 
 
 @dataclass
@@ -51,7 +52,7 @@ def _engine(ctx: BenchContext, rec: dict, method: str, hint: str | None = None, 
     s = gen.stats
     return Run(gen.token_ids, gen.text, s["prefill_s"], s["decode_s"], s["target_forwards"],
                dict(s["accepted_by_source"]), s.get("hint_ready_s"), s.get("hint_bytes"),
-               s.get("margins"), s.get("sidecar_error"))
+               s.get("margins"), s.get("sidecar_error"), s.get("sidecar_profile"))
 
 
 def ar(ctx, rec, ref=None):

@@ -34,6 +34,16 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+PROFILE_KEYS = ("queued_s", "prefix_tokens", "rows", "prefill_s", "steps", "decode_s", "wave_s")
+
+
+def _mean_profile(profiles: list[dict | None]) -> dict | None:
+    profiles = [p for p in profiles if p]
+    if not profiles:
+        return None
+    return {k: _mean([p.get(k) for p in profiles]) for k in PROFILE_KEYS} | {"n": len(profiles)}
+
+
 def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
     """One method's figures over `rows` (per-record dicts from the runner); `ref_rows` are AR's, same order.
 
@@ -72,6 +82,10 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         # one decode round = one verify forward plus drafting and bookkeeping
         "round_ms": 1000 * decode / rounds if (rounds := forwards - len(rows)) > 0 else None,
         "accepted_by_source": by_source or None,
+        # share of all generated tokens that were accepted from the sidecar's hint
+        "hint_share": by_source.get("hint", 0) / tokens if tokens and "hint" in by_source else None,
+        # where the sidecar's waves spent their time, averaged over the records that had one
+        "sidecar_wave": _mean_profile([r.get("sidecar_profile") for r in rows]),
         "sidecar_errors": sum(bool(r.get("sidecar_error")) for r in rows),
     }
     if ref_rows:

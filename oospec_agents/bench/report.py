@@ -56,6 +56,12 @@ def markdown(results: dict) -> str:
     for src, figs in sources.items():
         n = next(iter(figs.values()))["n"]
         lines.append(f"| {src} | {n} | " + " | ".join(_f(figs[m]["speedup_decode"], suffix="x") for m in names) + " |")
+    lines += ["", "## Tokens per target forward, per source", "",
+              "| source | n | " + " | ".join(names) + " |",
+              "|---|---|" + "---|" * len(names)]
+    for src, figs in sources.items():
+        n = next(iter(figs.values()))["n"]
+        lines.append(f"| {src} | {n} | " + " | ".join(_f(figs[m]["mean_accepted_tokens"]) for m in names) + " |")
     accepted = {m: f["accepted_by_source"] for m, f in methods.items() if f["accepted_by_source"]}
     if accepted:
         lines += ["", "## Accepted draft tokens by drafter", "", "| method | schema | retrieval | hint |",
@@ -70,6 +76,19 @@ def markdown(results: dict) -> str:
         hints = f"{f['hints_in_time']}/{f['hints']}" if f["hints"] else "–"
         lines.append(f"| {m} | {_f(e2e, '{:.3f}')} | {_f(f['prefill_s'], '{:.3f}')} | {_f(f['decode_s'], '{:.3f}')} "
                      f"| {_f(f['round_ms'], '{:.1f}')} | {hints} |")
+    waves = {m: (f["sidecar_wave"], f) for m, f in methods.items() if f.get("sidecar_wave")}
+    if waves:
+        lines += ["", "The sidecar's wave against the target's call (means over the records whose wave finished; "
+                  "times from the request's arrival):", "",
+                  "| method | waves | prefix tokens | rows | queued s | wave prefill s | decode steps | wave decode s "
+                  "| hint_ready_s | target prefill s | target call s | hint share |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for m, (w, f) in waves.items():
+            lines.append(f"| {m} | {w['n']} | {_f(w['prefix_tokens'], '{:.0f}')} | {_f(w['rows'], '{:.1f}')} "
+                         f"| {_f(w['queued_s'], '{:.3f}')} | {_f(w['prefill_s'], '{:.3f}')} | {_f(w['steps'], '{:.1f}')} "
+                         f"| {_f(w['decode_s'], '{:.3f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
+                         f"| {_f(f['prefill_s'], '{:.3f}')} | {_f(f['prefill_s'] + f['decode_s'], '{:.3f}')} "
+                         f"| {_f(f['hint_share'], '{:.0%}')} |")
     errors = {m: f["sidecar_errors"] for m, f in methods.items() if f["sidecar_errors"]}
     if errors:
         lines += ["", "Sidecar errors (the target decoded on without a hint): "

@@ -74,7 +74,7 @@ def _run_record(ctx: BenchContext, rec: dict, methods: list[str], index: int, to
         row = {"new_tokens": len(r.token_ids), "prefill_s": r.prefill_s, "decode_s": r.decode_s,
                "target_forwards": r.target_forwards, "accepted_by_source": r.accepted_by_source or None,
                "hint_ready_s": r.hint_ready_s, "hint_bytes": r.hint_bytes, "sidecar_error": r.sidecar_error,
-               "check": check}
+               "sidecar_profile": r.sidecar_profile, "check": check}
         if m == "ar" or check["verdict"] != "exact":
             row["text"] = r.text
         out[m] = row

@@ -26,6 +26,7 @@ class Hint:
     text: str                         # the predicted call, rendered in the target's format
     payload_bytes: int                # size of the compact payload that crossed the mailbox
     ready_s: float                    # seconds from request arrival to the hint being posted
+    profile: dict | None = None       # where the wave's time went (queued_s, wave_s, prefill_s, steps, ...)
 
 
 class HintTicket(Protocol):

@@ -15,6 +15,7 @@ it has chosen, the rows of every other tool leave the batch too.
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 from transformers import DynamicCache
@@ -35,6 +36,8 @@ class Wave:
         eos = model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
+        #: where the last wave's time went: prefix_tokens, rows, prefill_s, steps (tokens per row at most), decode_s
+        self.profile: dict = {}
 
     def __call__(self, prefix: str, rows: list[Row], cancel: threading.Event | None = None,
                  choices: dict[int, list[str]] | None = None) -> list[str]:
@@ -48,9 +51,13 @@ class Wave:
         tries = {i: [enc(c) for c in cs] for i, cs in (choices or {}).items()}
         out: list[list[int]] = [[] for _ in rows]
         live = list(range(len(rows)))      # the row of each batch element still decoding
+        prefix_ids = enc(prefix)
+        t0 = time.perf_counter()
+        steps = 0
         with torch.inference_mode():
-            cache, logits, mask, pos = self._prefill(enc(prefix), [enc(r.suffix) for r in rows],
+            cache, logits, mask, pos = self._prefill(prefix_ids, [enc(r.suffix) for r in rows],
                                                      [r.tool for r in rows])
+            t1 = time.perf_counter()
             for _ in range(self.max_row_tokens):
                 if cancel is not None and cancel.is_set():
                     break
@@ -59,6 +66,7 @@ class Wave:
                     if row in tries:
                         last[b] = _constrain(last[b], tries[row], out[row])
                 tokens = last.argmax(-1)
+                steps += 1  # one more token for every live row
                 done, ruled_out = set(), set()
                 for row, t in zip(live, tokens.tolist()):
                     if self._append(out[row], t, tries.get(row)):
@@ -78,6 +86,8 @@ class Wave:
                 mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
                 logits = self._forward(tokens[:, None], cache, mask, pos[:, None])
                 pos = pos + 1
+        self.profile = {"prefix_tokens": len(prefix_ids), "rows": len(rows), "prefill_s": t1 - t0, "steps": steps,
+                        "decode_s": time.perf_counter() - t1}
         return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
     def _prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list):

@@ -63,16 +63,19 @@ class WaveSidecar:
             try:
                 if ticket.cancelled.is_set():
                     return
+                start = time.perf_counter()
                 with self._placement():
                     texts = self.wave(prefix, rows, ticket.cancelled, choices)
                     if self.stream is not None:
                         self.stream.synchronize()
+                profile = {"queued_s": start - request.arrived, "wave_s": time.perf_counter() - start,
+                           **(getattr(self.wave, "profile", None) or {})}
             finally:
                 self._one_wave.release()
             if ticket.cancelled.is_set():
                 return
             payload = encode_payload(join(rows, texts, request.tools, request.tool_choice))
-            ticket.post(payload=payload)
+            ticket.post(payload=payload, profile=profile)
         except JoinError as e:
             ticket.post(error=f"sidecar gave no usable call: {e}")
         except torch.OutOfMemoryError as e:
@@ -125,14 +128,14 @@ class Ticket:
         self._mailbox: queue.SimpleQueue = queue.SimpleQueue()
         self._hint: Hint | None = None
 
-    def post(self, *, payload: bytes | None = None, error: str | None = None) -> None:
-        self._mailbox.put((payload, time.perf_counter() - self._request.arrived, error))
+    def post(self, *, payload: bytes | None = None, error: str | None = None, profile: dict | None = None) -> None:
+        self._mailbox.put((payload, time.perf_counter() - self._request.arrived, error, profile))
 
     def poll(self) -> Hint | None:
         if self._hint is not None or self.error is not None:
             return self._hint
         try:
-            payload, ready_s, error = self._mailbox.get_nowait()
+            payload, ready_s, error, profile = self._mailbox.get_nowait()
         except queue.Empty:
             if time.perf_counter() > self._deadline:
                 self.error = f"sidecar timeout: no hint after {self._timeout_s:g}s; the wave is abandoned"
@@ -142,7 +145,7 @@ class Ticket:
             self.error = error
             return None
         try:
-            self._hint = Hint(render_payload(payload, self._request.fmt), len(payload), ready_s)
+            self._hint = Hint(render_payload(payload, self._request.fmt), len(payload), ready_s, profile)
         except Exception as e:
             self.error = f"sidecar gave no usable call: cannot render payload {payload[:80]!r}: {e}"
         return self._hint
