@@ -185,7 +185,7 @@ class Engine:
         stats: dict[str, Any] = {"method": method, "new_tokens": 0, "target_forwards": 0,
                                  "accepted_by_source": dict.fromkeys(SOURCES, 0), "draft_tokens": 0,
                                  "prefill_s": 0.0, "decode_s": 0.0, "hint_ready_s": None, "hint_bytes": None,
-                                 "sidecar_profile": None, "prompt_tokens": len(req.prompt_ids), "sidecar_error": None}
+                                 "sidecar_profile": None, "sidecar_declined": False, "prompt_tokens": len(req.prompt_ids), "sidecar_error": None}
         ticket = self._submit(req, method, hint_text, stats)
         lent = self._lend_cores() if ticket is not None and hint_text is None else 0
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
@@ -231,7 +231,8 @@ class Engine:
             # Draft.
             if ticket is not None and ctx.hint is None:
                 ctx.hint = self._poll(ticket, req, stats)
-                if lent and (ctx.hint or stats["sidecar_error"]):  # the wave is over: take the cores back
+                if lent and (ctx.hint or stats["sidecar_error"] or getattr(ticket, "declined", False)):
+                    # the wave is over: take the cores back
                     torch.set_num_threads(torch.get_num_threads() + lent)
                     lent = 0
                 if ctx.hint:
@@ -253,6 +254,8 @@ class Engine:
         if ticket is not None:
             if ctx.hint is None and self._poll(ticket, req, stats) is not None:
                 self._fault(stats, "sidecar hint late: it arrived after the reply was complete (reported, not used)")
+            elif getattr(ticket, "declined", False):
+                stats["sidecar_declined"] = True  # it predicted a text reply: no hint, no fault
             elif ctx.hint is None and stats["sidecar_error"] is None:
                 self._fault(stats, "sidecar hint late: not ready when the reply was complete")
             _safe(ticket.cancel)

@@ -233,7 +233,7 @@ class InTime:
     def submit(self, request):
         ticket = self.sidecar.submit(request)
         deadline = time.perf_counter() + 120
-        while ticket.poll() is None and ticket.error is None and time.perf_counter() < deadline:
+        while ticket.poll() is None and ticket.error is None and not ticket.declined and time.perf_counter() < deadline:
             time.sleep(0.002)
         return ticket
 
@@ -311,6 +311,20 @@ def test_a_faulty_sidecar_leaves_the_target_tokens_unchanged(fault, tiny_target,
         assert gen.stats["sidecar_error"].startswith(kind), gen.stats["sidecar_error"]
         assert gen.stats["accepted_by_source"]["hint"] == 0
     assert sum(kind in r.getMessage() for r in caplog.records) == 1  # logged once, in stats every time
+
+
+def test_a_sidecar_that_predicts_no_call_is_no_fault_under_auto(tiny_target, caplog):
+    model, tok = tiny_target
+    engine = Engine(model, tok, InTime(WaveSidecar(lambda prefix, rows, *a: [" null"] * len(rows))))
+    ref = greedy(engine, engine.prompt_ids(ASK, [WEATHER, TIME]), 12)
+    with caplog.at_level(logging.WARNING, logger="oospec_agents.engine"):
+        gen = engine.generate(ASK, [WEATHER, TIME], max_new_tokens=12)  # tool_choice="auto"
+    assert gen.token_ids == ref
+    assert gen.stats["sidecar_error"] is None and gen.stats["sidecar_declined"] and gen.stats["hint_ready_s"] is None
+    assert not caplog.records
+    # when a call is required, "no call" is a wrong answer, and reported as such
+    gen = engine.generate(ASK, [WEATHER, TIME], tool_choice="required", max_new_tokens=12)
+    assert gen.stats["sidecar_error"].startswith("sidecar gave no usable call") and not gen.stats["sidecar_declined"]
 
 
 def test_without_a_sidecar_oospec_is_toolspec(tiny_target):

@@ -31,6 +31,7 @@ class Hint:
 
 class HintTicket(Protocol):
     error: str | None                 # set when the sidecar failed; the target carries on without it
+    declined: bool                    # set when the sidecar predicts no call (tool_choice="auto"): no hint, no fault
 
     def poll(self) -> Hint | None:
         """The hint if it is ready, else None. Never blocks."""
@@ -55,6 +56,7 @@ class FixedHint:
 
 class _Ready:
     error = None
+    declined = False
 
     def __init__(self, hint: Hint):
         self.hint = hint

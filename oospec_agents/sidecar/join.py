@@ -17,6 +17,11 @@ class JoinError(ValueError):
     """The wave's output does not make a usable call (garbage, no call, or an unknown function)."""
 
 
+class NoCall(JoinError):
+    """The function row answered `null`: the sidecar predicts a text reply. Under tool_choice="auto"
+    that is a prediction, not a fault; there is simply no hint."""
+
+
 def join(rows: list[Row], texts: list[str], tools: list[Tool], tool_choice: tuple[str, str | None]) -> dict:
     """{"name", "arguments"}: the predicted function and its slots that are not null."""
     if not isinstance(texts, list) or len(texts) != len(rows) or not all(isinstance(t, str) for t in texts):
@@ -26,6 +31,8 @@ def join(rows: list[Row], texts: list[str], tools: list[Tool], tool_choice: tupl
     name = named if mode == "named" else by_kind.get((None, None))
     offered = {t.name: t for t in tools}
     if name is None:
+        if mode == "auto" and texts[0].strip() == "null":
+            raise NoCall("the sidecar predicts a text reply")
         raise JoinError("the sidecar predicted no call")
     if name not in offered:
         raise JoinError(f"the sidecar predicted unknown function {name!r}; offered tools: {sorted(offered)}")

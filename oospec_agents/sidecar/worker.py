@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from .base import Hint, HintRequest
-from .join import JoinError, encode_payload, join, render_payload
+from .join import JoinError, NoCall, encode_payload, join, render_payload
 from .rows import Row, expand_rows
 
 #: (prefix, rows, cancel, choices) -> one generated text per row; `Wave` is the real one
@@ -74,8 +74,12 @@ class WaveSidecar:
                 self._one_wave.release()
             if ticket.cancelled.is_set():
                 return
-            payload = encode_payload(join(rows, texts, request.tools, request.tool_choice))
-            ticket.post(payload=payload, profile=profile)
+            try:
+                call = join(rows, texts, request.tools, request.tool_choice)
+            except NoCall:
+                ticket.post(declined=True, profile=profile)
+                return
+            ticket.post(payload=encode_payload(call), profile=profile)
         except JoinError as e:
             ticket.post(error=f"sidecar gave no usable call: {e}")
         except torch.OutOfMemoryError as e:
@@ -121,6 +125,7 @@ class Ticket:
 
     def __init__(self, request: HintRequest, timeout_s: float):
         self.error: str | None = None
+        self.declined = False   # the wave finished and predicts no call: there is no hint, and no fault
         self.cancelled = threading.Event()
         self._request = request
         self._deadline = request.arrived + timeout_s
@@ -128,14 +133,15 @@ class Ticket:
         self._mailbox: queue.SimpleQueue = queue.SimpleQueue()
         self._hint: Hint | None = None
 
-    def post(self, *, payload: bytes | None = None, error: str | None = None, profile: dict | None = None) -> None:
-        self._mailbox.put((payload, time.perf_counter() - self._request.arrived, error, profile))
+    def post(self, *, payload: bytes | None = None, error: str | None = None, profile: dict | None = None,
+             declined: bool = False) -> None:
+        self._mailbox.put((payload, time.perf_counter() - self._request.arrived, error, profile, declined))
 
     def poll(self) -> Hint | None:
-        if self._hint is not None or self.error is not None:
+        if self._hint is not None or self.error is not None or self.declined:
             return self._hint
         try:
-            payload, ready_s, error, profile = self._mailbox.get_nowait()
+            payload, ready_s, error, profile, declined = self._mailbox.get_nowait()
         except queue.Empty:
             if time.perf_counter() > self._deadline:
                 self.error = f"sidecar timeout: no hint after {self._timeout_s:g}s; the wave is abandoned"
@@ -143,6 +149,9 @@ class Ticket:
             return None
         if error is not None:
             self.error = error
+            return None
+        if declined:
+            self.declined = True
             return None
         try:
             self._hint = Hint(render_payload(payload, self._request.fmt), len(payload), ready_s, profile)
