@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     p.add_argument("--sources", default=None, help="comma-separated sources (default per mode)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument("--target-adapter", default=None, help="score this target adapter (default: the embedded one)")
+    p.add_argument("--sidecar-adapter", default=None, help="score this sidecar adapter (default: the embedded one)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -51,19 +53,19 @@ def main(argv=None) -> int:
     if a.what == "target":
         from .. import models
         from .run import evaluate_adapter
-        res = evaluate_adapter("smollm2", models.EMBEDDED_TARGET_ADAPTER, recs, limit=a.limit,
+        res = evaluate_adapter("smollm2", a.target_adapter or models.EMBEDDED_TARGET_ADAPTER, recs, limit=a.limit,
                                sources=tuple(a.sources.split(",")) if a.sources else ("bfcl_simple", "bfcl_multiple"))
     elif a.what == "sidecar":
         from .. import models
         from .sidecar_train import evaluate_sidecar
         dev = torch.device("cpu")
         m, t = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev),
-                                 adapter=models.EMBEDDED_SIDECAR_ADAPTER)
+                                 adapter=a.sidecar_adapter or models.EMBEDDED_SIDECAR_ADAPTER)
         res = evaluate_sidecar(m, t, recs, sources=a.sources.split(",") if a.sources else None,
                                limit_per_source=a.limit)
     else:
         from ..engine import Engine
-        engine = Engine.from_pretrained("embedded")
+        engine = Engine.from_pretrained("embedded", adapter=a.target_adapter, sidecar_adapter=a.sidecar_adapter)
         sources = a.sources.split(",") if a.sources else ["bfcl_simple", "bfcl_multiple"]
         res = hint_share(engine, select(recs, sources, a.limit))
     text = json.dumps(res, indent=2)
