@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--sources", default=None, help="comma-separated sources (default per mode)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument("--details", action="store_true", help="target: list every record that is not exact")
     p.add_argument("--target-adapter", default=None, help="score this target adapter (default: the embedded one)")
     p.add_argument("--sidecar-adapter", default=None, help="score this sidecar adapter (default: the embedded one)")
     a = p.parse_args(argv)
@@ -54,7 +55,8 @@ def main(argv=None) -> int:
         from .. import models
         from .run import evaluate_adapter
         res = evaluate_adapter("smollm2", a.target_adapter or models.EMBEDDED_TARGET_ADAPTER, recs, limit=a.limit,
-                               sources=tuple(a.sources.split(",")) if a.sources else ("bfcl_simple", "bfcl_multiple"))
+                               sources=tuple(a.sources.split(",")) if a.sources else ("bfcl_simple", "bfcl_multiple"),
+                               details=a.details)
     elif a.what == "sidecar":
         from .. import models
         from .sidecar_train import evaluate_sidecar

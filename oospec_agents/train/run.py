@@ -95,7 +95,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
 
 
 def evaluate_adapter(base, adapter, dev_records, *, sources=("bfcl_simple", "bfcl_multiple"), limit=None,
-                     method="toolspec", progress=True, dtype=None) -> dict:
+                     method="toolspec", progress=True, dtype=None, details=False) -> dict:
     """Load base + merged adapter the way `Engine.from_pretrained` does, and score it."""
     from .. import models
     from ..engine import Engine
@@ -104,7 +104,7 @@ def evaluate_adapter(base, adapter, dev_records, *, sources=("bfcl_simple", "bfc
     model, tok = models.load_model(base, device=dev, dtype=models.resolve_dtype(dtype, dev), adapter=adapter)
     engine = Engine(model, tok, None)
     return evaluate_target(engine, select(dev_records, sources, limit), sources=sources, method=method,
-                           progress=progress)
+                           progress=progress, details=details)
 
 
 def train_sidecar(**kw) -> dict:

@@ -140,17 +140,18 @@ def _lenient_ok(call: dict, possible: dict | None) -> bool:
 
 def evaluate_target(engine, records: list[dict], *, sources=("bfcl_simple", "bfcl_multiple"),
                     method: str = "toolspec", max_new_tokens: int = 160, limit: int | None = None,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, details: bool = False) -> dict:
     """Right-tool and exact-argument rates of `engine.generate(..., tool_choice="auto")`.
 
     - right_tool: the names of the calls written equal the expected names, in order;
     - exact_args: the calls parse, validate, and equal the expected calls exactly;
     - lenient_args: as exact, but each value may be any of BFCL's acceptable values.
     `method` only changes speed: every method returns the target's greedy output.
+    `details=True` adds "misses": each record that is not exact, with what was expected and written.
     """
     from tqdm.auto import tqdm
     recs = [r for r in records if not sources or r["source"] in sources][:limit]
-    per = {}
+    per, misses = {}, []
     for rec in tqdm(recs, disable=not progress, desc="eval-target"):
         gen = engine.generate(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=max_new_tokens,
                               method=method)
@@ -167,7 +168,11 @@ def evaluate_target(engine, records: list[dict], *, sources=("bfcl_simple", "bfc
         s["right_tool"] += right
         s["exact_args"] += exact
         s["lenient_args"] += lenient
+        if details and not exact:
+            misses.append({"id": rec.get("id"), "right_tool": right, "lenient": lenient, "expected": exp,
+                           "text": gen.text})
     tot = {k: sum(s[k] for s in per.values()) for k in ("n", "right_tool", "exact_args", "lenient_args")}
     rate = lambda s: {"n": s["n"], **{k: round(s[k] / max(1, s["n"]), 4)
                                       for k in ("right_tool", "exact_args", "lenient_args")}}
-    return {"overall": rate(tot), "by_source": {k: rate(v) for k, v in sorted(per.items())}, "method": method}
+    out = {"overall": rate(tot), "by_source": {k: rate(v) for k, v in sorted(per.items())}, "method": method}
+    return out | ({"misses": misses} if details else {})
