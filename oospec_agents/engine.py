@@ -198,7 +198,7 @@ class Engine:
         sync = torch.cuda.synchronize if self._verifier.device.type == "cuda" else (lambda: None)
 
         t0 = time.perf_counter()
-        logits = self._verifier.forward(req.prompt_ids, cache, 0)[-1:]
+        logits = self._verifier.forward(req.prompt_ids, cache, 0, last_only=True)
         sync()
         stats["prefill_s"] = time.perf_counter() - t0
         stats["target_forwards"] = 1

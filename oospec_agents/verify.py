@@ -58,11 +58,16 @@ class Verifier:
         self.model = model
         self.cache_kw = _cache_kwarg(model)
         self.device = next(model.parameters()).device
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
-    def forward(self, ids: list[int], cache, past_len: int, tree: Tree | None = None) -> torch.Tensor:
-        """Logits [len(ids), vocab] for `ids` appended after `past_len` cached tokens."""
+    def forward(self, ids: list[int], cache, past_len: int, tree: Tree | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Logits [len(ids), vocab] for `ids` appended after `past_len` cached tokens ([1, vocab] with
+        `last_only`: a prompt's prefill needs only its last position's logits)."""
         inp = torch.tensor([ids], device=self.device)
         kw = {self.cache_kw: cache, "use_cache": True}
+        if last_only and self.keeps_logits:
+            kw["logits_to_keep"] = 1
         if tree is not None and not tree.is_chain:
             depth = torch.tensor(tree.depths, device=self.device)
             kw["position_ids"] = (past_len + depth)[None]
@@ -70,7 +75,8 @@ class Verifier:
         else:
             kw["position_ids"] = torch.arange(past_len, past_len + len(ids), device=self.device)[None]
         with torch.inference_mode():
-            return self.model(input_ids=inp, **kw).logits[0]
+            logits = self.model(input_ids=inp, **kw).logits[0]
+        return logits[-1:] if last_only else logits
 
     def _tree_mask(self, tree: Tree, past_len: int) -> torch.Tensor:
         n = len(tree.tokens)
