@@ -62,3 +62,22 @@ def test_dtypes():
     assert resolve_dtype(None, torch.device("cpu")) in (torch.bfloat16, torch.float32)
     with pytest.raises(ModelLoadError, match="unknown dtype 'int3'"):
         resolve_dtype("int3", torch.device("cpu"))
+
+
+def test_a_merged_adapter_does_not_copy_the_output_matrix_each_forward(tmp_path, smollm2_tokenizer):
+    """peft's merge leaves weights frozen; with a frozen lm_head, torch.matmul sends the last-position
+    slice that `logits_to_keep=1` passes through a bmm that copies the whole [hidden, vocab] weight."""
+    from peft import LoraConfig, get_peft_model
+    from oospec_agents.models import load_model
+    base = tiny_model("llama", smollm2_tokenizer)
+    base.save_pretrained(tmp_path / "base")
+    smollm2_tokenizer.save_pretrained(tmp_path / "base")
+    get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(tmp_path / "lora")
+    model, _ = load_model(str(tmp_path / "base"), device=torch.device("cpu"), dtype=torch.float32,
+                          adapter=tmp_path / "lora")
+    vocab = model.config.vocab_size
+    with torch.profiler.profile(record_shapes=True) as prof, torch.inference_mode():
+        model(input_ids=torch.arange(8)[None], logits_to_keep=1)
+    copies = [e for e in prof.events() if e.name in ("aten::bmm", "aten::copy_")
+              and any(vocab in shape for shape in e.input_shapes if isinstance(shape, list))]
+    assert not copies, [(e.name, e.input_shapes) for e in copies]
