@@ -1,35 +1,23 @@
-"""Helpers the tests share: the data path, record selection, tiny random models, greedy reference.
+"""Helpers the tests share: the data path, reading records, tiny random models, greedy reference.
 
 (A module of its own, not conftest.py: every test folder has a conftest, and `from conftest import`
 would pick whichever was imported first.)
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+
+from oospec_agents import data
+from oospec_agents.bench.records import spread  # noqa: F401  (n records round-robin over the sources)
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "toolcalls"
 
 
 def load_records(split: str = "dev") -> list[dict]:
-    with open(DATA / f"{split}.jsonl") as f:
-        return [json.loads(line) for line in f]
-
-
-def spread(records: list[dict], n: int) -> list[dict]:
-    """n records taken round-robin over the sources, in file order within each source."""
-    by_source: dict[str, list[dict]] = {}
-    for r in records:
-        by_source.setdefault(r["source"], []).append(r)
-    out, i = [], 0
-    while len(out) < n and any(i < len(v) for v in by_source.values()):
-        for recs in by_source.values():
-            if i < len(recs) and len(out) < n:
-                out.append(recs[i])
-        i += 1
-    return out
+    """The shared data's records, read by the package's own reader."""
+    return data.load_records(DATA / f"{split}.jsonl")
 
 
 def tiny_model(kind: str, tokenizer, seed: int = 0):
