@@ -110,11 +110,10 @@ def test_bfcl_reader_names_a_wrong_directory(tmp_path):
         read_bfcl(tmp_path)
 
 
-def test_data_reader_names_the_bad_record(tmp_path):
+def test_bench_reader_requires_id_and_source(tmp_path):
+    # The shared reader's own errors (missing file, bad JSON, bad fields) are tested in test_train.py.
     from oospec_agents.bench.records import load_records
     from oospec_agents.data import DataError
-    with pytest.raises(DataError, match="does not exist"):
-        load_records(tmp_path / "nope.jsonl")
     f = tmp_path / "recs.jsonl"
     f.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}], "tools": [], "expected": []}\n')
     with pytest.raises(DataError, match=r"recs.jsonl:1: malformed record, it lacks \['source'\]"):
@@ -151,13 +150,17 @@ def test_small_bench_run_writes_valid_outputs_and_is_lossless(tmp_path, capsys):
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_report_and_plot_render_from_results(tmp_path):
-    records = [{"source": "a", "runs": {"ar": _row(10, 2.0, 10), "oospec": _row(10, 0.5, 3)}}]
-    results = summarize(records, ["ar", "oospec"])
+def _describe_run(results):
     results["env"] = {"target": "t", "target_device_name": "cpu", "dtype": "bfloat16", "torch": "2",
                       "transformers": "5", "torch_threads": 2, "git_commit": None}
     results["config"] = {"n_records": 1, "data": "x.jsonl", "tool_choice": "required", "max_new_tokens": 8,
                          "tie_tolerance": 0.3, "wall_s": 1.0}
+
+
+def test_report_and_plot_render_from_results(tmp_path):
+    records = [{"source": "a", "runs": {"ar": _row(10, 2.0, 10), "oospec": _row(10, 0.5, 3)}}]
+    results = summarize(records, ["ar", "oospec"])
+    _describe_run(results)
     md = markdown(results)
     assert "| oospec | 1 | 4.00x |" in md
     assert "wave prefill s" not in md  # no sidecar profile, no wave table
@@ -174,10 +177,7 @@ def test_report_profiles_the_sidecar_wave_against_the_target_call():
     results = summarize(records, ["ar", "oospec"])
     f = results["methods"]["oospec"]
     assert f["hint_share"] == pytest.approx(0.3) and f["sidecar_wave"] == prof | {"n": 1}
-    results["env"] = {"target": "t", "target_device_name": "cpu", "dtype": "bfloat16", "torch": "2",
-                      "transformers": "5", "torch_threads": 2, "git_commit": None}
-    results["config"] = {"n_records": 1, "data": "x.jsonl", "tool_choice": "required", "max_new_tokens": 8,
-                         "tie_tolerance": 0.3, "wall_s": 1.0}
+    _describe_run(results)
     md = markdown(results)
     # waves, prefix, rows, queued, wave prefill, steps, wave decode, hint ready, target prefill, call, share
     assert "| oospec | 1 | 300 | 6.0 | 0.010 | 0.200 | 9.0 | 0.300 | 0.600 | 0.500 | 1.000 | 30% |" in md

@@ -48,20 +48,8 @@ def markdown(results: dict) -> str:
                      f"| {_f(f['decode_tok_s'], '{:.1f}')} | {_f(f['mean_accepted_tokens'])} "
                      f"| {_f(f['target_forwards'], '{:.1f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
                      f"| {_f(f['hint_bytes'], '{:.0f}')} | {_f(f['vs_oracle'], '{:.0%}')} | {_lossless(f)} |")
-    sources = results["sources"]
-    names = list(methods)
-    lines += ["", "## Decode speedup per source", "",
-              "| source | n | " + " | ".join(names) + " |",
-              "|---|---|" + "---|" * len(names)]
-    for src, figs in sources.items():
-        n = next(iter(figs.values()))["n"]
-        lines.append(f"| {src} | {n} | " + " | ".join(_f(figs[m]["speedup_decode"], suffix="x") for m in names) + " |")
-    lines += ["", "## Tokens per target forward, per source", "",
-              "| source | n | " + " | ".join(names) + " |",
-              "|---|---|" + "---|" * len(names)]
-    for src, figs in sources.items():
-        n = next(iter(figs.values()))["n"]
-        lines.append(f"| {src} | {n} | " + " | ".join(_f(figs[m]["mean_accepted_tokens"]) for m in names) + " |")
+    lines += _per_source(results, "Decode speedup per source", lambda f: _f(f["speedup_decode"], suffix="x"))
+    lines += _per_source(results, "Tokens per target forward, per source", lambda f: _f(f["mean_accepted_tokens"]))
     accepted = {m: f["accepted_by_source"] for m, f in methods.items() if f["accepted_by_source"]}
     if accepted:
         lines += ["", "## Accepted draft tokens by drafter", "", "| method | schema | retrieval | hint |",
@@ -95,6 +83,16 @@ def markdown(results: dict) -> str:
                   + ", ".join(f"{m}: {n}" for m, n in errors.items())]
     lines += ["", f"Run took {cfg['wall_s']} s (git {env.get('git_commit')}).", ""]
     return "\n".join(lines)
+
+
+def _per_source(results: dict, title: str, cell) -> list[str]:
+    """A markdown table: one row per source, one column per method, `cell(figures)` in each."""
+    names = list(results["methods"])
+    lines = ["", f"## {title}", "", "| source | n | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for src, figs in results["sources"].items():
+        n = next(iter(figs.values()))["n"]
+        lines.append(f"| {src} | {n} | " + " | ".join(cell(figs[m]) for m in names) + " |")
+    return lines
 
 
 def plot(results: dict, path: str | Path) -> None:
