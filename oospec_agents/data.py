@@ -56,4 +56,4 @@ def check_record(rec, where: str = "record") -> None:
     if not isinstance(exp, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
                                             and isinstance(c.get("arguments", {}), dict) for c in exp):
         raise DataError(f"{where}: malformed record, 'expected' must be a list of "
-                             "{\"name\": str, \"arguments\": object}")
+                        "{\"name\": str, \"arguments\": object}")

@@ -185,7 +185,8 @@ class Engine:
         stats: dict[str, Any] = {"method": method, "new_tokens": 0, "target_forwards": 0,
                                  "accepted_by_source": dict.fromkeys(SOURCES, 0), "draft_tokens": 0,
                                  "prefill_s": 0.0, "decode_s": 0.0, "hint_ready_s": None, "hint_bytes": None,
-                                 "sidecar_profile": None, "sidecar_declined": False, "prompt_tokens": len(req.prompt_ids), "sidecar_error": None}
+                                 "prompt_tokens": len(req.prompt_ids), "sidecar_error": None,
+                                 "sidecar_declined": False, "sidecar_profile": None}
         ticket = self._submit(req, method, hint_text, stats)
         lent = self._lend_cores() if ticket is not None and hint_text is None else 0
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]

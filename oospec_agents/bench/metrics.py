@@ -83,7 +83,7 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         "round_ms": 1000 * decode / rounds if (rounds := forwards - len(rows)) > 0 else None,
         "accepted_by_source": by_source or None,
         # share of all generated tokens that were accepted from the sidecar's hint
-        "hint_share": by_source.get("hint", 0) / tokens if tokens and "hint" in by_source else None,
+        "hint_share": by_source["hint"] / tokens if tokens and "hint" in by_source else None,
         # where the sidecar's waves spent their time, averaged over the records that had one
         "sidecar_wave": _mean_profile([r.get("sidecar_profile") for r in rows]),
         "sidecar_errors": sum(bool(r.get("sidecar_error")) for r in rows),

@@ -20,7 +20,7 @@ def spread(records: list[dict], limit: int | None) -> list[dict]:
         raise ValueError(f"--limit must be >= 1, got {limit}")
     by_source: dict[str, list[dict]] = {}
     for rec in records:
-        by_source.setdefault(rec.get("source", ""), []).append(rec)
+        by_source.setdefault(rec["source"], []).append(rec)
     queues = [iter(v) for v in by_source.values()]
     picked: list[dict] = []
     while len(picked) < limit:
