@@ -16,13 +16,13 @@ from oospec_agents.drafters import DraftContext, HintDrafter
 from oospec_agents.formats import HermesFormat, Llama3JsonFormat
 from oospec_agents.sidecar import HintRequest
 from oospec_agents.sidecar.join import JoinError, encode_payload, join, render_payload
-from oospec_agents.sidecar.rows import Row, expand_rows, parse_value, value_end
+from oospec_agents.sidecar.rows import SUMMARY_CHARS, Row, expand_rows, parse_value, summarize, value_end
 from oospec_agents.sidecar.wave import Wave
 from oospec_agents.sidecar.worker import WaveSidecar, load_sidecar, wave_rows
 from oospec_agents.tools import normalize_tools
 
 WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city, in a long sentence nobody needs.",
+    "name": "get_weather", "description": "Get the current weather in a city. A second sentence nobody needs.",
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string", "description": "The city"},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
@@ -44,7 +44,7 @@ def test_rows_are_exactly_the_function_row_then_one_slot_row_per_parameter():
     prefix, rows = expand_rows(normalize_messages(ASK), normalize_tools([WEATHER, TIME]),
                                {"name": "get_weather", "arguments": {"city": "Paris"}})
     assert prefix == ('<|im_start|>system\nCall one of these tools. Reply with the call as JSON.\n'
-                      '- get_weather(city: string, unit?: "celsius"|"fahrenheit")\n'
+                      '- get_weather(city: string, unit?: "celsius"|"fahrenheit"): Get the current weather in a city\n'
                       '- get_time(tz: string, hours?: array<integer>)<|im_end|>\n'
                       '<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n'
                       '<|im_start|>assistant\n')
@@ -56,7 +56,18 @@ def test_rows_are_exactly_the_function_row_then_one_slot_row_per_parameter():
         Row("slot", "get_time", "tz", '<tool_call>\n{"name": "get_time", "arguments": {"tz":', None),
         Row("slot", "get_time", "hours", '<tool_call>\n{"name": "get_time", "arguments": {"hours":', None),
     ]
-    assert "nobody needs" not in prefix  # descriptions stay out: the shared prefix is compact
+    assert "nobody needs" not in prefix  # only a description's first sentence: the shared prefix stays compact
+
+
+@pytest.mark.parametrize("description, summary", [
+    ("Calculate the area of a triangle. Uses Heron's formula.", "Calculate the area of a triangle"),
+    ("Uses v2.0 of the API. More.", "Uses v2.0 of the API"),
+    ("First line\nsecond line", "First line"),
+    ("", ""),
+    ("x" * 100, "x" * (SUMMARY_CHARS - 3) + "..."),
+])
+def test_a_tool_is_summarised_by_its_descriptions_first_sentence(description, summary):
+    assert summarize(description) == summary
 
 
 def test_rows_without_a_call_are_unlabelled_and_history_is_compact():
@@ -202,6 +213,23 @@ def test_the_function_row_picks_an_offered_name_and_rules_out_the_other_tools_ro
             assert text == tok.decode(alone)
         else:  # stopped as soon as the function row had chosen
             assert text in [tok.decode(alone[:k]) for k in range(len(alone))], text
+
+
+def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_sidecar_model):
+    """evaluate_sidecar runs the runtime's wave: a random model's function row still names an offered
+    tool or null (free decoding would write garbage), and each prediction is the wave's own."""
+    from oospec_agents.train.sidecar_train import evaluate_sidecar
+    from oospec_testing import load_records
+    recs = [r for r in load_records("dev") if r["source"] == "bfcl_multiple"][:4]
+    res = evaluate_sidecar(bpe_sidecar_model, bpe_tokenizer, recs, progress=False, details=True)
+    assert res["overall"]["n"] == 4 and res["misses"]
+    for miss in res["misses"]:
+        rec = next(r for r in recs if r["id"] == miss["id"])
+        req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
+                          ("auto", None))
+        rows, prefix, choices = wave_rows(req)
+        assert miss["function"] in [t.name for t in req.tools] + [None]
+        assert miss["function"] == parse_value(Wave(bpe_sidecar_model, bpe_tokenizer)(prefix, rows[:1], None, choices)[0])
 
 
 # ---------------------------------------------------------------- the mailbox

@@ -2,8 +2,8 @@
 
 A request with tools T1..Tn becomes one shared prefix and a short suffix per row:
 
-    prefix  = ChatML text: a compact tool list (names, types, enums; no descriptions) as the system
-              turn, the conversation, then the assistant header -- prefilled once per wave
+    prefix  = ChatML text: a compact tool list (names, types, enums, each description's first
+              sentence clipped to 80 characters) as the system turn, the conversation, then the assistant header -- prefilled once per wave
     function row   suffix '<tool_call>\\n{"name":'                                target ' "get_weather"' | ' null'
     slot rows      suffix '<tool_call>\\n{"name": "get_weather", "arguments": {"city":'
                                                                                 target ' "Paris"' | ' null'
@@ -23,6 +23,7 @@ its JSON value, whichever comes first.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..tools import Tool
 
 CALL_OPEN = '<tool_call>\n{"name":'
 MAX_CONTENT_CHARS = 400     # long tool results / system prompts are clipped: the prefix stays compact
+SUMMARY_CHARS = 80          # a tool's description: its first sentence, clipped to this many characters
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,20 @@ def render_prefix(messages: list[dict], tools: list[Tool]) -> str:
 
 
 def compact_tool(tool: Tool) -> str:
-    """`- get_weather(city: string, unit?: "c"|"f")`: names, types and enums; `?` marks optional."""
+    """`- get_weather(city: string, unit?: "c"|"f"): Get the weather`: names, types and enums (`?` marks
+    optional), then the description's first sentence. Sibling tools (`math.triangle_area_heron`,
+    `math.triangle_area_base_height`) are told apart by that sentence more than by their names."""
     required = set(tool.required)
     params = ", ".join(f"{name}{'' if name in required else '?'}: {_type(spec)}"
                        for name, spec in tool.properties.items())
-    return f"- {tool.name}({params})"
+    summary = summarize(tool.description)
+    return f"- {tool.name}({params})" + (f": {summary}" if summary else "")
+
+
+def summarize(description: str) -> str:
+    """The first sentence (or line) of a description, without its full stop, clipped to SUMMARY_CHARS."""
+    first = re.split(r"(?<=\.)\s|\n", (description or "").strip(), maxsplit=1)[0].strip().rstrip(".")
+    return first if len(first) <= SUMMARY_CHARS else first[:SUMMARY_CHARS - 3].rstrip() + "..."
 
 
 def _type(spec: Any) -> str:

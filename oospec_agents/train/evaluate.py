@@ -6,7 +6,8 @@
 
 - target: right tool / exact arguments of `Engine.from_pretrained("embedded")` with
   tool_choice="auto" on the BFCL simple and multiple records;
-- sidecar: function-index accuracy / argument exact match of the sidecar adapter's rows;
+- sidecar: function-index accuracy / argument exact match of the sidecar adapter's rows, computed by
+  the runtime's wave (the function row constrained to the offered names and null, as under "auto");
 - hint: the share of generated tokens that the sidecar's hint drafted, with method="oospec".
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--sources", default=None, help="comma-separated sources (default per mode)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="also write the JSON here")
-    p.add_argument("--details", action="store_true", help="target: list every record that is not exact")
+    p.add_argument("--details", action="store_true", help="list every record that is not exact")
     p.add_argument("--target-adapter", default=None, help="score this target adapter (default: the embedded one)")
     p.add_argument("--sidecar-adapter", default=None, help="score this sidecar adapter (default: the embedded one)")
     a = p.parse_args(argv)
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
         m, t = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev),
                                  adapter=a.sidecar_adapter or models.EMBEDDED_SIDECAR_ADAPTER)
         res = evaluate_sidecar(m, t, recs, sources=a.sources.split(",") if a.sources else None,
-                               limit_per_source=a.limit)
+                               limit_per_source=a.limit, details=a.details)
     else:
         from ..engine import Engine
         engine = Engine.from_pretrained("embedded", adapter=a.target_adapter, sidecar_adapter=a.sidecar_adapter)

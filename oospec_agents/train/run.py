@@ -40,6 +40,8 @@ def label_base(out: Path, base: str) -> None:
     cfg_path = Path(out) / "adapter_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct" if base in ("smollm2", "embedded") else base
+    if isinstance(cfg.get("target_modules"), list):  # peft writes a set in hash order: keep the file stable
+        cfg["target_modules"] = sorted(cfg["target_modules"])
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 

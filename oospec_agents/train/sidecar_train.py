@@ -1,8 +1,6 @@
 """`train_sidecar`: traces -> labelled wave rows -> packed LoRA training -> adapter + metrics.json."""
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import random
 import time
@@ -47,74 +45,53 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
 
 # --------------------------------------------------------------------------- evaluation
 
-def _greedy_value(model, cache_kw, prefix_cache, prefix_len, suffix_ids, eos, tokenizer, max_tokens=32):
-    from ..sidecar.rows import value_end
-    cache = copy.deepcopy(prefix_cache)
-    ids, out, pos = suffix_ids, [], prefix_len
-    with torch.inference_mode():
-        for _ in range(max_tokens):
-            x = torch.tensor([ids])
-            logits = model(input_ids=x, position_ids=torch.arange(pos, pos + len(ids))[None],
-                           use_cache=True, **{cache_kw: cache}).logits[0, -1]
-            pos += len(ids)
-            t = int(logits.argmax())
-            if t in eos:
-                break
-            out.append(t)
-            text = tokenizer.decode(out, skip_special_tokens=True)
-            if value_end(text) is not None:
-                break
-            ids = [t]
-    return tokenizer.decode(out, skip_special_tokens=True)
+def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_source=None, progress=True,
+                     details=False) -> dict:
+    """Function-index accuracy and argument-value exact match, computed by the runtime's own `Wave`.
 
-
-def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_source=None, progress=True) -> dict:
-    """Function-index accuracy and argument-value exact match of the wave's rows, decoded greedily.
-
-    Per record (its first expected call): the function row names a tool; the called tool's slot
-    rows each predict a value or null. `arg_exact_match` is over those slot values (a parameter the
-    call leaves out must read null); `call_exact` needs the tool and every value right.
+    Per record (its first expected call), as a request with tool_choice="auto": the function row is
+    constrained to the offered names and `null` (`worker.wave_rows`), exactly as in a request; the
+    called tool's slot rows are decoded as one batch, each predicting a value or null.
+    `arg_exact_match` is over those slot values (a parameter the call leaves out must read null);
+    `call_exact` needs the tool and every value right. `details=True` adds "misses": each record
+    with a wrong function or value, with what was expected and predicted.
     """
     from tqdm.auto import tqdm
-    from transformers import DynamicCache
     from ..chat import normalize_messages
-    from ..sidecar.rows import expand_rows, parse_value
+    from ..formats import HermesFormat
+    from ..sidecar import HintRequest
+    from ..sidecar.rows import parse_value
+    from ..sidecar.wave import Wave
+    from ..sidecar.worker import wave_rows
     from ..tools import normalize_tools
-    from ..verify import _cache_kwarg
-    cache_kw = _cache_kwarg(model)
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {tokenizer.eos_token_id}
+    wave = Wave(model, tokenizer)
     recs = select([r for r in records if len(r["expected"]) == 1], sources, limit_per_source)
     per: dict = {}
+    misses = []
     model.eval()
     for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
         call = rec["expected"][0]
-        tools = normalize_tools(rec["tools"])
-        prefix, rows = expand_rows(normalize_messages(rec["messages"]), tools, None)
-        p_ids = tokenizer.encode(prefix, add_special_tokens=False)
-        cache = DynamicCache(config=model.config)
-        with torch.inference_mode():
-            model(input_ids=torch.tensor([p_ids]), use_cache=True, **{cache_kw: cache})
-        enc = lambda s: tokenizer.encode(s, add_special_tokens=False)
-        name = parse_value(_greedy_value(model, cache_kw, cache, len(p_ids), enc(rows[0].suffix), eos, tokenizer))
+        request = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
+                              ("auto", None))
+        rows, prefix, choices = wave_rows(request)
+        name = parse_value(wave(prefix, rows[:1], None, choices)[0])
+        slots = [r for r in rows if r.tool == call["name"]]
+        values = {r.param: parse_value(text) for r, text in zip(slots, wave(prefix, slots))}
+        wrong = {k: v for k, v in values.items() if v != call["arguments"].get(k)}
         s = per.setdefault(rec["source"], {"n": 0, "function_ok": 0, "slots": 0, "slots_ok": 0, "call_exact": 0})
         s["n"] += 1
         s["function_ok"] += name == call["name"]
-        all_ok = name == call["name"]
-        for row in rows[1:]:
-            if row.tool != call["name"]:
-                continue
-            val = parse_value(_greedy_value(model, cache_kw, cache, len(p_ids), enc(row.suffix), eos, tokenizer))
-            ok = val == call["arguments"].get(row.param)
-            s["slots"] += 1
-            s["slots_ok"] += ok
-            all_ok = all_ok and ok
-        s["call_exact"] += all_ok
+        s["slots"] += len(values)
+        s["slots_ok"] += len(values) - len(wrong)
+        s["call_exact"] += name == call["name"] and not wrong
+        if details and (name != call["name"] or wrong):
+            misses.append({"id": rec.get("id"), "expected": call, "function": name, "wrong_values": wrong})
     tot = {k: sum(v[k] for v in per.values()) for k in ("n", "function_ok", "slots", "slots_ok", "call_exact")}
     rate = lambda s: {"n": s["n"], "function_index_acc": round(s["function_ok"] / max(1, s["n"]), 4),
                       "arg_exact_match": round(s["slots_ok"] / max(1, s["slots"]), 4), "slots": s["slots"],
                       "call_exact": round(s["call_exact"] / max(1, s["n"]), 4)}
-    return {"overall": rate(tot), "by_source": {k: rate(v) for k, v in sorted(per.items())}}
+    out = {"overall": rate(tot), "by_source": {k: rate(v) for k, v in sorted(per.items())}}
+    return out | ({"misses": misses} if details else {})
 
 
 def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
