@@ -3,7 +3,8 @@
 A request with tools T1..Tn becomes one shared prefix and a short suffix per row:
 
     prefix  = ChatML text: a compact tool list (names, types, enums, each description's first
-              sentence clipped to 80 characters) as the system turn, the conversation, then the assistant header -- prefilled once per wave
+              sentence clipped to 80 characters) as the system turn, the conversation, then the
+              assistant header -- prefilled once per wave
     function row   suffix '<tool_call>\\n{"name":'                                target ' "get_weather"' | ' null'
     slot rows      suffix '<tool_call>\\n{"name": "get_weather", "arguments": {"city":'
                                                                                 target ' "Paris"' | ' null'
