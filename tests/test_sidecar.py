@@ -229,7 +229,8 @@ def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_
                           ("auto", None))
         rows, prefix, choices = wave_rows(req)
         assert miss["function"] in [t.name for t in req.tools] + [None]
-        assert miss["function"] == parse_value(Wave(bpe_sidecar_model, bpe_tokenizer)(prefix, rows[:1], None, choices)[0])
+        wave = Wave(bpe_sidecar_model, bpe_tokenizer)
+        assert miss["function"] == parse_value(wave(prefix, rows[:1], None, choices)[0])
 
 
 # ---------------------------------------------------------------- the mailbox
