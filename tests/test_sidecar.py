@@ -222,15 +222,19 @@ def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_
     from oospec_testing import load_records
     recs = [r for r in load_records("dev") if r["source"] == "bfcl_multiple"][:4]
     res = evaluate_sidecar(bpe_sidecar_model, bpe_tokenizer, recs, progress=False, details=True)
-    assert res["overall"]["n"] == 4 and res["misses"]
+    assert res["overall"]["n"] == 4 and len(res["misses"]) == 4
+    assert any(miss["function"] is not None for miss in res["misses"])  # a whole offered name, spelt out
+    wave = Wave(bpe_sidecar_model, bpe_tokenizer)
     for miss in res["misses"]:
         rec = next(r for r in recs if r["id"] == miss["id"])
         req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
                           ("auto", None))
         rows, prefix, choices = wave_rows(req)
         assert miss["function"] in [t.name for t in req.tools] + [None]
-        wave = Wave(bpe_sidecar_model, bpe_tokenizer)
         assert miss["function"] == parse_value(wave(prefix, rows[:1], None, choices)[0])
+        slots = [r for r in rows if r.tool == miss["expected"]["name"]]
+        predicted = {r.param: parse_value(text) for r, text in zip(slots, wave(prefix, slots))}
+        assert miss["wrong_values"] == {k: v for k, v in predicted.items() if v != miss["expected"]["arguments"].get(k)}
 
 
 # ---------------------------------------------------------------- the mailbox
