@@ -37,6 +37,11 @@ def add_parser(sub, name):
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--init-adapter", default=None, help="start from this trained adapter (a second stage)")
+    if kind == "target":
+        p.add_argument("--trim-tools", action="store_true",
+                       help="a call example too long for --max-len keeps its called tools and as many others as fit")
+        p.add_argument("--revalue", type=int, default=0, metavar="N",
+                       help="N extra call examples per record with the values its request spells out swapped")
     if kind == "sidecar":
         p.add_argument("--max-null-rows", type=int, default=6,
                        help="at most this many null rows of uncalled tools per record (seeded sample)")
@@ -62,6 +67,7 @@ def _run(args, kind):
         common["max_null_rows"] = args.max_null_rows
     if kind == "target":
         from .run import train_target
+        common.update(trim_tools=args.trim_tools, revalue=args.revalue)
         metrics = train_target(**common)
     else:
         from .run import train_sidecar

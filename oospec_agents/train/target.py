@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 
+from .augment import revalue, string_pools, trim_tools
 from .data import TrainDataError, tool_name
 
 NO_TOOL_REPLIES = (
@@ -66,13 +67,23 @@ def _example(engine, messages, tools, answer, max_len):
 
 
 def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len: int = 1024,
-                          answer_frac: float = 0.2, no_tool_frac: float = 0.1) -> tuple[list, dict]:
+                          answer_frac: float = 0.2, no_tool_frac: float = 0.1, trim: bool = False,
+                          revalued: int = 0) -> tuple[list, dict]:
     """Examples (ids, n_target) for the target adapter, and counts per kind.
 
     `traces` are records whose "expected" holds the calls to teach (ground truth or teacher calls).
+    `trim`: a call example too long for `max_len` keeps its called tools and as many others as fit
+    (`augment.trim_tools`). `revalued`: that many extra call examples per record with the values its
+    request spells out swapped (`augment.revalue`; records with nothing to swap add none).
     """
     rng = random.Random(seed)
+    aug_rng = random.Random(f"augment-{seed}")  # its own stream: the other kinds stay as without it
     examples, counts = [], {"call": 0, "answer": 0, "answer_apibank": 0, "no_tool": 0, "too_long": 0}
+    if trim:
+        counts["call_trimmed"] = 0
+    if revalued:
+        counts["call_revalued"] = 0
+    pools = string_pools(traces) if revalued else {}
 
     def add(kind, ex):
         if ex is None:
@@ -81,9 +92,23 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
             examples.append(ex)
             counts[kind] += 1
 
+    def call_example(rec, kind):
+        ex = _example(engine, rec["messages"], rec["tools"], rec["expected"], max_len)
+        if ex is None and trim:
+            cut = trim_tools(rec, lambda r: _example(engine, r["messages"], r["tools"], r["expected"], max_len)
+                             is not None, aug_rng)
+            if cut is not None:
+                ex = _example(engine, cut["messages"], cut["tools"], cut["expected"], max_len)
+                kind = "call_trimmed" if kind == "call" else kind
+        add(kind, ex)
+
     for rec in traces:
         if rec["expected"]:
-            add("call", _example(engine, rec["messages"], rec["tools"], rec["expected"], max_len))
+            call_example(rec, "call")
+            for _ in range(revalued):
+                other = revalue(rec, pools, aug_rng)
+                if other is not None:
+                    call_example(other, "call_revalued")
         # API-Bank histories hold real text replies that follow a tool result.
         msgs = rec["messages"]
         for i, m in enumerate(msgs):

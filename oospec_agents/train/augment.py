@@ -1,0 +1,155 @@
+"""More call examples from the same training records: fewer offered tools, and re-valued requests.
+
+- `trim_tools`: a record whose prompt (every tool's JSON schema) is too long for `--max-len` keeps the
+  tools it calls and as many of the others as fit; the call itself is unchanged.
+- `revalue`: a record's argument values that the last user message spells out verbatim (numbers, and
+  strings with other values of the same argument name elsewhere in the data) are swapped, in the
+  message and in the expected call alike, so that the target learns to copy values from the request
+  rather than remember them.
+"""
+from __future__ import annotations
+
+import copy
+import random
+import re
+
+from .data import tool_name
+
+MIN_STRING = 2  # shorter strings ("a", "x") are too ambiguous to swap
+
+
+def trim_tools(rec: dict, fits, rng: random.Random) -> dict | None:
+    """`rec` with uncalled tools dropped (seeded order) until `fits(rec)`; None if even the called ones don't."""
+    called = {c["name"] for c in rec["expected"]}
+    keep = list(rec["tools"])
+    others = [t for t in keep if tool_name(t) not in called]
+    rng.shuffle(others)
+    while others:
+        drop = others.pop()
+        keep = [t for t in keep if t is not drop]
+        cand = dict(rec, tools=keep)
+        if fits(cand):
+            return cand
+    return None
+
+
+def _pattern(text: str) -> re.Pattern:
+    """`text` as a whole token: not inside a longer word or number."""
+    return re.compile(r"(?<![\w.])" + re.escape(text) + r"(?![\w]|\.\d)")
+
+
+def _spelling(v) -> str | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str) and len(v) >= MIN_STRING:
+        return v
+    return None
+
+
+def _new_number(v, rng: random.Random):
+    if isinstance(v, int):
+        digits = len(str(abs(v)))
+        lo = 0 if digits == 1 else 10 ** (digits - 1)
+        choices = [n for n in (rng.randint(lo, 10 ** digits - 1) for _ in range(8)) if n != abs(v)]
+        return None if not choices else (-choices[0] if v < 0 else choices[0])
+    decimals = len(repr(v).split(".")[1]) if "." in repr(v) and "e" not in repr(v) else 0
+    if not decimals:
+        return None
+    scale = 10 ** decimals
+    for _ in range(8):
+        n = round(rng.uniform(0, max(abs(v) * 2, 1)) * scale) / scale
+        if n != abs(v) and repr(n) == f"{n:.{decimals}f}":
+            return -n if v < 0 else n
+    return None
+
+
+def string_pools(records: list[dict]) -> dict[str, list[str]]:
+    """Every string value each argument name takes in the records' expected calls."""
+    pools: dict[str, set] = {}
+    for r in records:
+        for c in r["expected"]:
+            for k, v in _leaves(c.get("arguments") or {}):
+                if isinstance(v, str) and len(v) >= MIN_STRING:
+                    pools.setdefault(k, set()).add(v)
+    return {k: sorted(v) for k, v in pools.items()}
+
+
+def _shape(s: str) -> tuple:
+    """What a swapped-in string must share with the original: capital, digits, punctuation, words."""
+    return (s[:1].isupper(), any(ch.isdigit() for ch in s), sorted({ch for ch in s if not ch.isalnum() and ch != " "}),
+            min(len(s.split()), 3))
+
+
+def _enum_params(rec: dict) -> set[tuple[str, str]]:
+    out = set()
+    for t in rec["tools"]:
+        f = t.get("function") or t
+        for k, s in ((f.get("parameters") or {}).get("properties") or {}).items():
+            if isinstance(s, dict) and "enum" in s:
+                out.add((f.get("name"), k))
+    return out
+
+
+def revalue(rec: dict, pools: dict[str, list[str]], rng: random.Random) -> dict | None:
+    """A copy of `rec` with the values its last user message spells out swapped; None if none can be.
+
+    A value is swapped only when it appears exactly once in the last user message and nowhere else in
+    the conversation, and is not an enum member. Numbers keep their digits / decimals; strings take
+    another value of the same argument name and `_shape` from `pools`.
+    """
+    msgs = rec["messages"]
+    last = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
+    if last is None or not isinstance(msgs[last].get("content"), str):
+        return None
+    text = msgs[last]["content"]
+    elsewhere = " ".join(str(m.get("content") or "") for i, m in enumerate(msgs) if i != last)
+    enums = _enum_params(rec)
+    swaps: dict = {}  # old value -> new value
+    for call in rec["expected"]:
+        for k, v in _leaves(call.get("arguments") or {}):
+            s = _spelling(v)
+            if s is None or (call["name"], k) in enums or v in swaps:
+                continue
+            pat = _pattern(s)
+            if len(pat.findall(text)) != 1 or pat.search(elsewhere):
+                continue
+            if isinstance(v, str):
+                pool = [p for p in pools.get(k, ()) if p != v and _shape(p) == _shape(v)
+                        and not _pattern(p).search(text)]
+                new = rng.choice(pool) if pool else None
+            else:
+                new = _new_number(v, rng)
+            if new is not None and all(new != o for o in swaps.values()):
+                swaps[v] = new
+    if not swaps:
+        return None
+    for old, new in swaps.items():
+        text = _pattern(_spelling(old)).sub(lambda _m, s=_spelling(new): s, text)
+    out = copy.deepcopy(rec)
+    out["messages"][last]["content"] = text
+    for call in out["expected"]:
+        call["arguments"] = {k: _swapped(v, swaps) for k, v in (call.get("arguments") or {}).items()}
+    out["id"] = f"{rec.get('id')}#revalued"
+    return out
+
+
+def _leaves(args: dict):
+    """(name, value) of each scalar argument and each scalar element of a list argument."""
+    for k, v in args.items():
+        for x in (v if isinstance(v, list) else [v]):
+            yield k, x
+
+
+def _swapped(v, swaps):
+    if isinstance(v, list):
+        return [_swapped(x, swaps) for x in v]
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        return v
+    for old, new in swaps.items():
+        if type(v) is type(old) and v == old:
+            return new
+    return v

@@ -1,0 +1,125 @@
+"""More target call examples from the same records: trimmed tool lists and re-valued requests."""
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+from oospec_testing import DATA, tiny_model
+from oospec_agents.train.augment import revalue, string_pools, trim_tools
+from oospec_agents.train.data import load_records, select, tool_name
+
+
+def _tool(name, props, enum=None):
+    props = {k: {"type": t} for k, t in props.items()}
+    for k, values in (enum or {}).items():
+        props[k]["enum"] = values
+    return {"type": "function", "function": {"name": name, "description": f"{name} tool.",
+                                             "parameters": {"type": "object", "properties": props}}}
+
+
+BOOK = _tool("book_table", {"city": "string", "people": "integer", "budget": "number", "seating": "string",
+                            "dishes": "array"}, enum={"seating": ["indoor", "outdoor"]})
+REC = {"id": "r1", "source": "hand",
+       "messages": [{"role": "system", "content": "You help with bookings."},
+                    {"role": "user", "content": "Book a table in Paris for 4 people, outdoor, at most 62.5 euros, "
+                                                "with Ramen and Sushi. We are 4 friends in total."}],
+       "tools": [BOOK],
+       "expected": [{"name": "book_table", "arguments": {
+           "city": "Paris", "people": 4, "budget": 62.5, "seating": "outdoor", "dishes": ["Ramen", "Sushi"]}}]}
+POOLS = {"city": ["Paris", "Rome", "new york"], "dishes": ["Ramen", "Sushi", "Tacos"]}
+
+
+def test_revalue_swaps_each_spelled_out_value_in_request_and_call_alike():
+    before = copy.deepcopy(REC)
+    out = revalue(REC, POOLS, random.Random(0))
+    assert REC == before, "the input record must not change"
+    args = out["expected"][0]["arguments"]
+    text = out["messages"][-1]["content"]
+    # "Paris" -> the one pool value of the same shape (capitalised, one word); "new york" is not.
+    assert args["city"] == "Rome" and "Rome" in text and "Paris" not in text
+    # 62.5 -> another number with one decimal, spelt the same way in the request and the call.
+    assert isinstance(args["budget"], float) and args["budget"] != 62.5 and repr(args["budget"]) in text
+    # a list element is swapped like a scalar: "Ramen" -> "Tacos" in both places, "Sushi" stays
+    # (its only other same-shaped pool value, "Ramen", is already in the request).
+    assert args["dishes"] == ["Tacos", "Sushi"] and "Tacos" in text
+    # "4" appears twice in the request, so which one the call copies is unknown: left alone.
+    assert args["people"] == 4 and text.count(" 4 ") == 2
+    # an enum member is never swapped, and the system message is untouched.
+    assert args["seating"] == "outdoor" and out["messages"][0] == REC["messages"][0]
+    # everything else in the text is as it was
+    assert text.replace(repr(args["budget"]), "62.5").replace("Rome", "Paris").replace("Tacos", "Ramen") \
+        == REC["messages"][-1]["content"]
+
+
+def test_revalue_leaves_values_the_request_does_not_spell_out():
+    rec = copy.deepcopy(REC)
+    rec["messages"][-1]["content"] = "Book me something nice for the whole family."
+    assert revalue(rec, POOLS, random.Random(0)) is None
+    # a value also found in an earlier message is not swapped either (the two would disagree)
+    rec = copy.deepcopy(REC)
+    rec["messages"][0]["content"] = "The user lives in Paris. Budget 62.5 is usual. Likes Ramen."
+    out = revalue(rec, POOLS, random.Random(0))
+    assert out is None or out["expected"][0]["arguments"]["city"] == "Paris"
+
+
+def test_revalue_is_seeded():
+    a = revalue(REC, POOLS, random.Random(3))
+    assert a == revalue(REC, POOLS, random.Random(3))
+
+
+def test_string_pools_collect_values_per_argument_name():
+    recs = [REC, dict(REC, expected=[{"name": "book_table", "arguments": {"city": "Oslo", "dishes": ["Pho"]}}])]
+    pools = string_pools(recs)
+    assert pools["city"] == ["Oslo", "Paris"] and pools["dishes"] == ["Pho", "Ramen", "Sushi"]
+    assert "people" not in pools  # numbers are drawn, not pooled
+
+
+def test_trim_tools_keeps_the_called_tools_and_drops_others_until_it_fits():
+    others = [_tool(f"other_{i}", {"x": "string"}) for i in range(5)]
+    rec = dict(REC, tools=others[:2] + [BOOK] + others[2:])
+    fits = lambda r: len(r["tools"]) <= 3  # noqa: E731
+    out = trim_tools(rec, fits, random.Random(0))
+    names = [tool_name(t) for t in out["tools"]]
+    assert len(names) == 3 and "book_table" in names
+    assert names == [n for n in (tool_name(t) for t in rec["tools"]) if n in names], "order is kept"
+    assert out["expected"] == rec["expected"] and out["messages"] == rec["messages"]
+    assert trim_tools(rec, lambda r: False, random.Random(0)) is None  # not even the called tool fits
+    assert trim_tools(rec, fits, random.Random(0)) == out
+
+
+def test_target_examples_gain_trimmed_and_revalued_calls_and_keep_the_rest(smollm2_tokenizer):
+    """On real records: the flags only add call examples; each one ends with its record's call."""
+    from oospec_agents import Engine
+    from oospec_agents.train.target import build_target_examples
+    tok = smollm2_tokenizer
+    engine = Engine(tiny_model("llama", tok), tok)
+    recs = select(load_records(DATA / "train.jsonl"), None, 15)  # 15 of each source
+    plain, c0 = build_target_examples(engine, recs, max_len=900)
+    more, c1 = build_target_examples(engine, recs, max_len=900, trim=True, revalued=1)
+    assert c1["call_trimmed"] > 0 and c1["call_revalued"] > 0 and c1["too_long"] < c0["too_long"]
+    for k in ("call", "answer", "answer_apibank", "no_tool"):
+        assert c1[k] == c0[k]
+    key = lambda ex: tuple(ex[0])  # noqa: E731
+    assert {key(e) for e in plain} <= {key(e) for e in more}
+    assert len(more) == len(plain) + c1["call_trimmed"] + c1["call_revalued"]
+    assert all(len(ids) <= 900 for ids, _ in more)
+    # every new example's answer is one of the records' calls (trimmed) or a re-valued call that the
+    # example's own prompt spells out
+    calls = {engine.fmt.render_calls(r["expected"]) for r in recs if r["expected"]}
+    new = [e for e in more if key(e) not in {key(p) for p in plain}]
+    for ids, n in new:
+        answer = tok.decode(ids[-n:-1])
+        prompt = tok.decode(ids[:-n])
+        if answer in calls:
+            continue
+        call = json.loads(answer.split("<tool_call>")[1].split("</tool_call>")[0])
+        values = [v for v in call["arguments"].values() if isinstance(v, (str, int, float))]
+        assert any(str(v) in prompt for v in values), answer
+
+
+def test_cli_takes_the_augment_flags(tmp_path, capsys):
+    from oospec_agents.cli import main
+    rc = main(["train-target", "--train", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o"),
+               "--trim-tools", "--revalue", "1"])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
