@@ -123,3 +123,15 @@ def test_cli_takes_the_augment_flags(tmp_path, capsys):
     rc = main(["train-target", "--train", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o"),
                "--trim-tools", "--revalue", "1"])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_revalue_never_swaps_in_a_value_the_request_already_spells():
+    """Swaps are applied one after another: 4 -> 7 then 7 -> 3 would turn both into 3."""
+    rec = {"id": "r", "source": "hand", "tools": [_tool("f", {"a": "integer", "b": "integer"})],
+           "messages": [{"role": "user", "content": "Add 4 and 7."}],
+           "expected": [{"name": "f", "arguments": {"a": 4, "b": 7}}]}
+    outs = [revalue(rec, {}, random.Random(seed)) for seed in range(300)]
+    assert sum(o is not None for o in outs) > 250
+    for out in filter(None, outs):
+        a, b = out["expected"][0]["arguments"].values()
+        assert out["messages"][0]["content"] == f"Add {a} and {b}."

@@ -123,7 +123,9 @@ def revalue(rec: dict, pools: dict[str, list[str]], rng: random.Random) -> dict 
                 new = rng.choice(pool) if pool else None
             else:
                 new = _new_number(v, rng)
-            if new is not None and all(new != o for o in swaps.values()):
+            # the new value must not be spelt in the request already (the swaps are applied in turn)
+            if new is not None and not _pattern(_spelling(new)).search(text) \
+                    and all(new != o for o in [*swaps, *swaps.values()]):
                 swaps[v] = new
     if not swaps:
         return None
