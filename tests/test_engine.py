@@ -120,6 +120,24 @@ def test_schema_drafter_drafts_exactly_the_forced_stretches(text, forced):
     assert forced_text(_ctx(text)) == forced
 
 
+@pytest.mark.parametrize("body", ["<", "\n", " ", '"name', "12", "tr"])
+def test_schema_drafter_forces_nothing_before_a_calls_object_opens(body):
+    """A call tag followed by something that is not yet a JSON object (seen from a trained target:
+    "... within <tool_call>\n<tool_call>\n{...") has nothing forced, and must not crash the decode."""
+    assert forced_text(_ctx("Use the format within <tool_call>\n" + body)) == ""
+
+
+@pytest.mark.parametrize("reply", [
+    'return a json object within <tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>',
+    '<tool_call>\n[{"name": "get_time"}, 3, "x"]\n</tool_call>',
+    '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": 5ft 10in, "unit": ["c", {"k": [1]}]}}}}',
+    '<tool_call>\n  \n"get_time" null true {"name": "nope", "arguments": "x"}</tool_call><tool_call>',
+])
+def test_schema_drafter_survives_every_prefix_of_a_messy_reply(reply):
+    for i in range(len(reply) + 1):
+        assert isinstance(forced_text(_ctx(reply[:i])), str)
+
+
 def test_schema_drafter_drafts_both_argument_separators(smollm2_tokenizer):
     from oospec_agents.drafters import SchemaDrafter
     tok = smollm2_tokenizer

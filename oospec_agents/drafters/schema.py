@@ -162,6 +162,8 @@ def _next_forced(ctx: DraftContext, text: str) -> str:
         return ""
     if st.done:
         return fmt.call_end if fmt.call_end and not text.endswith(fmt.call_end) else ""
+    if not st.stack:  # the call's object has not opened: "<", whitespace, a stray scalar
+        return ""
     depth = len(st.stack)
     top = st.stack[-1]
     names = [t.name for t in ctx.tools]
