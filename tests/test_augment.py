@@ -5,6 +5,8 @@ import copy
 import json
 import random
 
+import pytest
+
 from oospec_testing import DATA, tiny_model
 from oospec_agents.train.augment import revalue, string_pools, trim_tools
 from oospec_agents.train.data import load_records, select, tool_name
@@ -135,3 +137,10 @@ def test_revalue_never_swaps_in_a_value_the_request_already_spells():
     for out in filter(None, outs):
         a, b = out["expected"][0]["arguments"].values()
         assert out["messages"][0]["content"] == f"Add {a} and {b}."
+
+
+def test_cli_rejects_a_negative_revalue_count(tmp_path, capsys):
+    from oospec_agents.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["train-target", "--train", str(DATA / "train.jsonl"), "--out", str(tmp_path / "o"), "--revalue", "-1"])
+    assert e.value.code == 2 and "--revalue: must be 0 or more, got -1" in capsys.readouterr().err

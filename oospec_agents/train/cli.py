@@ -8,6 +8,13 @@ from __future__ import annotations
 import argparse
 
 
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
 def add_parser(sub, name):
     kind = "target" if name == "train-target" else "sidecar"
     help_ = ("train the tool-calling LoRA of a target (hermes calls, text after results, plain text)"
@@ -40,7 +47,7 @@ def add_parser(sub, name):
     if kind == "target":
         p.add_argument("--trim-tools", action="store_true",
                        help="a call example too long for --max-len keeps its called tools and as many others as fit")
-        p.add_argument("--revalue", type=int, default=0, metavar="N",
+        p.add_argument("--revalue", type=_count, default=0, metavar="N",
                        help="N extra call examples per record with the values its request spells out swapped")
     if kind == "sidecar":
         p.add_argument("--max-null-rows", type=int, default=6,
