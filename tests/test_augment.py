@@ -80,13 +80,13 @@ def test_string_pools_collect_values_per_argument_name():
 def test_trim_tools_keeps_the_called_tools_and_drops_others_until_it_fits():
     others = [_tool(f"other_{i}", {"x": "string"}) for i in range(5)]
     rec = dict(REC, tools=others[:2] + [BOOK] + others[2:])
-    fits = lambda r: len(r["tools"]) <= 3  # noqa: E731
+    fits = lambda r: r if len(r["tools"]) <= 3 else None  # noqa: E731
     out = trim_tools(rec, fits, random.Random(0))
     names = [tool_name(t) for t in out["tools"]]
     assert len(names) == 3 and "book_table" in names
     assert names == [n for n in (tool_name(t) for t in rec["tools"]) if n in names], "order is kept"
     assert out["expected"] == rec["expected"] and out["messages"] == rec["messages"]
-    assert trim_tools(rec, lambda r: False, random.Random(0)) is None  # not even the called tool fits
+    assert trim_tools(rec, lambda r: None, random.Random(0)) is None  # not even the called tool fits
     assert trim_tools(rec, fits, random.Random(0)) == out
 
 
@@ -144,3 +144,13 @@ def test_cli_rejects_a_negative_revalue_count(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["train-target", "--train", str(DATA / "train.jsonl"), "--out", str(tmp_path / "o"), "--revalue", "-1"])
     assert e.value.code == 2 and "--revalue: must be 0 or more, got -1" in capsys.readouterr().err
+
+
+def test_revalue_swaps_a_value_wherever_the_call_repeats_it():
+    """The request spells "Alice" once; the call repeats it inside a list of objects: both change."""
+    rec = {"id": "r", "source": "hand", "tools": [_tool("share", {"user": "string", "items": "array"})],
+           "messages": [{"role": "user", "content": "Share the file with Alice."}],
+           "expected": [{"name": "share", "arguments": {"user": "Alice", "items": [{"owner": "Alice", "n": 1}]}}]}
+    out = revalue(rec, {"user": ["Alice", "Bruno"]}, random.Random(0))
+    assert out["messages"][0]["content"] == "Share the file with Bruno."
+    assert out["expected"][0]["arguments"] == {"user": "Bruno", "items": [{"owner": "Bruno", "n": 1}]}

@@ -18,8 +18,9 @@ from .data import tool_name
 MIN_STRING = 2  # shorter strings ("a", "x") are too ambiguous to swap
 
 
-def trim_tools(rec: dict, fits, rng: random.Random) -> dict | None:
-    """`rec` with uncalled tools dropped (seeded order) until `fits(rec)`; None if even the called ones don't."""
+def trim_tools(rec: dict, build, rng: random.Random):
+    """The first non-None `build(rec')`, where rec' drops more and more of `rec`'s uncalled tools (seeded
+    order); None if even the called tools alone don't build."""
     called = {c["name"] for c in rec["expected"]}
     keep = list(rec["tools"])
     others = [t for t in keep if tool_name(t) not in called]
@@ -27,9 +28,9 @@ def trim_tools(rec: dict, fits, rng: random.Random) -> dict | None:
     while others:
         drop = others.pop()
         keep = [t for t in keep if t is not drop]
-        cand = dict(rec, tools=keep)
-        if fits(cand):
-            return cand
+        built = build(dict(rec, tools=keep))
+        if built is not None:
+            return built
     return None
 
 
@@ -134,7 +135,7 @@ def revalue(rec: dict, pools: dict[str, list[str]], rng: random.Random) -> dict 
     out = copy.deepcopy(rec)
     out["messages"][last]["content"] = text
     for call in out["expected"]:
-        call["arguments"] = {k: _swapped(v, swaps) for k, v in (call.get("arguments") or {}).items()}
+        call["arguments"] = _swapped(call.get("arguments") or {}, swaps)
     out["id"] = f"{rec.get('id')}#revalued"
     return out
 
@@ -147,8 +148,12 @@ def _leaves(args: dict):
 
 
 def _swapped(v, swaps):
+    """`v` with every swapped value replaced, however deep (a value spelt once in the request is
+    the same value wherever the call repeats it)."""
     if isinstance(v, list):
         return [_swapped(x, swaps) for x in v]
+    if isinstance(v, dict):
+        return {k: _swapped(x, swaps) for k, x in v.items()}
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         return v
     for old, new in swaps.items():

@@ -71,7 +71,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
 
     `trim_tools` / `revalue`: more call examples from the same records (see `train.augment`)."""
     from ..engine import Engine
-    from .target import build_target_examples, evaluate_target
+    from .target import build_target_examples
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
     dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress)

@@ -93,13 +93,11 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
             counts[kind] += 1
 
     def call_example(rec, kind):
-        ex = _example(engine, rec["messages"], rec["tools"], rec["expected"], max_len)
+        build = lambda r: _example(engine, r["messages"], r["tools"], r["expected"], max_len)  # noqa: E731
+        ex = build(rec)
         if ex is None and trim:
-            cut = trim_tools(rec, lambda r: _example(engine, r["messages"], r["tools"], r["expected"], max_len)
-                             is not None, aug_rng)
-            if cut is not None:
-                ex = _example(engine, cut["messages"], cut["tools"], cut["expected"], max_len)
-                kind = "call_trimmed" if kind == "call" else kind
+            ex = trim_tools(rec, build, aug_rng)
+            kind = "call_trimmed" if kind == "call" and ex is not None else kind
         add(kind, ex)
 
     for rec in traces:
