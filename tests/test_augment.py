@@ -1,4 +1,4 @@
-"""More target call examples from the same records: trimmed tool lists and re-valued requests."""
+"""More target call examples from the same records: trimmed tool lists, re-valued requests, distractor tools."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from oospec_testing import DATA, tiny_model
-from oospec_agents.train.augment import revalue, string_pools, trim_tools
+from oospec_agents.train.augment import add_distractors, revalue, string_pools, trim_tools
 from oospec_agents.train.data import load_records, select, tool_name
 
 
@@ -154,3 +154,64 @@ def test_revalue_swaps_a_value_wherever_the_call_repeats_it():
     out = revalue(rec, {"user": ["Alice", "Bruno"]}, random.Random(0))
     assert out["messages"][0]["content"] == "Share the file with Bruno."
     assert out["expected"][0]["arguments"] == {"user": "Bruno", "items": [{"owner": "Bruno", "n": 1}]}
+
+
+POOL = [_tool("get_stock_price", {"ticker": "string"}), _tool("weather.forecast", {"city": "string"}),
+        _tool("bookTableOutdoor", {"city": "string"}), _tool("translate_text", {"text": "string"}),
+        _tool("book_table", {"x": "string"}), _tool("send_email", {"to": "string"}),
+        _tool("get_weather_now", {"city": "string"})]
+
+
+def test_add_distractors_inserts_unrelated_tools_and_keeps_the_call():
+    before = copy.deepcopy(REC)
+    seen = set()
+    for seed in range(50):
+        out = add_distractors(REC, POOL, random.Random(seed))
+        names = [tool_name(t) for t in out["tools"]]
+        assert REC == before, "the input record must not change"
+        assert out["expected"] == REC["expected"] and out["messages"] == REC["messages"]
+        assert 2 <= len(names) <= 4 and names.count("book_table") == 1 and len(set(names)) == len(names)
+        # "book_table" itself, and "bookTableOutdoor" (shares "book" and "table"), are never added
+        assert "bookTableOutdoor" not in names
+        seen.update(names)
+        assert add_distractors(REC, POOL, random.Random(seed)) == out, "seeded"
+    # every unrelated tool comes up; "get"/"calculate"-like verbs alone do not make two tools related
+    assert seen == {"book_table", "get_stock_price", "weather.forecast", "translate_text", "send_email",
+                    "get_weather_now"}
+
+
+def test_add_distractors_keeps_related_tools_out_and_stops_at_four():
+    rec = dict(REC, tools=[_tool("get_current_weather", {"city": "string"})],
+               expected=[{"name": "get_current_weather", "arguments": {"city": "Paris"}}])
+    for seed in range(30):
+        names = {tool_name(t) for t in add_distractors(rec, POOL, random.Random(seed))["tools"]}
+        assert not names & {"weather.forecast", "get_weather_now"}
+    full = dict(REC, tools=[BOOK] + POOL[:3])
+    assert add_distractors(full, POOL, random.Random(0)) is None
+    assert add_distractors(REC, [BOOK, POOL[2]], random.Random(0)) is None  # nothing unrelated to add
+
+
+def test_target_examples_gain_distracted_calls(smollm2_tokenizer):
+    from oospec_agents import Engine
+    from oospec_agents.train.target import build_target_examples
+    tok = smollm2_tokenizer
+    engine = Engine(tiny_model("llama", tok), tok)
+    recs = select(load_records(DATA / "train.jsonl"), None, 10)
+    plain, c0 = build_target_examples(engine, recs, max_len=900)
+    more, c1 = build_target_examples(engine, recs, max_len=900, distracted=1)
+    assert c1["call_distracted"] > 0
+    same = lambda c: {k: v for k, v in c.items() if k not in ("call_distracted", "too_long")}  # noqa: E731
+    assert same(c1) == same(c0) and c1["too_long"] >= c0["too_long"]
+    assert len(more) == len(plain) + c1["call_distracted"]
+    calls = {engine.fmt.render_calls(r["expected"]) for r in recs if r["expected"]}
+    new = [e for e in more if tuple(e[0]) not in {tuple(p[0]) for p in plain}]
+    assert len(new) == c1["call_distracted"]
+    for ids, n in new:  # the answer is the record's own call, unchanged
+        assert tok.decode(ids[-n:-1]) in calls
+
+
+def test_cli_rejects_a_negative_distract_count(tmp_path, capsys):
+    from oospec_agents.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["train-target", "--train", str(DATA / "train.jsonl"), "--out", str(tmp_path / "o"), "--distract", "-2"])
+    assert e.value.code == 2 and "--distract: must be 0 or more, got -2" in capsys.readouterr().err

@@ -6,6 +6,9 @@
   strings with other values of the same argument name elsewhere in the data) are swapped, in the
   message and in the expected call alike, so that the target learns to copy values from the request
   rather than remember them.
+- `add_distractors`: a record offered few tools gets unrelated tools from other records beside its own,
+  at seeded positions, with the call unchanged, so that the target learns to pick among several
+  (BFCL's "multiple" records offer 2-4 tools where the training data's "simple" ones offer one).
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ import re
 from .data import tool_name
 
 MIN_STRING = 2  # shorter strings ("a", "x") are too ambiguous to swap
+# verbs that start many tool names and say nothing of what a tool is about
+GENERIC_WORDS = frozenset({"get", "set", "find", "fetch", "search", "list", "create", "update", "delete", "check",
+                           "calculate", "calc", "compute", "query", "retrieve", "add", "remove", "lookup"})
 
 
 def trim_tools(rec: dict, build, rng: random.Random):
@@ -32,6 +38,42 @@ def trim_tools(rec: dict, build, rng: random.Random):
         if built is not None:
             return built
     return None
+
+
+def _name_words(name: str) -> set[str]:
+    """The topic words of a tool name (`get_current_weather`, `weather.forecast`, `getWeather`), lower-case,
+    without `GENERIC_WORDS`."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {w.lower() for w in re.split(r"[^A-Za-z0-9]+|\s", spaced) if len(w) > 2} - GENERIC_WORDS
+
+
+def add_distractors(rec: dict, pool: list[dict], rng: random.Random, *, max_tools: int = 4) -> dict | None:
+    """A copy of `rec` with 1 to `max_tools - len(tools)` tools from `pool` inserted at seeded positions;
+    None if `rec` already offers `max_tools` or no tool in `pool` is unrelated.
+
+    A tool from `pool` is unrelated when its name is not offered already and shares no topic word
+    (`_name_words`) with the name of any tool `rec` offers; otherwise the request could fit it too.
+    """
+    tools = list(rec["tools"])
+    room = max_tools - len(tools)
+    if room < 1:
+        return None
+    names = {tool_name(t) for t in tools}
+    words = set().union(*(_name_words(n) for n in names))
+    unrelated = [t for t in pool if tool_name(t) not in names and not (_name_words(tool_name(t)) & words)]
+    if not unrelated:
+        return None
+    picked, seen = [], set()
+    for t in rng.sample(unrelated, min(len(unrelated), 4 * room)):
+        if tool_name(t) not in seen:
+            seen.add(tool_name(t))
+            picked.append(t)
+    for t in picked[:rng.randint(1, room)]:
+        tools.insert(rng.randint(0, len(tools)), t)
+    out = copy.deepcopy(rec)
+    out["tools"] = copy.deepcopy(tools)
+    out["id"] = f"{rec.get('id')}#distracted"
+    return out
 
 
 def _pattern(text: str) -> re.Pattern:

@@ -49,6 +49,8 @@ def add_parser(sub, name):
                        help="a call example too long for --max-len keeps its called tools and as many others as fit")
         p.add_argument("--revalue", type=_count, default=0, metavar="N",
                        help="N extra call examples per record with the values its request spells out swapped")
+        p.add_argument("--distract", type=_count, default=0, metavar="N",
+                       help="N extra call examples per record offered fewer than 4 tools, with unrelated tools added")
     if kind == "sidecar":
         p.add_argument("--max-null-rows", type=int, default=6,
                        help="at most this many null rows of uncalled tools per record (seeded sample)")
@@ -74,7 +76,7 @@ def _run(args, kind):
         common["max_null_rows"] = args.max_null_rows
     if kind == "target":
         from .run import train_target
-        common.update(trim_tools=args.trim_tools, revalue=args.revalue)
+        common.update(trim_tools=args.trim_tools, revalue=args.revalue, distract=args.distract)
         metrics = train_target(**common)
     else:
         from .run import train_sidecar

@@ -66,10 +66,10 @@ def prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress):
 def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                  max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
                  progress=True, eval_sources=("bfcl_simple", "bfcl_multiple"), init_adapter=None,
-                 stop_after=None, trim_tools=False, revalue=0) -> dict:
+                 stop_after=None, trim_tools=False, revalue=0, distract=0) -> dict:
     """Train the tool-calling target adapter; evaluate on `dev` (tool_choice="auto").
 
-    `trim_tools` / `revalue`: more call examples from the same records (see `train.augment`)."""
+    `trim_tools` / `revalue` / `distract`: more call examples from the same records (see `train.augment`)."""
     from ..engine import Engine
     from .target import build_target_examples
     cfg = cfg or LoraConfigArgs()
@@ -77,7 +77,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
     dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress)
     engine = Engine(model, tok, None)
     examples, counts = build_target_examples(engine, traces, seed=cfg.seed, max_len=max_len, trim=trim_tools,
-                                             revalued=revalue)
+                                             revalued=revalue, distracted=distract)
     if subsample and subsample < len(examples):
         examples = random.Random(cfg.seed).sample(examples, subsample)
     t0 = time.perf_counter()
@@ -86,7 +86,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
                            log_file=out.with_name(out.name + "-train.log"))
     metrics = {"kind": "target", "base": base, "train": str(train), "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len,
-               "augment": {"trim_tools": trim_tools, "revalue": revalue},
+               "augment": {"trim_tools": trim_tools, "revalue": revalue} | ({"distract": distract} if distract else {}),
                "init_adapter": None if init_adapter is None else str(init_adapter), "config": asdict(cfg),
                "train_seconds": round(result.seconds, 1), "steps": result.steps, "resumed_from": result.resumed_from,
                "loss_curve": result.losses, "env": _env()}

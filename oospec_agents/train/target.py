@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 
-from .augment import revalue, string_pools, trim_tools
+from .augment import add_distractors, revalue, string_pools, trim_tools
 from .data import TrainDataError, tool_name
 
 NO_TOOL_REPLIES = (
@@ -68,7 +68,7 @@ def _example(engine, messages, tools, answer, max_len):
 
 def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len: int = 1024,
                           answer_frac: float = 0.2, no_tool_frac: float = 0.1, trim: bool = False,
-                          revalued: int = 0) -> tuple[list, dict]:
+                          revalued: int = 0, distracted: int = 0) -> tuple[list, dict]:
     """Examples (ids, n_target) for the target adapter, and counts per kind.
 
     `traces` are records whose "expected" holds the calls to teach (ground truth or teacher calls).
@@ -83,7 +83,10 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
         counts["call_trimmed"] = 0
     if revalued:
         counts["call_revalued"] = 0
+    if distracted:
+        counts["call_distracted"] = 0
     pools = string_pools(traces) if revalued else {}
+    tool_pool = list({tool_name(t): t for r in traces for t in r["tools"]}.values()) if distracted else []
 
     def add(kind, ex):
         if ex is None:
@@ -107,6 +110,10 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
                 other = revalue(rec, pools, aug_rng)
                 if other is not None:
                     call_example(other, "call_revalued")
+            for _ in range(distracted):
+                other = add_distractors(rec, tool_pool, aug_rng)
+                if other is not None:
+                    call_example(other, "call_distracted")
         # API-Bank histories hold real text replies that follow a tool result.
         msgs = rec["messages"]
         for i, m in enumerate(msgs):
