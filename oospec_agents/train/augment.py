@@ -44,12 +44,12 @@ def _name_words(name: str) -> set[str]:
     """The topic words of a tool name (`get_current_weather`, `weather.forecast`, `getWeather`), lower-case,
     without `GENERIC_WORDS`."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
-    return {w.lower() for w in re.split(r"[^A-Za-z0-9]+|\s", spaced) if len(w) > 2} - GENERIC_WORDS
+    return {w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if len(w) > 2} - GENERIC_WORDS
 
 
 def add_distractors(rec: dict, pool: list[dict], rng: random.Random, *, max_tools: int = 4) -> dict | None:
-    """A copy of `rec` with 1 to `max_tools - len(tools)` tools from `pool` inserted at seeded positions;
-    None if `rec` already offers `max_tools` or no tool in `pool` is unrelated.
+    """A copy of `rec` with 1 to `max_tools - len(tools)` unrelated tools from `pool` (fewer if fewer
+    exist) inserted at seeded positions; None if `rec` already offers `max_tools` or none is unrelated.
 
     A tool from `pool` is unrelated when its name is not offered already and shares no topic word
     (`_name_words`) with the name of any tool `rec` offers; otherwise the request could fit it too.
