@@ -204,7 +204,8 @@ def test_target_examples_gain_distracted_calls(smollm2_tokenizer):
     assert same(c1) == same(c0) and c1["too_long"] >= c0["too_long"]
     assert len(more) == len(plain) + c1["call_distracted"]
     calls = {engine.fmt.render_calls(r["expected"]) for r in recs if r["expected"]}
-    new = [e for e in more if tuple(e[0]) not in {tuple(p[0]) for p in plain}]
+    old = {tuple(p[0]) for p in plain}
+    new = [e for e in more if tuple(e[0]) not in old]
     assert len(new) == c1["call_distracted"]
     for ids, n in new:  # the answer is the record's own call, unchanged
         assert tok.decode(ids[-n:-1]) in calls

@@ -51,8 +51,9 @@ def add_distractors(rec: dict, pool: list[dict], rng: random.Random, *, max_tool
     """A copy of `rec` with 1 to `max_tools - len(tools)` unrelated tools from `pool` (fewer if fewer
     exist) inserted at seeded positions; None if `rec` already offers `max_tools` or none is unrelated.
 
-    A tool from `pool` is unrelated when its name is not offered already and shares no topic word
-    (`_name_words`) with the name of any tool `rec` offers; otherwise the request could fit it too.
+    `pool` holds tools with distinct names. One is unrelated when its name is not offered already and
+    shares no topic word (`_name_words`) with the name of any tool `rec` offers; otherwise the request
+    could fit it too.
     """
     tools = list(rec["tools"])
     room = max_tools - len(tools)
@@ -63,12 +64,7 @@ def add_distractors(rec: dict, pool: list[dict], rng: random.Random, *, max_tool
     unrelated = [t for t in pool if tool_name(t) not in names and not (_name_words(tool_name(t)) & words)]
     if not unrelated:
         return None
-    picked, seen = [], set()
-    for t in rng.sample(unrelated, min(len(unrelated), 4 * room)):
-        if tool_name(t) not in seen:
-            seen.add(tool_name(t))
-            picked.append(t)
-    for t in picked[:rng.randint(1, room)]:
+    for t in rng.sample(unrelated, min(len(unrelated), rng.randint(1, room))):
         tools.insert(rng.randint(0, len(tools)), t)
     out = copy.deepcopy(rec)
     out["tools"] = copy.deepcopy(tools)

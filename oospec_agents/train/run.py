@@ -86,7 +86,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
                            log_file=out.with_name(out.name + "-train.log"))
     metrics = {"kind": "target", "base": base, "train": str(train), "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len,
-               "augment": {"trim_tools": trim_tools, "revalue": revalue} | ({"distract": distract} if distract else {}),
+               "augment": {"trim_tools": trim_tools, "revalue": revalue, "distract": distract},
                "init_adapter": None if init_adapter is None else str(init_adapter), "config": asdict(cfg),
                "train_seconds": round(result.seconds, 1), "steps": result.steps, "resumed_from": result.resumed_from,
                "loss_curve": result.losses, "env": _env()}

@@ -86,6 +86,7 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
     if distracted:
         counts["call_distracted"] = 0
     pools = string_pools(traces) if revalued else {}
+    # one tool per name (the last seen), for `add_distractors`
     tool_pool = list({tool_name(t): t for r in traces for t in r["tools"]}.values()) if distracted else []
 
     def add(kind, ex):
