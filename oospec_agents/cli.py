@@ -1,4 +1,4 @@
-"""`oospec demo | bench | train-sidecar | train-target`.
+"""`oospec demo | bench | train-sidecar | train-target | average-adapters`.
 
 Each subcommand lives next to the code it drives and registers itself through `add_parser`.
 """
@@ -15,6 +15,7 @@ COMMANDS = {
     "bench": "oospec_agents.bench.cli",
     "train-sidecar": "oospec_agents.train.cli",
     "train-target": "oospec_agents.train.cli",
+    "average-adapters": "oospec_agents.train.average",
 }
 
 
