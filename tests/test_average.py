@@ -74,16 +74,20 @@ def test_adapters_with_other_alpha_or_rank_average_by_their_own_scale(tmp_path):
     a = _adapter(tmp_path / "a", 1, r=4, alpha=8)
     b = _adapter(tmp_path / "b", 2, r=2, alpha=16)
     base, ma, mb = _base().state_dict(), _merged(a), _merged(b)
-    average_adapters([a, b], tmp_path / "out", r=6)
-    got = _merged(tmp_path / "out")
-    for k in base:
-        torch.testing.assert_close(got[k], (ma[k] + mb[k]) / 2, atol=1e-5, rtol=1e-5)
+    # r=40 is wider than the 32-wide layers: the factors are padded with zeros, still exact
+    for r in (6, 40):
+        average_adapters([a, b], tmp_path / f"out{r}", r=r)
+        got = _merged(tmp_path / f"out{r}")
+        for k in base:
+            torch.testing.assert_close(got[k], (ma[k] + mb[k]) / 2, atol=1e-5, rtol=1e-5)
 
 
 def test_bad_input_names_the_problem(tmp_path):
     a = _adapter(tmp_path / "a", 1)
     with pytest.raises(TrainDataError, match="at least two"):
         average_adapters([a], tmp_path / "out")
+    with pytest.raises(TrainDataError, match="rank must be at least 1, got 0"):
+        average_adapters([a, a], tmp_path / "out", r=0)
     with pytest.raises(TrainDataError, match="nope: no such directory"):
         average_adapters([a, tmp_path / "nope"], tmp_path / "out")
     (tmp_path / "empty").mkdir()

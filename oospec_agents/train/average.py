@@ -5,8 +5,8 @@ of their weight updates often generalises better than any one of them (a "model 
 al., 2022). With LoRA the update of a layer is `scale * B @ A` (scale = lora_alpha / r), and the
 mean of products is not the product of means, so this averages the updates exactly and factors the
 mean back into rank r with an SVD: `B = U sqrt(S)`, `A = sqrt(S) V^T`, largest r singular values.
-`metrics.json` records, per input, the sha256 of its weights and, per layer, the share of the mean
-update the rank cut dropped (`svd_tail`, relative Frobenius norm: 0 means exact).
+`metrics.json` records, per input, the sha256 of its weights, and the largest and mean share of a
+layer's mean update that the rank cut dropped (`svd_tail`, relative Frobenius norm: 0 means exact).
 
     oospec average-adapters --out DIR ADAPTER_DIR ADAPTER_DIR [...]
 
@@ -75,22 +75,22 @@ def average_adapters(adapters: list, out, *, r: int | None = None) -> dict:
         if pr.keys() != pairs[0].keys():
             diff = sorted(pr.keys() ^ pairs[0].keys())
             raise TrainDataError(f"adapter {p}: adapts other layers than {paths[0]}: {diff[0].format('*')}")
-    rank = r or cfg0["r"]
+    rank = cfg0["r"] if r is None else r
     if rank < 1:
         raise TrainDataError(f"rank must be at least 1, got {rank}")
     scale_out = cfg0["lora_alpha"] / rank
     scales = [c["lora_alpha"] / c["r"] for c, _ in read]
-    weights, tail = {}, {}
+    weights, tail = {}, []
     for key in pairs[0]:
         mean = sum(s * (b.double() @ a.double()) for s, pr in zip(scales, pairs) for a, b in [pr[key]]) / len(paths)
         u, sv, vh = torch.linalg.svd(mean, full_matrices=False)
         k = min(rank, sv.numel())
-        tail[key.format("*")] = round(float(sv[k:].norm() / sv.norm().clamp_min(1e-30)), 6)
+        tail.append(float(sv[k:].norm() / sv.norm().clamp_min(1e-30)))
         root = (sv[:k] / scale_out).sqrt()
         a, b = root[:, None] * vh[:k], u[:, :k] * root
         if k < rank:  # a layer narrower than the rank: pad with zero rows / columns
             a = torch.cat([a, a.new_zeros(rank - k, a.shape[1])])
-            b = torch.cat([b, b.new_zeros(b.shape[0], rank - k)])
+            b = torch.cat([b, b.new_zeros(b.shape[0], rank - k)], dim=1)
         dtype = pairs[0][key][0].dtype
         weights[key.format("A")] = a.to(dtype).contiguous()
         weights[key.format("B")] = b.to(dtype).contiguous()
@@ -103,7 +103,7 @@ def average_adapters(adapters: list, out, *, r: int | None = None) -> dict:
         "averaged": [{"path": str(p), "sha256": hashlib.sha256((p / WEIGHTS).read_bytes()).hexdigest(),
                       "metrics": _metrics(p)} for p in paths],
         "config": {"r": rank, "lora_alpha": cfg0["lora_alpha"], "target_modules": cfg0.get("target_modules")},
-        "svd_tail": {"max": max(tail.values()), "mean": round(sum(tail.values()) / len(tail), 6)},
+        "svd_tail": {"max": round(max(tail), 6), "mean": round(sum(tail) / len(tail), 6)},
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
