@@ -1,8 +1,10 @@
 """oospec-agents: lossless out-of-order semantic speculation for LLM tool calls."""
 from .engine import Engine, Generation
+from .events import TextDelta, ToolCallDelta
+from .stats import DecodeStats
 from .errors import (ChatFormatError, ContextLengthError, DeviceError, ModelLoadError, OoOSpecError,
                      ToolSchemaError, UnknownToolError)
 
-__all__ = ["Engine", "Generation", "OoOSpecError", "ToolSchemaError", "UnknownToolError", "ChatFormatError",
+__all__ = ["Engine", "Generation", "TextDelta", "ToolCallDelta", "DecodeStats", "OoOSpecError", "ToolSchemaError", "UnknownToolError", "ChatFormatError",
            "ContextLengthError", "DeviceError", "ModelLoadError"]
 __version__ = "0.1.0"

@@ -19,6 +19,10 @@ class Tool:
     parameters: dict
     _validator: Any = field(repr=False, compare=False, default=None)
 
+    def __post_init__(self):
+        if self._validator is None:  # built by hand: check the schema and build its validator here
+            object.__setattr__(self, "_validator", _validator(self.name, self.parameters))
+
     @property
     def properties(self) -> dict:
         return self.parameters.get("properties") or {}
@@ -59,6 +63,12 @@ def _tool_from_dict(spec: Any, position: int) -> Tool:
         params = _EMPTY_PARAMS
     if not isinstance(params, dict):
         raise ToolSchemaError(f"tool {name!r}: 'parameters' must be a JSON Schema object, got {type(params).__name__}")
+    return Tool(name=name, description=str(fn.get("description") or ""), parameters=params)
+
+
+def _validator(name: str, params: Any):
+    if not isinstance(params, dict):
+        raise ToolSchemaError(f"tool {name!r}: 'parameters' must be a JSON Schema object, got {type(params).__name__}")
     validator_cls = jsonschema.validators.validator_for(params, default=jsonschema.Draft202012Validator)
     try:
         validator_cls.check_schema(params)
@@ -66,8 +76,7 @@ def _tool_from_dict(spec: Any, position: int) -> Tool:
         raise ToolSchemaError(f"tool {name!r} has an invalid JSON Schema: {e.message}") from None
     if params.get("type", "object") != "object":
         raise ToolSchemaError(f"tool {name!r}: parameters must have type 'object', got {params.get('type')!r}")
-    return Tool(name=name, description=str(fn.get("description") or ""), parameters=params,
-                _validator=validator_cls(params))
+    return validator_cls(params)
 
 
 def normalize_tools(tools: Iterable[Any] | None) -> list[Tool]:
@@ -88,7 +97,9 @@ def normalize_tools(tools: Iterable[Any] | None) -> list[Tool]:
 
 
 def resolve_tool_choice(tool_choice: Any, tools: list[Tool]) -> tuple[str, str | None]:
-    """Normalise tool_choice to (mode, name): mode is "auto", "none", "required" or "named"."""
+    """Normalise tool_choice to (mode, name): mode is "auto", "none", "required" or "named".
+
+    "required" (or "any") with a single tool offered is "named" for that tool."""
     if tool_choice is None:
         tool_choice = "auto"
     if isinstance(tool_choice, dict):
@@ -103,7 +114,8 @@ def resolve_tool_choice(tool_choice: Any, tools: list[Tool]) -> tuple[str, str |
     if tool_choice in ("required", "any"):
         if not tools:
             raise UnknownToolError(f"tool_choice={tool_choice!r} but no tools were offered")
-        return "required", None
+        # one tool on offer: requiring a call names it, so its name is forced rather than decoded
+        return ("named", tools[0].name) if len(tools) == 1 else ("required", None)
     names = [t.name for t in tools]
     if tool_choice not in names:
         raise UnknownToolError(f"tool_choice names unknown tool {tool_choice!r}; offered tools: {names}")

@@ -48,15 +48,21 @@ def build_tree(root: int, drafts: list[Draft], max_nodes: int) -> Tree:
     return t
 
 
-def _cache_kwarg(model) -> str:
+def cache_kwarg(model) -> str:
     # transformers renamed `past_key_values` to `cache`; accept both across 5.x.
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def eos_ids(model) -> set[int]:
+    """The token ids that end a reply, from the model's generation config."""
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
 
 
 class Verifier:
     def __init__(self, model):
         self.model = model
-        self.cache_kw = _cache_kwarg(model)
+        self.cache_kw = cache_kwarg(model)
         self.device = next(model.parameters()).device
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from oospec_testing import greedy
-from oospec_agents import Engine, Generation
+from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
 from oospec_agents.drafters import Draft, DraftContext, Drafter
 from oospec_agents.drafters.schema import forced_text
 from oospec_agents.errors import (ChatFormatError, ContextLengthError, DeviceError, OoOSpecError, ToolSchemaError,
@@ -65,12 +65,13 @@ def test_kv_rollback_across_rejected_drafts(tiny_engine, wrong_at, branch, monke
     assert gen.stats["target_forwards"] <= 1 + -(-39 // per_forward) + 1
 
 
-def test_stream_yields_deltas_then_the_generation(tiny_engine):
+def test_stream_yields_events_then_the_generation(tiny_engine):
     items = list(tiny_engine.stream(ASK, [WEATHER], max_new_tokens=12, method="toolspec"))
     gen = items[-1]
     assert isinstance(gen, Generation)
-    assert "".join(items[:-1]) == gen.text
-    assert all(isinstance(d, str) and d for d in items[:-1])
+    assert all(isinstance(d, (TextDelta, ToolCallDelta)) for d in items[:-1])
+    assert "".join(d.text for d in items[:-1] if isinstance(d, TextDelta)) == gen.content
+    assert all(d.text for d in items[:-1] if isinstance(d, TextDelta))
 
 
 def test_stop_strings_cut_the_reply(tiny_engine):
@@ -79,7 +80,8 @@ def test_stop_strings_cut_the_reply(tiny_engine):
     items = list(tiny_engine.stream(ASK, max_new_tokens=20, method="toolspec", stop=[stop]))
     gen = items[-1]
     assert gen.text == full.text[:full.text.index(stop)]
-    assert "".join(items[:-1]) == gen.text  # nothing streamed that the stop string later cut
+    # nothing streamed that the stop string later cut
+    assert "".join(d.text for d in items[:-1]) == gen.content == gen.text.strip()
     assert gen.token_ids == full.token_ids[:len(gen.token_ids)]
 
 

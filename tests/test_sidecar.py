@@ -381,7 +381,7 @@ def test_a_sidecar_with_another_tokenizer_crosses_as_text(tiny_target, bpe_token
         assert gen.stats["sidecar_error"] is None and gen.stats["hint_bytes"] > 10
         # where the wave's time went travels with the hint, for the benchmark's profile
         prof = gen.stats["sidecar_profile"]
-        req = engine._request(ASK, tools, "required")
+        req = engine.prepare(ASK, tools, "required")
         rows, _, _ = wave_rows(HintRequest(req.messages, req.tools, engine.fmt, req.choice))
         assert prof["rows"] == len(rows) and prof["prefix_tokens"] > 0 and 1 <= prof["steps"] <= 8
         assert 0 <= prof["queued_s"] and 0 < prof["prefill_s"] + prof["decode_s"] <= prof["wave_s"]
@@ -496,7 +496,7 @@ def test_a_real_target_is_lossless_with_hints_from_a_sidecar_with_another_tokeni
         assert gen.token_ids == ref and gen.stats["hint_bytes"] and gen.stats["sidecar_error"] is None
     # What the target is offered is the hint's text in the target's own tokens.
     r = runs20[1][0]
-    req = engine._request(r["messages"], r["tools"], "required")
+    req = engine.prepare(r["messages"], r["tools"], "required")
     ticket = InTime(side).submit(HintRequest(req.messages, req.tools, engine.fmt, req.choice))
     hint = ticket.poll().text
     ctx = DraftContext(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix, tools=req.tools,

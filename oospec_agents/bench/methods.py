@@ -46,13 +46,12 @@ class BenchContext:
 # ------------------------------------------------------------------ our engine
 
 def _engine(ctx: BenchContext, rec: dict, method: str, hint: str | None = None, margins: bool = False) -> Run:
-    ctx.engine._memory.clear()  # each record is a fresh session: no method retrieves another's output
+    ctx.engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
     gen = ctx.engine.generate(rec["messages"], rec["tools"], tool_choice=ctx.tool_choice,
                               max_new_tokens=ctx.max_new_tokens, method=method, hint=hint, record_margins=margins)
     s = gen.stats
-    return Run(gen.token_ids, gen.text, s["prefill_s"], s["decode_s"], s["target_forwards"],
-               dict(s["accepted_by_source"]), s.get("hint_ready_s"), s.get("hint_bytes"),
-               s.get("margins"), s.get("sidecar_error"), s.get("sidecar_profile"))
+    return Run(gen.token_ids, gen.text, s.prefill_s, s.decode_s, s.target_forwards, dict(s.accepted_by_source),
+               s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile)
 
 
 def ar(ctx, rec, ref=None):
@@ -102,7 +101,7 @@ def _hf(ctx: BenchContext, rec: dict, **extra) -> Run:
     finally:
         hook.remove()
     new = out[0, len(prompt):].tolist()
-    prefix = engine._request(rec["messages"], rec["tools"], ctx.tool_choice).prefix
+    prefix = engine.prepare(rec["messages"], rec["tools"], ctx.tool_choice).prefix
     return Run(new, prefix + tok.decode(new, skip_special_tokens=True), prefill, max(0.0, total - prefill),
                forwards[0])
 

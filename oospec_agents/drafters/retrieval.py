@@ -3,6 +3,9 @@ token sequences -- the prompt and output so far, earlier calls of this engine, t
 and propose what followed there."""
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
+
 from .base import Draft, DraftContext, Drafter
 
 
@@ -44,3 +47,41 @@ def _last_match(seq: list[int], key: list[int], exclude_end: bool) -> int | None
             end = start + n
             return end if end < len(seq) else None
     return None
+
+
+class CallMemory:
+    """Earlier replies that retrieval may draft from, kept per tool set and bounded.
+
+    A reply is only recalled for a request offering the same tools (names and schemas), so one
+    tenant's calls are never drafted into another tool set's replies; `size=0` turns memory off.
+    """
+
+    def __init__(self, size: int = 32, max_tool_sets: int = 64):
+        if not isinstance(size, int) or size < 0:
+            raise ValueError(f"memory_size must be an integer >= 0, got {size!r}")
+        self.size, self.max_tool_sets = size, max_tool_sets
+        self._by_tools: OrderedDict[str, list[list[int]]] = OrderedDict()
+
+    def recall(self, tools) -> list[list[int]]:
+        """A copy of the replies remembered for this tool set (most recent last)."""
+        return [list(ids) for ids in self._by_tools.get(_key(tools), [])]
+
+    def remember(self, tools, ids: list[int]) -> None:
+        if not self.size:
+            return
+        key = _key(tools)
+        replies = self._by_tools.pop(key, [])
+        replies.append(list(ids))
+        self._by_tools[key] = replies[-self.size:]
+        while len(self._by_tools) > self.max_tool_sets:  # the least recently used tool set goes
+            self._by_tools.popitem(last=False)
+
+    def clear(self) -> None:
+        self._by_tools.clear()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_tools.values())
+
+
+def _key(tools) -> str:
+    return json.dumps([t.to_openai() for t in tools], sort_keys=True, ensure_ascii=False)

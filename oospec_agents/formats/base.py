@@ -48,6 +48,15 @@ class ToolFormat(ABC):
         """
 
     @abstractmethod
+    def segments(self, text: str) -> list[tuple[str, str]]:
+        """Split text, written so far, into ("text", content) and ("call", call JSON text) pieces in
+        order; the last call may still be open. The calls are those that `parse` reads."""
+
+    @abstractmethod
+    def undecided_tail(self, text: str) -> int:
+        """How many characters at the end of `text` may still turn out to open a call."""
+
+    @abstractmethod
     def open_call_json(self, text: str) -> str | None:
         """The JSON written so far of a call that is still open at the end of `text`, else None.
 

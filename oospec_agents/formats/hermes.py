@@ -14,24 +14,34 @@ class HermesFormat(ToolFormat):
     call_sep = "\n"
 
     def parse(self, text):
-        content, calls, pos = [], [], 0
-        while True:
-            start = text.find(OPEN, pos)
-            if start < 0:
-                content.append(text[pos:])
-                break
-            content.append(text[pos:start])
-            body_start = start + len(OPEN)
-            end = text.find(CLOSE, body_start)
-            if end < 0:
-                raw = text[body_start:].strip()
+        content, calls, segs = [], [], self.segments(text)
+        for k, (kind, piece) in enumerate(segs):
+            if kind == "text":
+                content.append(piece)
+            elif k == len(segs) - 1:  # a call is last only while its closing tag is missing
+                raw = piece.strip()
                 calls.append({"name": self._read_call(raw).get("name"), "arguments": raw,
                               "error": "unterminated tool call: generation stopped inside the call "
                                        "(max_new_tokens or a stop sequence reached)"})
-                break
-            calls.append(self._read_call(text[body_start:end].strip()))
-            pos = end + len(CLOSE)
+            else:
+                calls.append(self._read_call(piece.strip()))
         return "".join(content).strip(), calls
+
+    def segments(self, text):
+        out, pos = [], 0
+        while (start := text.find(OPEN, pos)) >= 0:
+            out.append(("text", text[pos:start]))
+            body = start + len(OPEN)
+            end = text.find(CLOSE, body)
+            out.append(("call", text[body:] if end < 0 else text[body:end]))
+            if end < 0:
+                return out
+            pos = end + len(CLOSE)
+        out.append(("text", text[pos:]))
+        return out
+
+    def undecided_tail(self, text):
+        return max((n for n in range(min(len(OPEN) - 1, len(text)), 0, -1) if text.endswith(OPEN[:n])), default=0)
 
     def open_call_json(self, text):
         start = text.rfind(OPEN)

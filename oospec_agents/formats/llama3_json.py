@@ -17,28 +17,38 @@ class Llama3JsonFormat(ToolFormat):
     call_sep = "; "
 
     def parse(self, text):
-        body = text.strip()
-        if body.startswith(PYTHON_TAG):
-            body = body[len(PYTHON_TAG):].lstrip()
-        if not body.startswith("{"):
+        segs = self.segments(text)
+        if segs[0][0] == "text":
             return text.strip(), []
-        calls, pos, dec = [], 0, json.JSONDecoder()
+        calls = []
+        for _, raw in segs:
+            call = self._read_call(raw.strip())
+            if "error" in call and not raw.rstrip().endswith("}"):
+                call["error"] = ("unterminated tool call: generation stopped inside the call "
+                                 "(max_new_tokens or a stop sequence reached)")
+            calls.append(call)
+        return "", calls
+
+    def segments(self, text):
+        body = _body(text)
+        if body is None:
+            return [("text", text)]
+        out, pos, dec = [], 0, json.JSONDecoder()
         while pos < len(body):
             try:
                 _, end = dec.raw_decode(body, pos)
             except json.JSONDecodeError:
-                raw = body[pos:].strip()
-                call = self._read_call(raw)
-                if "error" in call and not raw.rstrip().endswith("}"):
-                    call["error"] = ("unterminated tool call: generation stopped inside the call "
-                                     "(max_new_tokens or a stop sequence reached)")
-                calls.append(call)
+                out.append(("call", body[pos:]))
                 break
-            calls.append(self._read_call(body[pos:end]))
+            out.append(("call", body[pos:end]))
             pos = end
             while pos < len(body) and body[pos] in "; \n\t":
                 pos += 1
-        return "", calls
+        return out
+
+    def undecided_tail(self, text):
+        # the whole reply is a call or none: until its first character decides, all of it waits
+        return len(text) if PYTHON_TAG.startswith(text.lstrip()) else 0
 
     def open_call_json(self, text):
         body = text.lstrip()
@@ -53,3 +63,11 @@ class Llama3JsonFormat(ToolFormat):
         return ("You have access to the following functions. To call a function, respond with JSON for a "
                 'function call in the format {"name": function name, "parameters": dictionary of argument '
                 "name and its value}. Do not use variables.\n\n" + tools_json_lines(tools))
+
+
+def _body(text: str) -> str | None:
+    """The calls' text of a reply that is calls (after an optional python tag), else None."""
+    body = text.lstrip()
+    if body.startswith(PYTHON_TAG):
+        body = body[len(PYTHON_TAG):].lstrip()
+    return body if body.startswith("{") else None

@@ -20,7 +20,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from ..verify import _cache_kwarg
+from ..verify import cache_kwarg, eos_ids
 from .rows import Row, parse_value, value_end
 
 JSON_STARTS = set('"{[-0123456789tfn')  # a row whose first character is none of these is garbage
@@ -32,9 +32,8 @@ class Wave:
         self.tokenizer = tokenizer
         self.max_row_tokens = max_row_tokens
         self.device = next(model.parameters()).device
-        self.cache_kw = _cache_kwarg(model)
-        eos = model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        self.cache_kw = cache_kwarg(model)
+        self.eos = eos_ids(model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
         #: where the last wave's time went: prefix_tokens, rows, prefill_s, steps (tokens per row at most), decode_s
         self.profile: dict = {}

@@ -22,12 +22,12 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field, field_validator, model_validator
 
-from oospec_agents import Engine, Generation
+from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
-from ._streaming import ContentStream, iterate_in_thread
+from ._streaming import iterate_in_thread
 
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature")
@@ -231,21 +231,15 @@ class ChatOoOSpec(BaseChatModel):
     def _chunks(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator[ChatGenerationChunk]:
         """Content deltas as the engine commits them; then each tool call; then usage and stats."""
         engine, request = self._prepare(messages, stop, kwargs)
-        content = ContentStream(engine.fmt, request["stop"] or ())
         with closing(engine.stream(**request)) as items:
             for item in items:
-                if isinstance(item, Generation):
+                if isinstance(item, TextDelta):
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=item.text))
+                elif isinstance(item, ToolCallDelta):
+                    chunk = tool_call_chunk(name=item.name, args=item.arguments, id=item.id, index=item.index)
+                    yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))
+                else:
                     gen = item
-                elif delta := content.feed(item):
-                    yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
-        if rest := content.finish(gen.content):
-            yield ChatGenerationChunk(message=AIMessageChunk(content=rest))
-        calls = [*gen.tool_calls, *gen.invalid_tool_calls]
-        for index, call in enumerate(calls):
-            args = call["arguments"]
-            args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-            chunk = tool_call_chunk(name=call["name"], args=args, id=call["id"], index=index)
-            yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))
         yield ChatGenerationChunk(message=AIMessageChunk(
             content="", usage_metadata=_usage(gen), response_metadata=_response_metadata(gen, engine.model_name),
             chunk_position="last"))

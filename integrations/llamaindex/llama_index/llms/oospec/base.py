@@ -27,10 +27,10 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
-from oospec_agents import Engine, Generation
+from oospec_agents import Engine, Generation, TextDelta
 
 from .messages import assistant_message, to_engine_messages, tool_calls_of
-from .streaming import VisibleText, iterate_in_thread
+from .streaming import iterate_in_thread
 
 # What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three.
 _CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens")
@@ -167,16 +167,14 @@ class OoOSpec(FunctionCallingLLM):
         return iterate_in_thread(self._stream(request, keep_all))
 
     def _stream(self, request: dict, keep_all: bool) -> ChatResponseGen:
-        visible = VisibleText(self._engine.fmt)
+        content = ""
         for item in self._engine.stream(**request):
             if isinstance(item, Generation):
                 final = self._response(item, keep_all)
-                yield ChatResponse(message=final.message, delta=visible.finish(item.content), raw=final.raw)
-            else:
-                delta = visible.feed(item)
-                if delta:
-                    yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=visible.text),
-                                       delta=delta)
+                yield ChatResponse(message=final.message, delta="", raw=final.raw)
+            elif isinstance(item, TextDelta):
+                content += item.text
+                yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=content), delta=item.text)
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[dict, bool]:
         """The engine's arguments for one reply, and whether to keep every tool call it makes."""

@@ -1,0 +1,205 @@
+"""What `Engine.stream` yields: typed events cut from the committed text, round by round.
+
+The target commits tokens losslessly, so every committed character is final and can be sent the
+moment it is committed. `ReplyEvents` turns the text committed so far into the events that are new:
+
+- `TextDelta`: reply content outside tool calls. A tail that may still become a call opener is held
+  back, and so is whitespace that the final content strips.
+- `ToolCallDelta`: the first event of call `index` carries its `id` and complete `name`
+  (`arguments=""`); every later one carries only a fragment of the arguments JSON text as the
+  target wrote it. Only an unfinished JSON string escape is held back (an unfinished UTF-8
+  character and a possible stop string never reach this module: the engine cuts them first).
+
+Joined, the `TextDelta`s equal `Generation.content` and the fragments of call `i` equal its
+arguments text: `json.loads` of it is `Generation.tool_calls[...]["arguments"]`, and for an invalid
+call it is the `arguments` string of its `invalid_tool_calls` entry.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Union
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str = ""
+
+
+@dataclass
+class CallSoFar:
+    """What one call's JSON text says so far."""
+    name: str | None = None         # the function name, once its string is closed
+    args_start: int | None = None   # where the arguments value begins in the call text
+    args_end: int | None = None     # where it ends, once it has ended
+    safe_end: int = 0               # how far the text may be sent (an unfinished escape waits)
+    closed: bool = False            # the call object's closing brace is written
+
+
+def read_call(raw: str, args_keys: tuple[str, ...]) -> CallSoFar:
+    """Scan the (possibly unfinished) JSON text of one call object.
+
+    A small scanner rather than a JSON parser, because the text is read while it is still being
+    written: it finds the "name" string and the span of the arguments value without needing the end.
+    """
+    out = CallSoFar(safe_end=len(raw))
+    i, n = 0, len(raw)
+    while i < n and raw[i].isspace():
+        i += 1
+    if i >= n or raw[i] != "{":
+        return out
+    # `expect` walks the top-level object: key, colon, value, (in-value | primitive), comma
+    depth, expect, key, start, i = 1, "key", None, 0, i + 1
+    while i < n:
+        c = raw[i]
+        if depth == 1 and expect == "value" and not c.isspace():
+            start = i
+            if key in args_keys and out.args_start is None:
+                out.args_start = i
+            expect = "in-value" if c in '{["' else "primitive"
+        if c == '"':
+            end = _string_end(raw, i)
+            if end < 0:  # still open: an escape cut in half waits for the rest of it
+                out.safe_end = _escape_start(raw, i)
+                return out
+            if depth == 1 and expect == "key":
+                key, expect = _loads(raw[i:end], None), "colon"
+            elif depth == 1 and expect == "in-value":
+                _value_done(out, key, raw, start, end, args_keys)
+                expect = "comma"
+            i = end
+            continue
+        if c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 1 and expect == "in-value":
+                _value_done(out, key, raw, start, i + 1, args_keys)
+                expect = "comma"
+            elif depth == 0:
+                if expect == "primitive":
+                    _value_done(out, key, raw, start, i, args_keys)
+                out.closed = True
+                return out
+        elif depth == 1:
+            if c == ":" and expect == "colon":
+                expect = "value"
+            elif expect == "primitive" and (c == "," or c.isspace()):
+                _value_done(out, key, raw, start, i, args_keys)
+                expect = "key" if c == "," else "comma"
+            elif c == "," and expect == "comma":
+                expect = "key"
+        i += 1
+    return out
+
+
+def _value_done(out: CallSoFar, key, raw: str, start: int, end: int, args_keys) -> None:
+    if key == "name" and out.name is None and raw[start] == '"':
+        out.name = _loads(raw[start:end], None)
+    elif key in args_keys and out.args_start == start:
+        out.args_end = end
+
+
+def _string_end(raw: str, i: int) -> int:
+    """Index just past the string that opens at `i`, or -1 while it is still open."""
+    j = i + 1
+    while j < len(raw):
+        if raw[j] == "\\":
+            j += 2
+        elif raw[j] == '"':
+            return j + 1
+        else:
+            j += 1
+    return -1
+
+
+def _escape_start(raw: str, i: int) -> int:
+    """Where an unfinished escape at the end of the open string starting at `i` begins (else the end)."""
+    j, n = i + 1, len(raw)
+    while j < n:
+        if raw[j] != "\\":
+            j += 1
+            continue
+        width = 6 if j + 1 < n and raw[j + 1] == "u" else 2
+        if j + width > n:
+            return j
+        j += width
+    return n
+
+
+def _loads(text: str, default):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
+
+
+class ReplyEvents:
+    """Turns the committed text of a reply into its new events, one call of `feed` per round."""
+
+    def __init__(self, fmt, call_id: Callable[[int], str]):
+        self.fmt = fmt
+        self._call_id = call_id
+        self._args_keys = tuple(dict.fromkeys((fmt.args_key, "arguments", "parameters")))
+        self.content = ""                  # content sent so far
+        self.calls: list[dict] = []        # per call: {"announced", "sent": args text sent so far}
+
+    def feed(self, text: str, final: bool = False) -> list[TextDelta | ToolCallDelta]:
+        """The events that `text` (all the reply's committed text so far) adds. With `final`, the
+        reply is over: everything left is sent, so the joins equal the final `Generation`."""
+        segments = self.fmt.segments(text)
+        held = 0 if final else self.fmt.undecided_tail(text)
+        events: list[TextDelta | ToolCallDelta] = []
+        outside, index = "", 0
+        for k, seg in enumerate(segments):
+            if seg[0] == "text":
+                outside += seg[1][:len(seg[1]) - held] if k == len(segments) - 1 else seg[1]
+                visible = outside.strip() if final else outside.lstrip().rstrip()
+                if visible.startswith(self.content) and len(visible) > len(self.content):
+                    events.append(TextDelta(visible[len(self.content):]))
+                    self.content = visible
+            else:
+                events += self._call(index, seg[1], final)
+                index += 1
+        return events
+
+    def _call(self, index: int, raw: str, final: bool) -> list[ToolCallDelta]:
+        if index == len(self.calls):
+            self.calls.append({"announced": False, "sent": "", "name": None})
+        state, so_far = self.calls[index], read_call(raw, self._args_keys)
+        args = self.arguments_text(raw, so_far, final)
+        events = []
+        if not state["announced"] and (so_far.name is not None or final):
+            state["announced"], state["name"] = True, so_far.name
+            events.append(ToolCallDelta(index, self._call_id(index), so_far.name, ""))
+        if state["announced"] and args.startswith(state["sent"]) and len(args) > len(state["sent"]):
+            events.append(ToolCallDelta(index, None, None, args[len(state["sent"]):]))
+            state["sent"] = args
+        return events
+
+    @staticmethod
+    def arguments_text(raw: str, so_far: CallSoFar, final: bool) -> str:
+        """The arguments text of one call: sendable so far, or (with `final`) what the call ends as."""
+        if so_far.args_start is None:
+            if not final:
+                return ""
+            # no arguments key: a closed call means no arguments; anything else stays raw text
+            return "{}" if so_far.closed else raw.strip()
+        end = so_far.args_end if so_far.args_end is not None else (len(raw) if final else so_far.safe_end)
+        return raw[so_far.args_start:end]
+
+    def final_arguments(self, text: str) -> list[str]:
+        """Per call, in text order, the arguments text that its fragments join to."""
+        return [self.arguments_text(seg[1], read_call(seg[1], self._args_keys), True)
+                for seg in self.fmt.segments(text) if seg[0] == "call"]
+
+
+Event = Union[TextDelta, ToolCallDelta, "Generation"]  # noqa: F821 (Generation lives in engine.py)

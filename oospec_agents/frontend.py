@@ -1,0 +1,166 @@
+"""The seam every front-end stands on: LangChain's ChatOoOSpec, LlamaIndex's OoOSpec and the server.
+
+- `ChatRequest`: one typed request, checked by the engine, instead of `**request` dicts.
+- `LazyEngine`: engine selection, loaded on first use and shared between chat-model objects.
+- `aiterate`: the sync-to-async bridge for the engine's blocking event stream.
+- `Usage`: token counts of a `Generation`, one definition for every front-end.
+- `CallsSoFar`: tool calls folded from `ToolCallDelta`s, for front-ends that show a call as it grows.
+- `join_text_parts`: how the text parts of one message become its text.
+
+Framework idioms stay in the front-ends; nothing here imports LangChain, LlamaIndex or FastAPI.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar
+
+from .engine import Engine, Event, Generation
+from .events import ToolCallDelta
+
+T = TypeVar("T")
+
+#: the text parts of one message are concatenated as they are, as OpenAI and LangChain's `.text` do
+TEXT_PART_SEPARATOR = ""
+
+
+def join_text_parts(parts: Iterable[str]) -> str:
+    return TEXT_PART_SEPARATOR.join(parts)
+
+
+@dataclass
+class ChatRequest:
+    """What a front-end asks of the engine for one reply."""
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tool_choice: Any = "auto"
+    max_new_tokens: int = 256
+    method: str = "oospec"
+    stop: list[str] | None = None
+
+    def check(self, engine: Engine) -> None:
+        """Raise the engine's own error for bad input now, before anything streams."""
+        engine.prepare(self.messages, self.tools, self.tool_choice, self.max_new_tokens, self.stop)
+
+    def stream(self, engine: Engine) -> Iterator[Event]:
+        """The engine's event stream for this request (bad input raises here, eagerly)."""
+        return engine.stream(self.messages, self.tools, tool_choice=self.tool_choice or "auto",
+                             max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop)
+
+    def generate(self, engine: Engine) -> Generation:
+        with closing(self.stream(engine)) as events:
+            return _last(events)
+
+
+def _last(events: Iterable[Event]) -> Generation:
+    gen = None
+    for gen in events:
+        pass
+    if not isinstance(gen, Generation):
+        raise RuntimeError("the engine's stream ended without a Generation")
+    return gen
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def of(cls, gen: Generation) -> "Usage":
+        cached = gen.stats.get("cached_prompt_tokens") or 0
+        return cls(gen.prompt_tokens, len(gen.token_ids), cached)
+
+
+@dataclass
+class LazyEngine:
+    """Which engine a chat model uses: a given one, or the shared engine for its models, loaded on
+    first use (constructing a chat model loads nothing)."""
+    model: str = "embedded"
+    sidecar: Any = None
+    options: dict = field(default_factory=dict)   # from_pretrained keywords: devices, dtype, ...
+    engine: Engine | None = None
+
+    def get(self, model: str | None = None) -> Engine:
+        if self.engine is not None and model in (None, self.model):
+            return self.engine
+        options = {k: v for k, v in self.options.items() if v is not None}
+        engine = Engine.shared(model or self.model, self.sidecar, **options)
+        if model in (None, self.model):
+            self.engine = engine
+        return engine
+
+
+class CallsSoFar:
+    """Tool calls as they grow: feed it every `ToolCallDelta`; read `calls` at any time."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []   # per index: {"id", "name", "arguments": JSON text so far}
+
+    def feed(self, delta: ToolCallDelta) -> dict:
+        """Fold one delta in; returns the call it belongs to."""
+        while len(self.calls) <= delta.index:
+            self.calls.append({"id": None, "name": None, "arguments": ""})
+        call = self.calls[delta.index]
+        if delta.id is not None:
+            call["id"] = delta.id
+        if delta.name is not None:
+            call["name"] = delta.name
+        call["arguments"] += delta.arguments
+        return call
+
+
+_END = object()
+
+
+async def aiterate(make_iterator: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    """Drive a blocking iterator on one worker thread and hand its items to the running event loop.
+
+    - One thread runs the whole iteration (torch's grad mode and the decode state are per thread),
+      in a copy of the caller's contextvars (callbacks and tracing see the caller's context).
+    - The iterator is made and closed on that thread, with `closing()`.
+    - When the consumer stops early, the worker stops after its current item and closes the
+      iterator; the bridge awaits the worker, so the engine is free when the consumer resumes.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stopped = threading.Event()
+
+    def put(item: Any, error: BaseException | None = None) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (item, error))
+        except RuntimeError:  # the loop is gone: nobody is listening any more
+            stopped.set()
+
+    def produce() -> None:
+        try:
+            with closing(make_iterator()) as items:
+                for item in items:
+                    if stopped.is_set():
+                        return
+                    put(item)
+        except BaseException as e:  # re-raised on the loop, in the consumer
+            put(_END, e)
+        else:
+            put(_END)
+
+    worker = loop.run_in_executor(None, contextvars.copy_context().run, produce)
+    try:
+        while True:
+            item, error = await queue.get()
+            if item is _END:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stopped.set()
+        await asyncio.shield(worker)

@@ -1,0 +1,54 @@
+"""What one decode did: forwards, accepted tokens by source, times, and the sidecar's part."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SOURCES = ("schema", "retrieval", "hint")
+
+
+@dataclass
+class DecodeStats(Mapping):
+    """Read it by attribute. It is also a read-only mapping of `to_dict()`, so `stats["method"]`
+    keeps working for code written against the dict it used to be."""
+    method: str
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0
+    accepted_by_source: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    draft_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    hint_ready_s: float | None = None
+    hint_bytes: int | None = None
+    sidecar_error: str | None = None
+    sidecar_declined: bool = False
+    sidecar_profile: dict | None = None
+    margins: list[float] | None = None   # top-2 logit margin per new token, when asked for
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(self.accepted_by_source.values())
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """New tokens per target forward."""
+        return self.new_tokens / max(1, self.target_forwards)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if out["margins"] is None:
+            del out["margins"]
+        out["accepted_tokens"] = self.accepted_tokens
+        out["mean_accepted_tokens"] = self.mean_accepted_tokens
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self):
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
