@@ -6,6 +6,8 @@ from typing import Any, Sequence
 from langchain_core.messages import (AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage,
                                      ToolMessage)
 
+from oospec_agents.frontend import join_text_parts
+
 # Blocks that repeat what `AIMessage.tool_calls` already carries (Anthropic-style `tool_use`, v1
 # `tool_call`), or reasoning that chat templates do not feed back: dropped from the text.
 _SKIPPED_BLOCKS = frozenset({"tool_use", "tool_call", "tool_call_chunk", "invalid_tool_call",
@@ -52,4 +54,4 @@ def _text(content: str | list, where: str) -> str:
             parts.append(block.get("text", ""))
         elif block.get("type") not in _SKIPPED_BLOCKS:
             raise ValueError(f"{where}: ChatOoOSpec reads text only, got a {block.get('type')!r} content block")
-    return "".join(parts)
+    return join_text_parts(parts)

@@ -1,38 +1,34 @@
 """ChatOoOSpec: a LangChain chat model whose replies and tool calls come from the oospec-agents engine."""
 from __future__ import annotations
 
-import json
 import os
-from contextlib import closing
+from contextlib import aclosing, closing
 from operator import itemgetter
-from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Literal, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
 from langchain_core.output_parsers import (JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser,
                                            PydanticToolsParser)
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
-from langchain_core.runnables.config import run_in_executor
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
+from oospec_agents import Engine, Generation, TextDelta
 from oospec_agents.errors import ToolSchemaError
+from oospec_agents.frontend import ChatRequest, LazyEngine, Usage, aiterate
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
-from ._streaming import iterate_in_thread
 
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature")
-#: speculation stats copied from `Generation.stats` into `response_metadata`
-_STATS = ("method", "target_forwards", "accepted_by_source", "hint_bytes")
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -75,6 +71,8 @@ class ChatOoOSpec(BaseChatModel):
     stop: list[str] | None = None
     engine: Engine | None = Field(default=None, exclude=True)
     """An already loaded engine, used instead of loading `model`."""
+    _engines: LazyEngine = PrivateAttr()
+    """`engine`, or the shared engine of `model` (or of a per-call `model`), loaded on first use."""
 
     @field_validator("model", "sidecar", mode="before")
     @classmethod
@@ -88,9 +86,11 @@ class ChatOoOSpec(BaseChatModel):
         return value
 
     @model_validator(mode="after")
-    def _name_the_given_engine(self) -> ChatOoOSpec:
+    def _select_engine(self) -> ChatOoOSpec:
         if self.engine is not None and "model" not in self.model_fields_set:
             self.model = self.engine.model_name
+        devices = {"target_device": self.target_device, "sidecar_device": self.sidecar_device}
+        self._engines = LazyEngine(self.model, self.sidecar, devices, self.engine)
         return self
 
     @property
@@ -129,9 +129,6 @@ class ChatOoOSpec(BaseChatModel):
         checked = [tool for spec in formatted for tool in normalize_tools([spec])]
         if tool_choice is not None:
             mode, name = resolve_tool_choice(tool_choice, checked)
-            if mode == "required" and len(checked) == 1:
-                # "call some tool" with one tool offered means that tool: prefill its name too
-                mode, name = "named", checked[0].name
             kwargs["tool_choice"] = name if mode == "named" else mode
         return super().bind(tools=formatted, **kwargs)
 
@@ -175,6 +172,8 @@ class ChatOoOSpec(BaseChatModel):
         return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
 
     # ------------------------------------------------------------------ generation
+    # One code path, as in langchain-ollama: `_stream` maps the engine's events to chunks, and
+    # `_generate` is the sum of that stream.
 
     def _generate(
         self,
@@ -183,17 +182,7 @@ class ChatOoOSpec(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        engine, request = self._prepare(messages, stop, kwargs)
-        gen = engine.generate(**request)
-        message = AIMessage(
-            content=gen.content,
-            tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"]) for c in gen.tool_calls],
-            invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=c["error"])
-                                for c in gen.invalid_tool_calls],
-            usage_metadata=_usage(gen),
-            response_metadata=_response_metadata(gen, engine.model_name),
-        )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        return _result(self._stream(messages, stop, run_manager, **kwargs))
 
     async def _agenerate(
         self,
@@ -202,7 +191,7 @@ class ChatOoOSpec(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await run_in_executor(None, self._generate, messages, stop, None, **kwargs)
+        return _result([chunk async for chunk in self._astream(messages, stop, run_manager, **kwargs)])
 
     def _stream(
         self,
@@ -211,10 +200,12 @@ class ChatOoOSpec(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        for chunk in self._chunks(messages, stop, kwargs):
-            if run_manager:
-                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        # closing(): a consumer that stops early releases the engine now, not when garbage is collected
+        with closing(self._chunks(messages, stop, kwargs)) as chunks:
+            for chunk in chunks:
+                if run_manager:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
 
     async def _astream(
         self,
@@ -223,49 +214,76 @@ class ChatOoOSpec(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for chunk in iterate_in_thread(lambda: self._chunks(messages, stop, kwargs)):
-            if run_manager:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        # The engine (its loading included) runs on aiterate's worker thread, off the event loop.
+        async with aclosing(aiterate(lambda: self._chunks(messages, stop, kwargs))) as chunks:
+            async for chunk in chunks:
+                if run_manager:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
 
     def _chunks(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator[ChatGenerationChunk]:
-        """Content deltas as the engine commits them; then each tool call; then usage and stats."""
-        engine, request = self._prepare(messages, stop, kwargs)
-        with closing(engine.stream(**request)) as items:
-            for item in items:
-                if isinstance(item, TextDelta):
-                    yield ChatGenerationChunk(message=AIMessageChunk(content=item.text))
-                elif isinstance(item, ToolCallDelta):
-                    chunk = tool_call_chunk(name=item.name, args=item.arguments, id=item.id, index=item.index)
-                    yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))
+        """One chunk per engine event, as the engine commits it: text, a call's name, its argument
+        fragments; the last chunk carries usage and stats."""
+        engine, request = self._request(messages, stop, kwargs)
+        with closing(request.stream(engine)) as events:
+            for event in events:
+                if isinstance(event, TextDelta):
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+                elif isinstance(event, Generation):
+                    yield _last_chunk(event, engine.model_name)
                 else:
-                    gen = item
-        yield ChatGenerationChunk(message=AIMessageChunk(
-            content="", usage_metadata=_usage(gen), response_metadata=_response_metadata(gen, engine.model_name),
-            chunk_position="last"))
+                    call = tool_call_chunk(name=event.name, args=event.arguments, id=event.id, index=event.index)
+                    yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call]))
 
-    def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, dict]:
-        """The engine for this call and the arguments of its `generate`/`stream`."""
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, ChatRequest]:
+        """The engine for this call and what to ask of it."""
         unknown = sorted(set(kwargs) - set(_CALL_KWARGS))
         if unknown:
             raise TypeError(f"ChatOoOSpec got unsupported call arguments {unknown}; supported: {list(_CALL_KWARGS)}")
         _check_temperature(kwargs.get("temperature"))
-        request = {
-            "messages": to_openai_messages(messages),
-            "tools": kwargs.get("tools"),
-            "tool_choice": kwargs.get("tool_choice") or "auto",
-            "max_new_tokens": kwargs.get("max_tokens", self.max_tokens),
-            "method": kwargs.get("method", self.method),
-            "stop": self.stop if stop is None else stop,
-        }
-        return self._engine(kwargs.get("model")), request
+        request = ChatRequest(
+            messages=to_openai_messages(messages),
+            tools=kwargs.get("tools"),
+            tool_choice=kwargs.get("tool_choice") or "auto",
+            max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
+            method=kwargs.get("method", self.method),
+            stop=self.stop if stop is None else stop,
+        )
+        return self._engines.get(kwargs.get("model")), request
 
-    def _engine(self, model: str | None) -> Engine:
-        if self.engine is not None and model in (None, self.model):
-            return self.engine
-        devices = {k: v for k, v in (("target_device", self.target_device), ("sidecar_device", self.sidecar_device))
-                   if v is not None}
-        return Engine.shared(model or self.model, self.sidecar, **devices)
+
+class _LastChunk(ChatGenerationChunk):
+    """A reply's last chunk. It keeps the engine's `Generation` for `_result`: the aggregate of the
+    chunks cannot tell a call that failed its schema from a valid one, the engine's verdict can."""
+
+    _generation: Generation = PrivateAttr()
+
+
+def _last_chunk(gen: Generation, model_name: str) -> _LastChunk:
+    chunk = _LastChunk(message=AIMessageChunk(content="", usage_metadata=_usage_metadata(Usage.of(gen)),
+                                              response_metadata=_response_metadata(gen, model_name),
+                                              chunk_position="last"))
+    chunk._generation = gen
+    return chunk
+
+
+def _result(chunks: Iterable[ChatGenerationChunk]) -> ChatResult:
+    """The reply as `invoke` returns it: the sum of its stream, with the calls the engine validated."""
+    full = last = None
+    for last in chunks:
+        full = last if full is None else full + last
+    if not isinstance(last, _LastChunk):
+        raise RuntimeError(f"ChatOoOSpec's stream ended without its last chunk; it ended with {last!r}")
+    gen = last._generation
+    message = AIMessage(
+        content=full.message.content,
+        tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"]) for c in gen.tool_calls],
+        invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=c["error"])
+                            for c in gen.invalid_tool_calls],
+        usage_metadata=full.message.usage_metadata,
+        response_metadata=full.message.response_metadata,
+    )
+    return ChatResult(generations=[ChatGeneration(message=message)])
 
 
 def _check_temperature(value: Any) -> None:
@@ -291,10 +309,16 @@ def _reject_invalid_call(message: AIMessage) -> AIMessage:
     return message
 
 
-def _usage(gen: Generation) -> dict:
-    output = len(gen.token_ids)
-    return {"input_tokens": gen.prompt_tokens, "output_tokens": output, "total_tokens": gen.prompt_tokens + output}
+def _usage_metadata(usage: Usage) -> UsageMetadata:
+    out = UsageMetadata(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
+                        total_tokens=usage.total_tokens)
+    if usage.cached_prompt_tokens:
+        out["input_token_details"] = {"cache_read": usage.cached_prompt_tokens}
+    return out
 
 
 def _response_metadata(gen: Generation, model_name: str) -> dict:
-    return {"model_name": model_name, "finish_reason": gen.finish_reason, **{k: gen.stats.get(k) for k in _STATS}}
+    stats = gen.stats
+    return {"model_name": model_name, "finish_reason": gen.finish_reason, "method": stats.method,
+            "target_forwards": stats.target_forwards, "accepted_by_source": stats.accepted_by_source,
+            "hint_bytes": stats.hint_bytes}

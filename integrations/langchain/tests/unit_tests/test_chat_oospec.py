@@ -1,7 +1,9 @@
 """ChatOoOSpec's own behaviour, on the ScriptedEngine test double (see conftest.py): no model loads."""
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from typing import TypedDict
 
 import pytest
@@ -11,10 +13,10 @@ from pydantic import BaseModel, Field
 
 from langchain_oospec import ChatOoOSpec
 from langchain_oospec._messages import to_openai_messages
-from langchain_oospec._streaming import ContentStream
+from langchain_oospec.chat_models import _usage_metadata
 from oospec_agents import Engine
 from oospec_agents.errors import ToolSchemaError, UnknownToolError
-from oospec_agents.formats import HermesFormat
+from oospec_agents.frontend import Usage
 
 
 @tool
@@ -84,7 +86,7 @@ def test_same_models_share_one_engine(monkeypatch, scripted):
     first.invoke("hi")
     second.invoke("hi")
     assert loads == [(("embedded", None), {})]
-    assert first._engine(None) is second._engine(None)
+    assert first._engines.get() is second._engines.get()
 
 
 def test_given_engine_names_the_model(scripted):
@@ -206,6 +208,12 @@ def test_invoke_returns_calls_with_ids_usage_and_stats(scripted):
     assert request["messages"] == [{"role": "user", "content": "Weather in Paris?"}]
 
 
+def test_cached_prompt_tokens_are_reported_as_cache_reads():
+    assert _usage_metadata(Usage(prompt_tokens=11, completion_tokens=3, cached_prompt_tokens=8)) == {
+        "input_tokens": 11, "output_tokens": 3, "total_tokens": 14, "input_token_details": {"cache_read": 8}}
+    assert "input_token_details" not in _usage_metadata(Usage(prompt_tokens=11, completion_tokens=3))
+
+
 def test_a_call_that_fails_its_schema_goes_to_invalid_tool_calls(scripted):
     reply = '<tool_call>\n{"name": "add", "arguments": {"a": "one", "b": 2}}\n</tool_call>'
     message = ChatOoOSpec(engine=scripted(reply)).bind_tools([add]).invoke("1+2?")
@@ -227,20 +235,37 @@ def test_call_arguments_and_settings_reach_the_engine(scripted):
 # ---------------------------------------------------------------- streaming
 
 
-def test_stream_yields_content_deltas_then_calls_then_usage(scripted):
+def test_stream_yields_content_deltas_then_the_call_name_then_argument_fragments_then_usage(scripted):
     bound = ChatOoOSpec(engine=scripted("Checking the weather." + WEATHER_CALL)).bind_tools([get_current_weather])
     chunks = list(bound.stream("Weather in Paris?"))
     texts = [c.content for c in chunks if c.content]
     assert len(texts) > 1 and "".join(texts) == "Checking the weather."
     assert not any("<tool" in t for t in texts)
-    (call_chunk,) = [c for c in chunks if c.tool_call_chunks]
-    assert call_chunk.tool_call_chunks[0]["index"] == 0
-    assert call_chunk.tool_call_chunks[0]["name"] == "get_current_weather"
+    kinds = ["text" if c.content else "call" if c.tool_call_chunks else "last" for c in chunks]
+    assert kinds == sorted(kinds, key=["text", "call", "last"].index), f"out of order: {kinds}"
+    (name, *fragments) = [c.tool_call_chunks for c in chunks if c.tool_call_chunks]
+    # the name (with the call's id) comes first, on its own; then only argument text
+    assert name == [{"name": "get_current_weather", "args": "", "id": "call_scripted_0", "index": 0,
+                     "type": "tool_call_chunk"}]
+    assert len(fragments) > 1, "the arguments should arrive in several fragments"
+    assert all(len(f) == 1 and (f[0]["name"], f[0]["id"], f[0]["index"]) == (None, None, 0) for f in fragments)
+    assert json.loads("".join(f[0]["args"] for f in fragments)) == {"location": "Paris"}
     last = chunks[-1]
     assert last.chunk_position == "last"
     assert last.usage_metadata["input_tokens"] == 11
     assert last.response_metadata["model_name"] == "scripted-test-double"
     assert sum(1 for c in chunks if c.usage_metadata) == 1
+
+
+def test_summed_call_chunks_equal_the_invoked_tool_calls(scripted):
+    reply = '<tool_call>\n{"name": "add", "arguments": {"a": 19, "b": 23}}\n</tool_call>'
+    model = ChatOoOSpec(engine=scripted(reply, reply)).bind_tools([get_current_weather, add])
+    invoked = model.invoke("19+23?")
+    call_chunks = [c for c in model.stream("19+23?") if c.tool_call_chunks]
+    assert len(call_chunks) >= 2
+    summed = functools.reduce(operator.add, call_chunks)
+    assert summed.tool_calls == invoked.tool_calls == [
+        {"name": "add", "args": {"a": 19, "b": 23}, "id": "call_scripted_0", "type": "tool_call"}]
 
 
 def test_streamed_call_reassembles_to_the_invoked_call(scripted):
@@ -280,21 +305,6 @@ async def test_astream_stopped_early_releases_the_stream(scripted):
 def test_stream_errors_surface(scripted):
     with pytest.raises(ValueError, match="temperature"):
         list(ChatOoOSpec(engine=scripted("x")).stream("hi", temperature=1.0))
-
-
-def test_content_stream_holds_back_what_may_become_a_call_or_a_stop():
-    stream = ContentStream(HermesFormat(), stop=["you"])
-    assert stream.feed("Thank ") == "Thank"   # trailing space waits: the final content is stripped
-    assert stream.feed("yo") == ""            # could be the stop string "you"
-    assert stream.finish("Thank") == ""       # it was: the engine cut the reply there
-    stream = ContentStream(HermesFormat(), stop=["you"])
-    assert stream.feed("Thank yo") == "Thank"
-    assert stream.feed("ur") == " your"       # it was not
-    stream = ContentStream(HermesFormat(), stop=[])
-    assert stream.feed("See <tool") == "See"  # could be a call opening
-    assert stream.feed("_call>\n{") == ""     # it is
-    assert stream.feed('"name": "x", "arguments": {}}\n</tool_call> after') == "  after"
-    assert stream.finish("See  after") == ""
 
 
 # ---------------------------------------------------------------- structured output
