@@ -12,10 +12,11 @@ from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
+from oospec_agents import Engine
+from oospec_agents.frontend import aiterate
 from pydantic import BaseModel, ValidationError
 
 from llama_index.llms.oospec import OoOSpec
-from llama_index.llms.oospec.streaming import iterate_in_thread
 
 
 def multiply(a: int, b: int) -> int:
@@ -31,6 +32,7 @@ def add(a: int, b: int) -> int:
 TOOLS = [FunctionTool.from_defaults(multiply), FunctionTool.from_defaults(add)]
 CALL = ("multiply", {"a": 6, "b": 7})
 TWO_CALLS = [CALL, ("add", {"a": 1, "b": 2})]
+OPENAI_TOOLS = [t.metadata.to_openai_tool() for t in TOOLS]
 USER = [ChatMessage(role="user", content="What is 6 times 7?")]
 
 
@@ -58,13 +60,29 @@ def test_engine_must_be_an_engine():
         OoOSpec(engine="embedded")
 
 
+def test_constructing_loads_nothing_and_metadata_loads_the_engine(monkeypatch):
+    loads = []
+
+    def from_pretrained(target, sidecar=None, **kw):
+        loads.append((target, kw))
+        raise RuntimeError("loading")
+
+    monkeypatch.setattr(Engine, "from_pretrained", from_pretrained)
+    llm = OoOSpec(model="some-org/some-model", target_device="cpu")
+    assert loads == []
+    with pytest.raises(RuntimeError, match="loading"):
+        llm.metadata  # the context window is the target's own
+    assert loads == [("some-org/some-model", {"target_device": "cpu"})]
+
+
 @pytest.mark.parametrize("bad, error", [
     ({"model": "/no/such/model"}, "model path '/no/such/model' does not exist"),
     ({"target_device": "tpu"}, "unknown device 'tpu'"),
 ])
-def test_bad_model_or_device_fails_at_construction(bad, error):
+def test_bad_model_or_device_fails_on_first_use(bad, error):
+    llm = OoOSpec(**bad)
     with pytest.raises(ValueError, match=error):
-        OoOSpec(**bad)
+        llm.chat(USER)
 
 
 @pytest.mark.parametrize("bad", [{"method": "beam"}, {"max_new_tokens": 0}])
@@ -81,7 +99,7 @@ def test_chat_sends_the_chat_and_settings(scripted):
     assert engine.requests == [{
         "messages": [{"role": "system", "content": "Be brief."},
                      {"role": "user", "content": "What is 6 times 7?"}],
-        "tools": None, "tool_choice": "auto", "max_new_tokens": 12, "method": "toolspec"}]
+        "tools": None, "tool_choice": "auto", "max_new_tokens": 12, "method": "toolspec", "stop": None}]
     assert response.message.role == "assistant"
     assert response.message.content == "Hello!"
 
@@ -89,19 +107,21 @@ def test_chat_sends_the_chat_and_settings(scripted):
 def test_chat_reports_usage_and_speculation_stats(scripted):
     llm, _ = scripted(("Hello!", []))
     raw = llm.chat(USER).raw
-    assert raw["usage"] == {"prompt_tokens": 17, "completion_tokens": 2, "total_tokens": 19}
+    assert raw["usage"] == {"prompt_tokens": 11, "completion_tokens": 1, "total_tokens": 12,
+                            "cached_prompt_tokens": 0}
+    assert type(raw["stats"]) is dict and json.loads(json.dumps(raw["stats"])) == raw["stats"]
     assert raw["stats"]["target_forwards"] == 3
-    assert raw["stats"]["accepted_by_source"]["schema"] == 2
+    assert raw["stats"]["accepted_by_source"]["schema"] == 5
     assert raw["finish_reason"] == "stop"
     assert raw["invalid_tool_calls"] == []
 
 
 def test_chat_carries_tool_calls_as_blocks(scripted):
     llm, _ = scripted(("Let me compute.", [CALL]))
-    message = llm.chat(USER, tools=[t.metadata.to_openai_tool() for t in TOOLS]).message
+    message = llm.chat(USER, tools=OPENAI_TOOLS).message
     assert message.content == "Let me compute."
     [block] = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
-    assert (block.tool_call_id, block.tool_name, block.tool_kwargs) == ("call_0", "multiply", {"a": 6, "b": 7})
+    assert (block.tool_call_id, block.tool_name, block.tool_kwargs) == ("call_scripted_0", "multiply", {"a": 6, "b": 7})
     assert "<tool_call>" not in message.content
 
 
@@ -115,7 +135,7 @@ async def test_achat_matches_chat(scripted):
 
 def test_stream_chat_accumulates_message_and_yields_deltas(scripted):
     llm, _ = scripted(("Sure, computing 6 times 7 now.", [CALL]))
-    chunks = list(llm.stream_chat(USER))
+    chunks = list(llm.stream_chat(USER, tools=OPENAI_TOOLS))
     text = ""
     for chunk in chunks:
         text += chunk.delta
@@ -125,12 +145,15 @@ def test_stream_chat_accumulates_message_and_yields_deltas(scripted):
     final = chunks[-1]
     assert [c.tool_name for c in llm.get_tool_calls_from_response(final)] == ["multiply"]
     assert final.raw["usage"]["completion_tokens"] > 0
-    assert all(not llm.get_tool_calls_from_response(c, error_on_no_tool_call=False) for c in chunks[:-1])
+    assert all(c.raw is None for c in chunks[:-1])
+    # the text comes first; the call's block appears once the text is over
+    with_calls = [bool(llm.get_tool_calls_from_response(c, error_on_no_tool_call=False)) for c in chunks]
+    assert with_calls == sorted(with_calls) and with_calls[0] is False
 
 
 def test_stream_chat_hides_tool_call_markup(scripted):
     llm, _ = scripted(("", [CALL]))
-    chunks = list(llm.stream_chat(USER))
+    chunks = list(llm.stream_chat(USER, tools=OPENAI_TOOLS))
     assert "".join(c.delta for c in chunks) == ""
     assert chunks[-1].message.content == ""
     assert llm.get_tool_calls_from_response(chunks[-1])[0].tool_kwargs == {"a": 6, "b": 7}
@@ -164,7 +187,7 @@ async def test_a_stopped_async_stream_stops_its_worker_thread():
         finally:
             closed.append(True)
 
-    stream = iterate_in_thread(slow_tokens())
+    stream = aiterate(slow_tokens)
     async for _ in stream:
         break
     await stream.aclose()
@@ -177,7 +200,7 @@ def test_complete_sends_the_prompt_as_a_user_message(scripted):
     llm, engine = scripted(("Paris.", []))
     response = llm.complete("Capital of France?")
     assert response.text == "Paris."
-    assert response.raw["usage"]["prompt_tokens"] == 17
+    assert response.raw["usage"]["prompt_tokens"] == 11
     assert engine.requests[0]["messages"] == [{"role": "user", "content": "Capital of France?"}]
 
 
@@ -203,8 +226,8 @@ def test_callbacks_count_tokens_from_usage(scripted):
     llm, _ = scripted(("Paris.", []), ("Paris.", []), callback_manager=CallbackManager([counter]))
     llm.chat(USER)
     list(llm.stream_chat(USER))
-    assert [e.prompt_token_count for e in counter.llm_token_counts] == [17, 17]
-    assert [e.completion_token_count for e in counter.llm_token_counts] == [2, 2]
+    assert [e.prompt_token_count for e in counter.llm_token_counts] == [11, 11]
+    assert [e.completion_token_count for e in counter.llm_token_counts] == [1, 1]
 
 
 # ------------------------------------------------------------------ tools
@@ -261,7 +284,7 @@ def test_get_tool_calls_from_response_gives_tool_selections(scripted):
     llm, _ = scripted(("", TWO_CALLS))
     calls = llm.get_tool_calls_from_response(llm.chat_with_tools(TOOLS, user_msg="?", allow_parallel_tool_calls=True))
     assert [(c.tool_id, c.tool_name, c.tool_kwargs) for c in calls] == [
-        ("call_0", "multiply", {"a": 6, "b": 7}), ("call_1", "add", {"a": 1, "b": 2})]
+        ("call_scripted_0", "multiply", {"a": 6, "b": 7}), ("call_scripted_1", "add", {"a": 1, "b": 2})]
 
 
 def test_no_tool_call_is_empty_or_a_clear_error(scripted):
@@ -346,12 +369,13 @@ def test_history_with_older_additional_kwargs_tool_calls(scripted):
 def test_its_own_replies_go_back_into_the_history(scripted):
     llm, engine = scripted(("Computing.", [CALL]), ("It is 42.", []))
     first = llm.chat_with_tools(TOOLS, chat_history=list(USER)).message
-    result = ChatMessage(role="tool", content="42", additional_kwargs={"tool_call_id": "call_0"})
+    result = ChatMessage(role="tool", content="42", additional_kwargs={"tool_call_id": "call_scripted_0"})
     llm.chat_with_tools(TOOLS, chat_history=[*USER, first, result])
     assert engine.requests[1]["messages"][1:] == [
         {"role": "assistant", "content": "Computing.", "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}]},
-        {"role": "tool", "content": "42", "tool_call_id": "call_0"},
+            {"id": "call_scripted_0", "type": "function",
+             "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "call_scripted_0"},
     ]
 
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Dict, List, Literal, Optional, Sequence, Union
+from contextlib import closing
+from dataclasses import asdict
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Union
 
 from llama_index.core.base.llms.generic_utils import (
     achat_to_completion_decorator,
@@ -26,11 +28,13 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.llms.utils import parse_partial_json
 from llama_index.core.tools.types import BaseTool
 from oospec_agents import Engine, Generation, TextDelta
+from oospec_agents.engine import Event
+from oospec_agents.frontend import CallsSoFar, ChatRequest, LazyEngine, Usage, aiterate
 
 from .messages import assistant_message, to_engine_messages, tool_calls_of
-from .streaming import iterate_in_thread
 
 # What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three.
 _CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens")
@@ -64,7 +68,7 @@ class OoOSpec(FunctionCallingLLM):
         "schema drafting plus the sidecar's hints.")
     max_new_tokens: int = Field(default=256, gt=0, description="Most tokens generated per reply.")
 
-    _engine: Engine = PrivateAttr()
+    _engine: LazyEngine = PrivateAttr()
 
     def __init__(
         self,
@@ -87,12 +91,11 @@ class OoOSpec(FunctionCallingLLM):
             if not isinstance(engine, Engine):
                 raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
             model = engine.model_name
-        super().__init__(model="embedded" if model is None else os.fspath(model), method=method, max_new_tokens=max_new_tokens,
-                         **placement, **kwargs)
-        if engine is None:
-            # Unset arguments are left out so that equal requests hit the same shared engine.
-            engine = Engine.shared(self.model, **{k: v for k, v in placement.items() if v is not None})
-        self._engine = engine
+        super().__init__(model="embedded" if model is None else os.fspath(model), method=method,
+                         max_new_tokens=max_new_tokens, **placement, **kwargs)
+        # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
+        self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device,
+                                                        "sidecar_device": sidecar_device}, engine)
 
     @classmethod
     def class_name(cls) -> str:
@@ -100,14 +103,18 @@ class OoOSpec(FunctionCallingLLM):
 
     @property
     def engine(self) -> Engine:
-        return self._engine
+        """The engine, loaded now if this is its first use."""
+        return self._engine.get()
 
     @property
     def metadata(self) -> LLMMetadata:
+        """Loads the engine: the context window and the model's name are the target's own, and
+        agents size their memory from them."""
+        engine = self.engine
         return LLMMetadata(
-            context_window=self._engine.context_window,
+            context_window=engine.context_window,
             num_output=self.max_new_tokens,
-            model_name=self._engine.model_name,
+            model_name=engine.model_name,
             is_chat_model=True,
             is_function_calling_model=True,
         )
@@ -151,58 +158,76 @@ class OoOSpec(FunctionCallingLLM):
 
     def _chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request, keep_all = self._request(messages, kwargs)
-        return self._response(self._engine.generate(**request), keep_all)
+        return self._final(request.generate(self.engine), keep_all)
 
     async def _achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request, keep_all = self._request(messages, kwargs)
-        generation = await asyncio.to_thread(self._engine.generate, **request)
-        return self._response(generation, keep_all)
+        # Through the event bridge rather than one blocking call, so that a cancelled `achat`
+        # stops the decode after its current round and frees the engine.
+        generation = None
+        async for generation in aiterate(lambda: request.stream(self.engine)):
+            pass
+        return self._final(generation, keep_all)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        request, keep_all = self._request(messages, kwargs)  # bad input fails here, not mid-stream
-        return self._stream(request, keep_all)
+        request, keep_all = self._request(messages, kwargs)
+        events = request.stream(self.engine)  # bad input fails here, not on the first chunk
+        return self._responses(events, keep_all)
 
     async def _astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         request, keep_all = self._request(messages, kwargs)
-        return iterate_in_thread(self._stream(request, keep_all))
+        # A first use loads the models: seconds that must not block the event loop.
+        engine = await asyncio.to_thread(self._engine.get)
+        request.check(engine)  # bad input fails here, not on the first chunk
+        return aiterate(lambda: self._responses(request.stream(engine), keep_all))
 
-    def _stream(self, request: dict, keep_all: bool) -> ChatResponseGen:
-        content = ""
-        for item in self._engine.stream(**request):
-            if isinstance(item, Generation):
-                final = self._response(item, keep_all)
-                yield ChatResponse(message=final.message, delta="", raw=final.raw)
-            elif isinstance(item, TextDelta):
-                content += item.text
-                yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=content), delta=item.text)
+    def _responses(self, events: Iterator[Event], keep_all: bool) -> ChatResponseGen:
+        """One ChatResponse per engine event, each carrying the whole message so far: its text, and
+        a ToolCallBlock per call begun, whose `tool_kwargs` grow as argument fragments arrive. The
+        last one carries the validated calls and the raw reply."""
+        # Closed with this generator, so that a stream abandoned early releases the engine at once.
+        with closing(events):
+            content, calls = "", CallsSoFar()
+            kwargs: list[dict] = []  # per call: the arguments as far as their JSON text parses
+            for event in events:
+                if isinstance(event, Generation):
+                    yield self._final(event, keep_all, delta="")
+                    return
+                delta = ""
+                if isinstance(event, TextDelta):
+                    content, delta = content + event.text, event.text
+                else:
+                    call = calls.feed(event)
+                    if event.index == len(kwargs):
+                        kwargs.append({})
+                    kwargs[event.index] = _partial_kwargs(call["arguments"], kwargs[event.index])
+                so_far = [dict(c, arguments=k) for c, k in zip(calls.calls, kwargs)]
+                yield ChatResponse(message=assistant_message(content, so_far if keep_all else so_far[:1]),
+                                   delta=delta)
 
-    def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[dict, bool]:
-        """The engine's arguments for one reply, and whether to keep every tool call it makes."""
+    def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[ChatRequest, bool]:
+        """The engine request for one reply, and whether to keep every tool call it makes."""
         unknown = sorted(set(kwargs) - set(_CHAT_KWARGS))
         if unknown:
             raise TypeError(f"OoOSpec chat got unexpected keyword arguments {unknown}; it accepts "
                             f"{list(_CHAT_KWARGS)} (decoding is greedy, so there is no temperature)")
-        request = {
-            "messages": to_engine_messages(messages),
-            "tools": kwargs.get("tools") or None,
-            "tool_choice": kwargs.get("tool_choice") or "auto",
-            "max_new_tokens": kwargs.get("max_new_tokens", self.max_new_tokens),
-            "method": self.method,
-        }
+        request = ChatRequest(messages=to_engine_messages(messages), tools=kwargs.get("tools") or None,
+                              tool_choice=kwargs.get("tool_choice") or "auto",
+                              max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
+                              method=self.method)
         return request, kwargs.get("allow_parallel_tool_calls", True)
 
-    def _response(self, generation: Generation, keep_all: bool) -> ChatResponse:
+    def _final(self, generation: Generation, keep_all: bool, delta: Optional[str] = None) -> ChatResponse:
         calls = generation.tool_calls if keep_all else generation.tool_calls[:1]
-        completion_tokens = len(generation.token_ids)
+        usage = Usage.of(generation)
         raw = {
-            "usage": {"prompt_tokens": generation.prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": generation.prompt_tokens + completion_tokens},
+            "usage": {**asdict(usage), "total_tokens": usage.total_tokens},
             "finish_reason": generation.finish_reason,
             "text": generation.text,
             "invalid_tool_calls": generation.invalid_tool_calls,
-            "stats": generation.stats,
+            "stats": generation.stats.to_dict(),
         }
-        return ChatResponse(message=assistant_message(generation.content, calls), raw=raw)
+        return ChatResponse(message=assistant_message(generation.content, calls), delta=delta, raw=raw)
 
     # ------------------------------------------------------------------ tools
 
@@ -256,3 +281,15 @@ class OoOSpec(FunctionCallingLLM):
             raise ValueError(f"expected at least one tool call in the response, got none{why}. "
                              f"Reply text: {response.message.content or '':.200}")
         return calls
+
+
+def _partial_kwargs(arguments: str, before: dict) -> dict:
+    """The arguments an unfinished JSON text holds so far (as llama-index-llms-openai reads them).
+
+    A text cut inside a literal (`tr` of `true`, `1e` of `1e5`) does not parse yet: the call keeps
+    the arguments it had, so `tool_kwargs` only ever grow."""
+    try:
+        parsed = parse_partial_json(arguments)
+    except ValueError:
+        return before
+    return parsed if isinstance(parsed, dict) else before

@@ -13,6 +13,7 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
 )
 from llama_index.core.llms.llm import ToolSelection
+from oospec_agents.frontend import join_text_parts
 
 _ENGINE_ROLES = {
     MessageRole.SYSTEM: "system",
@@ -88,14 +89,11 @@ def assistant_message(content: str, tool_calls: list[dict]) -> ChatMessage:
 
 
 def _text(message: ChatMessage, i: int) -> str:
-    parts = []
     for block in message.blocks:
-        if isinstance(block, TextBlock):
-            parts.append(block.text)
-        elif not isinstance(block, _NOT_TEXT):
+        if not isinstance(block, (TextBlock, *_NOT_TEXT)):
             raise ValueError(f"messages[{i}] holds a {type(block).__name__}; OoOSpec targets read "
                              "text only (TextBlock)")
-    return "\n".join(parts)
+    return join_text_parts(b.text for b in message.blocks if isinstance(b, TextBlock))
 
 
 def _arguments(arguments: Any, name: str) -> dict:
