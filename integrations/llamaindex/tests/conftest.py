@@ -1,11 +1,18 @@
-"""Fixtures: a scripted engine for the adapter layer, and the embedded engine for end-to-end checks."""
+"""Fixtures: a scripted engine for the adapter layer, a tiny real engine for releasing it, and the
+embedded engine for end-to-end checks."""
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 from oospec_agents.formats import HermesFormat
 from oospec_agents.testing import ScriptedEngine
 
 from llama_index.llms.oospec import OoOSpec
+
+# The repository's test helpers (tests/oospec_testing.py), when this folder is run on its own.
+sys.path.append(str(Path(__file__).resolve().parents[3] / "tests"))
 
 
 def reply_text(content: str, calls: list[tuple[str, dict]]) -> str:
@@ -29,3 +36,16 @@ def scripted():
 def embedded_llm():
     """The embedded default pair, loaded once; small replies keep the CPU budget."""
     return OoOSpec(max_new_tokens=48)
+
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    """A real engine on a tiny random model (SmolLM2's tokenizer, 2 layers): its replies are long
+    nonsense, decoded in a few milliseconds a round, so a stream can be abandoned halfway."""
+    from oospec_testing import tiny_model
+    from oospec_agents import Engine
+    from oospec_agents.models import resolve_reference
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(resolve_reference("embedded")[0])
+    return Engine(tiny_model("llama", tokenizer), tokenizer, model_name="tiny-llama")

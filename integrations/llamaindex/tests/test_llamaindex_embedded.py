@@ -13,6 +13,8 @@ from pydantic import BaseModel
 
 from llama_index.llms.oospec import OoOSpec
 
+from growing_calls import assert_call_grows
+
 pytestmark = pytest.mark.slow
 
 needs_adapter = pytest.mark.xfail(not EMBEDDED_TARGET_ADAPTER.exists(), strict=False,
@@ -59,6 +61,18 @@ def test_chat_and_stream_chat_with_tools_return_the_same_call(embedded_llm):
 
     assert calls(streamed) == calls(plain)
     assert calls(plain)[0][0] == "multiply"
+
+
+@pytest.mark.parametrize("method, states", [("oospec", 2), ("ar", 3)])
+async def test_astream_chat_with_tools_grows_the_tool_call_block(embedded_llm, method, states):
+    """With "ar" every token is a round, so the arguments grow one value at a time; with "oospec" a
+    hint may commit the whole call in one round, and the name still comes first."""
+    llm = OoOSpec(engine=embedded_llm.engine, method=method)
+    chunks = [c async for c in await llm.astream_chat_with_tools(TOOLS, user_msg=QUESTION, tool_choice="multiply",
+                                                                max_new_tokens=32)]
+    [call] = embedded_llm.get_tool_calls_from_response(chunks[-1])
+    assert call.tool_name == "multiply"
+    assert len(assert_call_grows(chunks, "multiply", call.tool_kwargs)) >= states
 
 
 def test_no_tool_call_returns_empty_or_raises(embedded_llm):
@@ -121,6 +135,9 @@ async def test_function_agent_calls_the_tool_then_answers(embedded_llm, streamin
     assert "42" in str(response)
     streamed = "".join(e.delta for e in events if isinstance(e, AgentStream))
     assert bool(streamed) == streaming
+    if streaming:  # the call is shown while it streams, before it runs
+        shown = [e.tool_calls[0].tool_name for e in events if isinstance(e, AgentStream) and e.tool_calls]
+        assert shown and set(shown) == {"multiply"}
 
 
 async def test_agent_workflow_picks_function_agent_and_completes(embedded_llm):

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from llama_index.llms.oospec import OoOSpec
 
+from growing_calls import assert_call_grows, call_blocks
+
 
 def multiply(a: int, b: int) -> int:
     """Multiply two integers."""
@@ -29,7 +31,14 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def get_weather(city: str, unit: str = "celsius") -> str:
+    """The current weather in a city."""
+    return f"Sunny in {city}"
+
+
 TOOLS = [FunctionTool.from_defaults(multiply), FunctionTool.from_defaults(add)]
+WEATHER_TOOLS = [FunctionTool.from_defaults(get_weather)]
+WEATHER_CALL = ("get_weather", {"city": "San Francisco", "unit": "celsius"})
 CALL = ("multiply", {"a": 6, "b": 7})
 TWO_CALLS = [CALL, ("add", {"a": 1, "b": 2})]
 OPENAI_TOOLS = [t.metadata.to_openai_tool() for t in TOOLS]
@@ -267,10 +276,45 @@ def test_chat_with_tools_keeps_only_the_first_call_unless_parallel(scripted):
 
 def test_stream_chat_with_tools_keeps_only_the_first_call_unless_parallel(scripted):
     llm, _ = scripted(("", TWO_CALLS), ("", TWO_CALLS))
-    single = list(llm.stream_chat_with_tools(TOOLS, user_msg="6*7 and 1+2?"))[-1]
-    both = list(llm.stream_chat_with_tools(TOOLS, user_msg="6*7 and 1+2?", allow_parallel_tool_calls=True))[-1]
-    assert len(llm.get_tool_calls_from_response(single)) == 1
-    assert len(llm.get_tool_calls_from_response(both)) == 2
+    single = list(llm.stream_chat_with_tools(TOOLS, user_msg="6*7 and 1+2?"))
+    both = list(llm.stream_chat_with_tools(TOOLS, user_msg="6*7 and 1+2?", allow_parallel_tool_calls=True))
+    assert len(llm.get_tool_calls_from_response(single[-1])) == 1
+    assert len(llm.get_tool_calls_from_response(both[-1])) == 2
+    # the calls in progress too
+    assert max(len(call_blocks(c)) for c in single) == 1
+    assert max(len(call_blocks(c)) for c in both) == 2
+
+
+def test_stream_chat_with_tools_grows_the_tool_call_block(scripted):
+    """The name comes first, then the arguments as their JSON text is committed, a string value
+    included while it is still open; every response can be read by get_tool_calls_from_response,
+    as FunctionAgent reads each one."""
+    llm, _ = scripted(("", [WEATHER_CALL]))
+    chunks = list(llm.stream_chat_with_tools(WEATHER_TOOLS, user_msg="Weather in San Francisco?"))
+    seen = assert_call_grows(chunks, *WEATHER_CALL)
+    assert len(seen) >= 4
+    assert any(0 < len(kwargs.get("city", "")) < len("San Francisco") for kwargs in seen)
+    for chunk in chunks:
+        llm.get_tool_calls_from_response(chunk, error_on_no_tool_call=False)
+    assert chunks[-1].raw["finish_reason"] == "tool_calls"
+
+
+async def test_astream_chat_with_tools_grows_the_tool_call_block(scripted):
+    llm, _ = scripted(("", [WEATHER_CALL]), ("", [WEATHER_CALL]))
+    chunks = [c async for c in await llm.astream_chat_with_tools(WEATHER_TOOLS, user_msg="Weather in SF?")]
+    assert len(assert_call_grows(chunks, *WEATHER_CALL)) >= 4
+    sync = list(llm.stream_chat_with_tools(WEATHER_TOOLS, user_msg="Weather in SF?"))
+    assert [(c.delta, c.message) for c in chunks] == [(c.delta, c.message) for c in sync]
+
+
+def test_a_streamed_call_that_fails_validation_is_dropped_from_the_final_message(scripted):
+    llm, _ = scripted(("", [("multiply", {"a": "six", "b": 7})]))
+    chunks = list(llm.stream_chat_with_tools(TOOLS, user_msg="six times 7?"))
+    assert call_blocks(chunks[-2])[0].tool_kwargs == {"a": "six", "b": 7}  # shown while it streamed
+    assert call_blocks(chunks[-1]) == []
+    [invalid] = chunks[-1].raw["invalid_tool_calls"]
+    assert (invalid["name"], invalid["arguments"]) == ("multiply", '{"a": "six", "b": 7}')
+    assert "'six' is not of type 'integer'" in invalid["error"]
 
 
 async def test_achat_and_astream_chat_with_tools_agree(scripted):

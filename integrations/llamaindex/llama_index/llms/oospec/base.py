@@ -7,6 +7,7 @@ from contextlib import closing
 from dataclasses import asdict
 from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Union
 
+import pydantic_core
 from llama_index.core.base.llms.generic_utils import (
     achat_to_completion_decorator,
     astream_chat_to_completion_decorator,
@@ -28,7 +29,6 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
-from llama_index.core.llms.utils import parse_partial_json
 from llama_index.core.tools.types import BaseTool
 from oospec_agents import Engine, Generation, TextDelta
 from oospec_agents.engine import Event
@@ -284,12 +284,14 @@ class OoOSpec(FunctionCallingLLM):
 
 
 def _partial_kwargs(arguments: str, before: dict) -> dict:
-    """The arguments an unfinished JSON text holds so far (as llama-index-llms-openai reads them).
+    """The arguments an unfinished JSON text holds so far, an unfinished string value included.
 
-    A text cut inside a literal (`tr` of `true`, `1e` of `1e5`) does not parse yet: the call keeps
-    the arguments it had, so `tool_kwargs` only ever grow."""
+    pydantic-core's partial mode, not LlamaIndex's `parse_partial_json` (which llama-index-llms-openai
+    uses): that one reads `{"city": "San` as an unfinished key and gives `{"city": None}` until the
+    string closes, so a long argument would not be seen growing. Text that does not parse (nothing
+    yet, or a model writing invalid JSON) keeps the arguments the call had."""
     try:
-        parsed = parse_partial_json(arguments)
+        parsed = pydantic_core.from_json(arguments, allow_partial="trailing-strings")
     except ValueError:
         return before
     return parsed if isinstance(parsed, dict) else before
