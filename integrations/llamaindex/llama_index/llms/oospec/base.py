@@ -44,7 +44,8 @@ class OoOSpec(FunctionCallingLLM):
     """A local HF model as a function-calling LLM, decoded losslessly with speculative tool calls.
 
     Greedy decoding only: the output is exactly the target's own greedy reply, produced in fewer
-    target forwards. Engines are shared: every OoOSpec naming the same models uses one engine.
+    target forwards. Engines are shared: every OoOSpec naming the same models uses one engine,
+    loaded on first use (constructing an OoOSpec loads nothing).
 
     Examples:
         ```python
@@ -188,7 +189,6 @@ class OoOSpec(FunctionCallingLLM):
         # Closed with this generator, so that a stream abandoned early releases the engine at once.
         with closing(events):
             content, calls = "", CallsSoFar()
-            kwargs: list[dict] = []  # per call: the arguments as far as their JSON text parses
             for event in events:
                 if isinstance(event, Generation):
                     yield self._final(event, keep_all, delta="")
@@ -198,10 +198,8 @@ class OoOSpec(FunctionCallingLLM):
                     content, delta = content + event.text, event.text
                 else:
                     call = calls.feed(event)
-                    if event.index == len(kwargs):
-                        kwargs.append({})
-                    kwargs[event.index] = _partial_kwargs(call["arguments"], kwargs[event.index])
-                so_far = [dict(c, arguments=k) for c, k in zip(calls.calls, kwargs)]
+                    call["kwargs"] = _partial_kwargs(call["arguments"], call.get("kwargs", {}))
+                so_far = [dict(c, arguments=c["kwargs"]) for c in calls.calls]
                 yield ChatResponse(message=assistant_message(content, so_far if keep_all else so_far[:1]),
                                    delta=delta)
 
@@ -212,7 +210,7 @@ class OoOSpec(FunctionCallingLLM):
             raise TypeError(f"OoOSpec chat got unexpected keyword arguments {unknown}; it accepts "
                             f"{list(_CHAT_KWARGS)} (decoding is greedy, so there is no temperature)")
         request = ChatRequest(messages=to_engine_messages(messages), tools=kwargs.get("tools") or None,
-                              tool_choice=kwargs.get("tool_choice") or "auto",
+                              tool_choice=kwargs.get("tool_choice", "auto"),
                               max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
                               method=self.method)
         return request, kwargs.get("allow_parallel_tool_calls", True)
