@@ -49,14 +49,19 @@ def test_agent_calls_the_tool_then_answers(invoked):
     assert not answer.tool_calls and answer.content.strip()
 
 
-def test_agent_streams_messages(agent, invoked):
-    events = list(agent.stream({"messages": [HumanMessage(QUESTION)]}, CONFIG, stream_mode="messages"))
-    messages = [message for message, _metadata in events]
-    tool_results = [i for i, m in enumerate(messages) if isinstance(m, ToolMessage)]
+@pytest.fixture(scope="module")
+def streamed(agent) -> list:
+    """The messages of the same run, streamed with stream_mode="messages"."""
+    events = agent.stream({"messages": [HumanMessage(QUESTION)]}, CONFIG, stream_mode="messages")
+    return [message for message, _metadata in events]
+
+
+def test_agent_streams_messages(streamed, invoked):
+    tool_results = [i for i, m in enumerate(streamed) if isinstance(m, ToolMessage)]
     assert len(tool_results) == 1, f"expected one tool result in the stream, got {len(tool_results)}"
     tool_at = tool_results[0]
-    call_chunks = [m for m in messages[:tool_at] if isinstance(m, AIMessageChunk)]
-    answer_chunks = [m for m in messages[tool_at + 1:] if isinstance(m, AIMessageChunk)]
+    call_chunks = [m for m in streamed[:tool_at] if isinstance(m, AIMessageChunk)]
+    answer_chunks = [m for m in streamed[tool_at + 1:] if isinstance(m, AIMessageChunk)]
     assert any(m.tool_call_chunks for m in call_chunks)
     assert [m.chunk_position for m in call_chunks][-1] == "last"
     streamed_call = sum(call_chunks[1:], call_chunks[0]).tool_calls
@@ -64,3 +69,12 @@ def test_agent_streams_messages(agent, invoked):
         [(c["name"], c["args"]) for c in invoked[1].tool_calls]
     assert sum(1 for m in answer_chunks if m.content) > 1, "the answer should stream in several deltas"
     assert "".join(m.content for m in answer_chunks) == invoked[3].content
+
+
+def test_agent_stream_shows_the_call_name_before_its_arguments_end(streamed):
+    pieces = [(n, piece) for n, m in enumerate(streamed) if isinstance(m, AIMessageChunk)
+              for piece in m.tool_call_chunks]
+    named_at = [n for n, piece in pieces if piece["name"] == "get_current_weather"]
+    arguments_at = [n for n, piece in pieces if piece["args"]]
+    assert named_at and arguments_at, f"expected the call's name and arguments in the stream, got {pieces}"
+    assert named_at[0] < arguments_at[-1], f"the name came with or after the arguments' end: {pieces}"

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import operator
 
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
@@ -54,7 +56,7 @@ def test_multi_turn_tool_history_reaches_the_prompt(model):
     bound = model.bind_tools([get_current_weather])
     reply = bound.invoke(HISTORY)
     assert isinstance(reply, AIMessage) and reply.usage_metadata["output_tokens"] > 0
-    engine = model._engine(None)
+    engine = model._engines.get()
     prompt_ids = engine.prompt_ids(to_openai_messages(HISTORY), bound.kwargs["tools"])
     prompt = engine.tokenizer.decode(prompt_ids)
     for part in ("You are a helpful assistant.", '"location": "Paris"', "It is 22 degrees and sunny in Paris.",
@@ -101,6 +103,21 @@ def test_forced_call_streams_to_the_same_call_as_invoke(model, tool_choice):
         assert [(c["name"], c["args"]) for c in streamed.tool_calls] == \
             [(c["name"], c["args"]) for c in invoked.tool_calls]
         assert invoked.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_a_streamed_call_arrives_name_first_then_sums_to_the_invoked_call(model):
+    bound = model.bind_tools([get_current_weather]).bind(max_tokens=48, **AR)
+    invoked = bound.invoke("What is the current weather in Paris?")
+    assert [c["name"] for c in invoked.tool_calls] == ["get_current_weather"], \
+        f"expected one valid call, got {invoked.tool_calls} / {invoked.invalid_tool_calls}"
+    call_chunks = [c for c in bound.stream("What is the current weather in Paris?") if c.tool_call_chunks]
+    assert len(call_chunks) >= 2
+    first, *fragments = [c.tool_call_chunks[0] for c in call_chunks]
+    assert (first["name"], first["args"]) == ("get_current_weather", "") and first["id"]
+    assert fragments and all(f["name"] is None and f["args"] for f in fragments)
+    summed = functools.reduce(operator.add, call_chunks).tool_calls
+    # separate runs draw separate call ids
+    assert [(c["name"], c["args"]) for c in summed] == [(c["name"], c["args"]) for c in invoked.tool_calls]
 
 
 def test_tool_choice_none_offers_no_tools(model):
