@@ -400,6 +400,12 @@ def test_history_with_tool_call_blocks_and_results(scripted):
     ]
 
 
+def test_the_text_blocks_of_a_message_are_joined_as_they_are(scripted):
+    llm, engine = scripted(("Hi.", []))
+    llm.chat([ChatMessage(role="user", blocks=[TextBlock(text="Hello, "), TextBlock(text="world.")])])
+    assert engine.requests[0]["messages"] == [{"role": "user", "content": "Hello, world."}]
+
+
 def test_history_with_older_additional_kwargs_tool_calls(scripted):
     llm, engine = scripted(("42.", []))
     legacy = ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [
