@@ -20,7 +20,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from oospec_agents import Engine, Generation, TextDelta
+from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.frontend import ChatRequest, LazyEngine, Usage, aiterate
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
@@ -90,7 +90,7 @@ class ChatOoOSpec(BaseChatModel):
         if self.engine is not None and "model" not in self.model_fields_set:
             self.model = self.engine.model_name
         devices = {"target_device": self.target_device, "sidecar_device": self.sidecar_device}
-        self._engines = LazyEngine(self.model, self.sidecar, devices, self.engine)
+        self._engines = LazyEngine(self.model, self.sidecar, options=devices, engine=self.engine)
         return self
 
     @property
@@ -229,11 +229,11 @@ class ChatOoOSpec(BaseChatModel):
             for event in events:
                 if isinstance(event, TextDelta):
                     yield ChatGenerationChunk(message=AIMessageChunk(content=event.text))
-                elif isinstance(event, Generation):
-                    yield _last_chunk(event, engine.model_name)
-                else:
+                elif isinstance(event, ToolCallDelta):
                     call = tool_call_chunk(name=event.name, args=event.arguments, id=event.id, index=event.index)
                     yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call]))
+                else:  # the Generation, always the last event
+                    yield _last_chunk(event, engine.model_name)
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, ChatRequest]:
         """The engine for this call and what to ask of it."""
@@ -244,7 +244,7 @@ class ChatOoOSpec(BaseChatModel):
         request = ChatRequest(
             messages=to_openai_messages(messages),
             tools=kwargs.get("tools"),
-            tool_choice=kwargs.get("tool_choice") or "auto",
+            tool_choice=kwargs.get("tool_choice", "auto"),
             max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
             method=kwargs.get("method", self.method),
             stop=self.stop if stop is None else stop,
