@@ -14,6 +14,13 @@ from .formats import ToolFormat
 from .tools import Tool
 
 ROLES = ("system", "user", "assistant", "tool")
+#: the text parts of one message are concatenated as they are, as OpenAI and LangChain's `.text` do
+TEXT_PART_SEPARATOR = ""
+
+
+def join_text_parts(parts) -> str:
+    """The one policy every front-end uses to make a message's text from its text parts."""
+    return TEXT_PART_SEPARATOR.join(parts)
 
 
 def _text(content: Any, where: str) -> str:
@@ -30,7 +37,7 @@ def _text(content: Any, where: str) -> str:
                 parts.append(str(part.get("text", "")))
             else:
                 raise ChatFormatError(f"{where}: only text content parts are supported, got {part!r:.80}")
-        return "".join(parts)
+        return join_text_parts(parts)
     raise ChatFormatError(f"{where}: content must be a string or a list of text parts, got {type(content).__name__}")
 
 
@@ -108,7 +115,7 @@ def render_prompt(tokenizer, fmt: ToolFormat, messages: list[dict], tools: list[
             calls = fmt.render_calls(m["tool_calls"])
             msgs.append({"role": "assistant", "content": (m["content"] + "\n" if m["content"] else "") + calls})
         elif m["role"] == "tool":
-            block = "<tool_response>\n" + m["content"] + "\n</tool_response>"
+            block = fmt.render_tool_result(m["content"])
             if msgs and msgs[-1].get("_tool"):
                 msgs[-1]["content"] += "\n" + block
             else:

@@ -29,4 +29,4 @@ def run(args):
         print(f"--- method={method}")
         print(gen.text)
         print_json({"tool_calls": gen.tool_calls, "invalid_tool_calls": gen.invalid_tool_calls,
-                    "stats": {k: v for k, v in gen.stats.items() if k != "margins"}})
+                    "stats": gen.stats.to_dict()})

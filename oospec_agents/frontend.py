@@ -18,17 +18,11 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar
 
+from .chat import join_text_parts  # noqa: F401  (re-exported: the front-ends' text-part policy)
 from .engine import Engine, Event, Generation
 from .events import ToolCallDelta
 
 T = TypeVar("T")
-
-#: the text parts of one message are concatenated as they are, as OpenAI and LangChain's `.text` do
-TEXT_PART_SEPARATOR = ""
-
-
-def join_text_parts(parts: Iterable[str]) -> str:
-    return TEXT_PART_SEPARATOR.join(parts)
 
 
 @dataclass

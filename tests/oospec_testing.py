@@ -42,3 +42,73 @@ def greedy(engine, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
                                      max_new_tokens=max_new_tokens)
     return out[0, len(prompt_ids):].tolist()
+
+
+def trace_stream(engine, *args, **kwargs) -> tuple[list[tuple[int, object]], list[int]]:
+    """Consume `engine.stream(...)`, noting the round in which each event arrived.
+
+    Returns ([(round, event), ...], committed): round r is the commit after the target's r-th
+    forward (1 = the prefill), and `committed[r - 1]` is how many new tokens were committed by then.
+    """
+    verifier = engine._verifier
+    committed = [1]  # the prefill's forward commits one token
+    real = verifier.verify
+
+    def verify(tree, cache, past):
+        path, nxt, logits = real(tree, cache, past)
+        committed.append(committed[-1] + len(path))  # the accepted drafts plus the target's own token
+        return path, nxt, logits
+
+    verifier.verify = verify
+    try:
+        events = [(len(committed), item) for item in engine.stream(*args, **kwargs)]
+    finally:
+        del verifier.verify
+    return events, committed
+
+
+def check_events(engine, prefix: str, events, committed) -> None:
+    """The event-stream contract, checked against the final Generation and the commit schedule:
+
+    - the TextDeltas join to `Generation.content`;
+    - call i's first event carries its id and name, the rest argument fragments, and the fragments
+      join to its arguments (valid: `json.loads` equals them; invalid: the raw string);
+    - nothing is sent later than the round that committed it: after round r, each call's fragments
+      cover its arguments as far as the committed text reaches (less an unfinished escape), and its
+      name arrives in the round that commits the name's closing quote.
+    """
+    import json
+
+    from oospec_agents import Generation, TextDelta, ToolCallDelta
+    gen = events[-1][1]
+    assert isinstance(gen, Generation)
+    body = [(r, e) for r, e in events[:-1]]
+    assert all(isinstance(e, (TextDelta, ToolCallDelta)) for _, e in body)
+    assert "".join(e.text for _, e in body if isinstance(e, TextDelta)) == gen.content
+    calls = sorted([*gen.tool_calls, *gen.invalid_tool_calls], key=lambda c: int(c["id"].rsplit("_", 1)[1]))
+    deltas = [(r, e) for r, e in body if isinstance(e, ToolCallDelta)]
+    assert sorted({e.index for _, e in deltas}) == list(range(len(calls)))
+    tok = engine.tokenizer
+    texts = [prefix + tok.decode(gen.token_ids[:n], skip_special_tokens=True).rstrip("\ufffd") for n in committed]
+    pos = 0
+    for i, call in enumerate(calls):
+        mine = [(r, e) for r, e in deltas if e.index == i]
+        (r_name, first), rest = mine[0], mine[1:]
+        assert (first.id, first.name, first.arguments) == (call["id"], call["name"], "")
+        assert all(e.id is None and e.name is None and e.arguments for _, e in rest)
+        joined = "".join(e.arguments for _, e in rest)
+        if isinstance(call["arguments"], dict):
+            assert json.loads(joined) == call["arguments"]
+        else:
+            assert joined == call["arguments"]
+        # where the name and the arguments stand in the reply's text
+        name_end = gen.text.index(json.dumps(call["name"], ensure_ascii=False), pos) + len(json.dumps(call["name"]))
+        start = gen.text.find(joined, name_end)
+        if start < 0:  # an invalid call with no arguments value: its fragments are its raw text
+            continue
+        pos = start + len(joined)
+        assert r_name == next(r for r, t in enumerate(texts, 1) if len(t) >= name_end), "name sent late"
+        for r, text in enumerate(texts, 1):
+            sent = "".join(e.arguments for rr, e in rest if rr <= r)
+            due = min(len(joined), max(0, len(text) - start))
+            assert joined.startswith(sent) and len(sent) >= due - 5, f"call {i}: fragments sent late in round {r}"

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from oospec_testing import greedy
+from oospec_testing import check_events, greedy, trace_stream
 from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
 from oospec_agents.drafters import Draft, DraftContext, Drafter
 from oospec_agents.drafters.schema import forced_text
@@ -254,14 +254,33 @@ def test_hitting_max_new_tokens_inside_a_call_reports_it_invalid(tiny_engine):
 # ---------------------------------------------------------------- the embedded model
 
 @pytest.fixture(scope="module")
-def embedded_runs(embedded_fp32, dev_records20):
+def embedded_traces(embedded_fp32, dev_records20):
+    """Per record and method: the streamed events with their rounds, and the commit schedule."""
+    return [{m: trace_stream(embedded_fp32, rec["messages"], rec["tools"], tool_choice="required",
+                             max_new_tokens=48, method=m) for m in ("ar", "toolspec")} for rec in dev_records20]
+
+
+@pytest.fixture(scope="module")
+def embedded_runs(embedded_fp32, dev_records20, embedded_traces):
     runs = []
-    for rec in dev_records20:
+    for rec, traces in zip(dev_records20, embedded_traces):
         ids = embedded_fp32.prompt_ids(rec["messages"], rec["tools"], tool_choice="required")
-        out = {m: embedded_fp32.generate(rec["messages"], rec["tools"], tool_choice="required",
-                                         max_new_tokens=48, method=m) for m in ("ar", "toolspec")}
+        out = {m: events[-1][1] for m, (events, _) in traces.items()}
         runs.append((rec, greedy(embedded_fp32, ids, 48), out))
     return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ar", "toolspec"])
+def test_embedded_streams_each_call_as_it_is_committed(embedded_fp32, dev_records20, embedded_traces, method):
+    early = 0
+    for rec, traces in zip(dev_records20, embedded_traces):
+        events, committed = traces[method]
+        check_events(embedded_fp32, embedded_fp32.prepare(rec["messages"], rec["tools"], "required").prefix,
+                     events, committed)
+        rounds = [r for r, e in events if isinstance(e, ToolCallDelta) and e.index == 0]
+        early += bool(rounds) and rounds[0] < rounds[-1]
+    assert early >= 15  # the name arrives rounds before the call's last argument token on most records
 
 
 @pytest.mark.slow
@@ -308,3 +327,55 @@ def test_partial_stop_strings_are_held_back():
     assert _partial_stop("Thank yo", ["you", "\nObservation:"]) == 2
     assert _partial_stop("Thank\nObs", ["you", "\nObservation:"]) == 4
     assert _partial_stop("Thanks", ["you"]) == 0
+
+
+def test_stats_are_typed_and_still_read_as_a_mapping(tiny_engine):
+    import json
+    stats = tiny_engine.generate(ASK, [WEATHER], max_new_tokens=8, method="toolspec").stats
+    assert stats.method == "toolspec" and stats.target_forwards >= 1 and stats.new_tokens == 8
+    assert stats["target_forwards"] == stats.target_forwards and stats.get("hint_ready_s") is None
+    assert stats.accepted_tokens == sum(stats.accepted_by_source.values())
+    assert json.loads(json.dumps(stats.to_dict()))["mean_accepted_tokens"] == stats.mean_accepted_tokens
+
+
+def test_call_memory_is_per_tool_set_bounded_and_switchable():
+    from oospec_agents.drafters.retrieval import CallMemory
+    weather, time_ = normalize_tools([WEATHER]), normalize_tools([TIME])
+    memory = CallMemory(size=2)
+    for i in range(3):
+        memory.remember(weather, [i])
+    assert memory.recall(weather) == [[1], [2]] and memory.recall(time_) == []
+    memory.recall(weather)[0].append(99)  # a copy: drafting never edits the memory
+    assert memory.recall(weather) == [[1], [2]]
+    memory.clear()
+    assert memory.recall(weather) == []
+    off = CallMemory(size=0)
+    off.remember(weather, [1])
+    assert off.recall(weather) == [] and len(off) == 0
+    with pytest.raises(ValueError, match="memory_size"):
+        CallMemory(size=-1)
+
+
+def test_retrieval_never_drafts_another_tool_sets_reply(tiny_engine):
+    tiny_engine.clear_call_memory()
+    tiny_engine.generate(ASK, [WEATHER], max_new_tokens=6, method="toolspec")
+    assert len(tiny_engine.memory.recall(normalize_tools([WEATHER]))) == 1
+    assert tiny_engine.memory.recall(normalize_tools([TIME])) == []
+    tiny_engine.clear_call_memory()
+    assert len(tiny_engine.memory) == 0
+
+
+def test_sidecar_keywords_without_a_sidecar_are_not_an_engine_argument(monkeypatch, tiny_engine):
+    from oospec_agents import models
+    monkeypatch.setattr(models, "load_model", lambda *a, **kw: (tiny_engine.target, tiny_engine.tokenizer))
+    engine = Engine.from_pretrained("some/model", sidecar_timeout_s=5, memory_size=4)
+    assert engine.sidecar is None and engine.memory.size == 4
+
+
+def test_a_tool_built_by_hand_validates_its_calls():
+    from oospec_agents.tools import Tool
+    tool = Tool("f", "", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    assert tool.validate({"a": 1}) is None
+    assert "'a' is a required property" in tool.validate({})
+    with pytest.raises(ToolSchemaError, match="invalid JSON Schema"):
+        Tool("g", "", {"type": "object", "properties": {"a": {"type": 3}}})

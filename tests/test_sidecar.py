@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from oospec_testing import greedy, tiny_model
+from oospec_testing import check_events, greedy, tiny_model, trace_stream
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.drafters import DraftContext, HintDrafter
@@ -431,17 +431,30 @@ def embedded_sidecar():
 
 
 @pytest.fixture(scope="module")
-def runs20(embedded_fp32, embedded_sidecar, dev_records20):
+def oospec_traces(embedded_fp32, embedded_sidecar, dev_records20):
+    """Per record: the oospec engine's streamed events with their rounds (the hint in time)."""
+    oospec = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(embedded_sidecar))
+    return oospec, [trace_stream(oospec, r["messages"], r["tools"], tool_choice="required", max_new_tokens=N,
+                                 method="oospec") for r in dev_records20]
+
+
+@pytest.fixture(scope="module")
+def runs20(embedded_fp32, dev_records20, oospec_traces):
     """Per record: plain greedy, toolspec, and oospec with the embedded sidecar's hint in time."""
-    target, tok = embedded_fp32.target, embedded_fp32.tokenizer
-    toolspec, oospec = Engine(target, tok), Engine(target, tok, InTime(embedded_sidecar))
+    toolspec = Engine(embedded_fp32.target, embedded_fp32.tokenizer)
     runs = []
-    for r in dev_records20:
+    for r, (events, _) in zip(dev_records20, oospec_traces[1]):
         ref = greedy(toolspec, toolspec.prompt_ids(r["messages"], r["tools"], tool_choice="required"), N)
-        ts, oo = (e.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N, method=m)
-                  for e, m in ((toolspec, "toolspec"), (oospec, "oospec")))
-        runs.append((r, ref, ts, oo))
+        ts = toolspec.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N, method="toolspec")
+        runs.append((r, ref, ts, events[-1][1]))
     return runs
+
+
+@pytest.mark.slow
+def test_oospec_streams_each_call_as_it_is_committed(dev_records20, oospec_traces):
+    engine, traces = oospec_traces
+    for r, (events, committed) in zip(dev_records20, traces):
+        check_events(engine, engine.prepare(r["messages"], r["tools"], "required").prefix, events, committed)
 
 
 @pytest.mark.slow

@@ -23,6 +23,9 @@ class ToolFormat(ABC):
     call_end: str
     #: text between two calls of one message
     call_sep: str
+    #: how a tool's result is written back, for chat templates that have no tool role of their own
+    tool_result_start: str = "<tool_response>\n"
+    tool_result_end: str = "\n</tool_response>"
 
     def call_json(self, name: str, arguments: dict) -> str:
         return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
@@ -32,6 +35,9 @@ class ToolFormat(ABC):
 
     def render_calls(self, calls: list[dict]) -> str:
         return self.call_sep.join(self.render_call(c["name"], _as_dict(c["arguments"])) for c in calls)
+
+    def render_tool_result(self, content: str) -> str:
+        return self.tool_result_start + content + self.tool_result_end
 
     def forced_prefix(self, name: str | None = None) -> str:
         """Assistant text prefilled to force a call (and, with `name`, that tool)."""

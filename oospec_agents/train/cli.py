@@ -79,6 +79,6 @@ def _run(args, kind):
         common.update(trim_tools=args.trim_tools, revalue=args.revalue, distract=args.distract)
         metrics = train_target(**common)
     else:
-        from .run import train_sidecar
+        from .sidecar_train import train_sidecar
         metrics = train_sidecar(**common)
     print_json(metrics)

@@ -27,11 +27,11 @@ def hint_share(engine, records, *, max_new_tokens=160, progress=True) -> dict:
         gen = engine.generate(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=max_new_tokens,
                               method="oospec")
         tot["n"] += 1
-        tot["new_tokens"] += gen.stats["new_tokens"]
-        for k, v in gen.stats["accepted_by_source"].items():
+        tot["new_tokens"] += gen.stats.new_tokens
+        for k, v in gen.stats.accepted_by_source.items():
             tot[k] += v
-        tot["hint_missing"] += gen.stats.get("hint_ready_s") is None
-        tot["late"] += bool(gen.stats.get("sidecar_error"))
+        tot["hint_missing"] += gen.stats.hint_ready_s is None
+        tot["late"] += bool(gen.stats.sidecar_error)
     tot["hint_share"] = round(tot["hint"] / max(1, tot["new_tokens"]), 4)
     return tot
 

@@ -1,4 +1,5 @@
-"""`train_target` / `train_sidecar`: data -> traces -> examples -> LoRA -> adapter + metrics.json."""
+"""`train_target`: data -> traces -> examples -> LoRA -> adapter + metrics.json, and the steps that
+`train_sidecar` (sidecar_train.py) shares with it."""
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ def load_base(base: str, dtype="float32"):
         raise ModelLoadError(f"unknown base model {base!r}: {type(e).__name__}: {e}") from None
 
 
-def _env() -> dict:
+def env_info() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
             "python": platform.python_version()}
 
@@ -45,7 +46,7 @@ def label_base(out: Path, base: str) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def _write_metrics(out: Path, metrics: dict) -> None:
+def write_metrics(out: Path, metrics: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
@@ -89,15 +90,15 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
                "augment": {"trim_tools": trim_tools, "revalue": revalue, "distract": distract},
                "init_adapter": None if init_adapter is None else str(init_adapter), "config": asdict(cfg),
                "train_seconds": round(result.seconds, 1), "steps": result.steps, "resumed_from": result.resumed_from,
-               "loss_curve": result.losses, "env": _env()}
+               "loss_curve": result.losses, "env": env_info()}
     log.warning("trained %d steps in %.0fs", result.steps, time.perf_counter() - t0)
     label_base(out, base)
-    _write_metrics(out, metrics)
+    write_metrics(out, metrics)
     if dev_records:
         metrics["dev"] = evaluate_adapter(base, out, dev_records, sources=eval_sources, limit=dev_limit,
                                           progress=progress)
         metrics["dev"]["file"] = str(dev)
-        _write_metrics(out, metrics)
+        write_metrics(out, metrics)
     return metrics
 
 
@@ -112,8 +113,3 @@ def evaluate_adapter(base, adapter, dev_records, *, sources=("bfcl_simple", "bfc
     engine = Engine(model, tok, None)
     return evaluate_target(engine, select(dev_records, sources, limit), sources=sources, method=method,
                            progress=progress, details=details)
-
-
-def train_sidecar(**kw) -> dict:
-    from .sidecar_train import train_sidecar as _ts
-    return _ts(**kw)

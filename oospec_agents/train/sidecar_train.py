@@ -12,6 +12,7 @@ import torch
 from .data import TrainDataError, select
 from .lora import LoraConfigArgs, train_lora
 from .rows import pack, training_rows
+from .run import env_info, label_base, prepare_run, write_metrics
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,6 @@ def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lo
                   stop_after=None) -> dict:
     """Train the sidecar's slot-prediction adapter on packed wave rows; evaluate it on `dev`."""
     from .. import models
-    from .run import _env, _write_metrics, label_base, prepare_run
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
     dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress)
@@ -116,13 +116,13 @@ def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lo
                "examples": {"total": len(examples), **counts}, "max_len": max_len, "max_null_rows": max_null_rows,
                "init_adapter": str(init_adapter) if init_adapter else None,
                "config": asdict(cfg), "train_seconds": round(result.seconds, 1), "steps": result.steps,
-               "resumed_from": result.resumed_from, "loss_curve": result.losses, "env": _env()}
-    _write_metrics(out, metrics)
+               "resumed_from": result.resumed_from, "loss_curve": result.losses, "env": env_info()}
+    write_metrics(out, metrics)
     if dev_records:
         dev_t = torch.device("cpu")
         m, t = models.load_model(base, device=dev_t, dtype=models.resolve_dtype(None, dev_t), adapter=out)
         metrics["dev"] = evaluate_sidecar(m, t, dev_records, sources=eval_sources, limit_per_source=dev_limit,
                                           progress=progress)
         metrics["dev"]["file"] = str(dev)
-        _write_metrics(out, metrics)
+        write_metrics(out, metrics)
     return metrics
