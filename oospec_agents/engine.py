@@ -25,6 +25,8 @@ from .drafters.retrieval import CallMemory
 from .errors import ContextLengthError, OoOSpecError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
+from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
+from .prefix_cache import PrefixCache
 from .sidecar import FixedHint, HintRequest
 from .sidecar.session import HintSession
 from .stats import SOURCES, DecodeStats
@@ -71,8 +73,10 @@ class Engine:
     _shared_lock = threading.Lock()
 
     def __init__(self, target, tokenizer, sidecar=None, *, fmt: ToolFormat | None = None,
-                 model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32):
-        """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off)."""
+                 model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32,
+                 prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS):
+        """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
+        `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off)."""
         self.target = target
         self.tokenizer = tokenizer
         self.sidecar = sidecar
@@ -83,6 +87,7 @@ class Engine:
         self.context_window = int(getattr(target.config, "max_position_embeddings", 0) or 2048)
         self.max_draft_nodes = max_draft_nodes
         self.memory = CallMemory(memory_size)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.eos_ids = eos_ids(target)
         self._verifier = Verifier(target)
         self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter()}
@@ -180,6 +185,10 @@ class Engine:
         req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop)  # bad input raises here, eagerly
         return self._locked(self._decode(req, method, hint, record_margins))
 
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached prompt KV; the next request prefills its whole prompt."""
+        self.prefix_cache.clear()
+
     def clear_call_memory(self) -> None:
         """Forget the earlier replies that retrieval drafts from (for every tool set)."""
         self.memory.clear()
@@ -198,13 +207,15 @@ class Engine:
         ctx = DraftContext(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix,
                            tools=req.tools, fmt=self.fmt, tokenizer=self.tokenizer,
                            memo={"pool": self.memory.recall(req.tools)})
-        cache = DynamicCache(config=self.target.config)
         done = False
         try:
             t0 = time.perf_counter()
-            logits = self._verifier.forward(req.prompt_ids, cache, 0, last_only=True)
+            hit, cache = self.prefix_cache.lookup(req.prompt_ids, lambda: DynamicCache(config=self.target.config))
+            logits = self._verifier.forward(req.prompt_ids[hit:], cache, hit, last_only=True)
             self._sync()
             stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
+            stats.cached_prompt_tokens = hit
+            self.prefix_cache.store(req.prompt_ids, cache)  # before decoding grows it
             pending = [int(logits[-1].argmax())]
             t1 = time.perf_counter()
             while True:

@@ -70,8 +70,7 @@ class Usage:
 
     @classmethod
     def of(cls, gen: Generation) -> "Usage":
-        cached = gen.stats.get("cached_prompt_tokens") or 0
-        return cls(gen.prompt_tokens, len(gen.token_ids), cached)
+        return cls(gen.prompt_tokens, len(gen.token_ids), gen.stats.cached_prompt_tokens)
 
 
 @dataclass

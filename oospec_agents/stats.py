@@ -14,6 +14,7 @@ class DecodeStats(Mapping):
     keeps working for code written against the dict it used to be."""
     method: str
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0        # prompt tokens whose KV came from the prefix cache
     new_tokens: int = 0
     target_forwards: int = 0
     accepted_by_source: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
@@ -25,6 +26,7 @@ class DecodeStats(Mapping):
     sidecar_error: str | None = None
     sidecar_declined: bool = False
     sidecar_profile: dict | None = None
+    sidecar_cached_prompt_tokens: int | None = None  # of the wave's shared prefix, when its hint arrived
     margins: list[float] | None = None   # top-2 logit margin per new token, when asked for
 
     @property

@@ -200,6 +200,23 @@ def test_the_batched_wave_equals_each_row_decoded_on_its_own(bpe_tokenizer, bpe_
     assert len(lengths) > 2  # rows did leave the batch at different steps
 
 
+def test_a_warm_wave_reuses_the_shared_prefix_and_answers_as_a_cold_one(bpe_tokenizer, bpe_sidecar_model):
+    tok, model = bpe_tokenizer, bpe_sidecar_model
+    tools = normalize_tools([WEATHER, TIME])
+    turn1 = normalize_messages(ASK)
+    turn2 = turn1 + [{"role": "assistant", "content": "Which city?"}, {"role": "user", "content": "Paris, please."}]
+    warm, cold = StaggeredWave(model, tok, max_row_tokens=8), StaggeredWave(model, tok, max_row_tokens=8,
+                                                                              prefix_cache_tokens=0)
+    cached = []
+    for turn in (turn1, turn2, turn2):
+        prefix, rows = expand_rows(turn, tools)
+        assert warm(prefix, rows[1:]) == cold(prefix, rows[1:])
+        assert cold.profile["cached_prefix_tokens"] == 0
+        cached.append(warm.profile["cached_prefix_tokens"])
+    # a miss; the next turn reuses the tools and the first turn; the same turn again reuses it all
+    assert cached[0] == 0 and 0 < cached[1] < warm.profile["prefix_tokens"] < cached[2]
+
+
 def test_the_function_row_picks_an_offered_name_and_rules_out_the_other_tools_rows(bpe_tokenizer, bpe_sidecar_model):
     req = _request()
     rows, prefix, choices = wave_rows(req)

@@ -52,6 +52,7 @@ class HintSession:
             return None
         self.stats.hint_ready_s, self.stats.hint_bytes = hint.ready_s, hint.payload_bytes
         self.stats.sidecar_profile = hint.profile
+        self.stats.sidecar_cached_prompt_tokens = (hint.profile or {}).get("cached_prefix_tokens")
         self.text = hint.text
         return hint.text
 

@@ -20,6 +20,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from ..prefix_cache import DEFAULT_TOKENS, PrefixCache
 from ..verify import cache_kwarg, eos_ids
 from .rows import Row, parse_value, value_end
 
@@ -27,7 +28,7 @@ JSON_STARTS = set('"{[-0123456789tfn')  # a row whose first character is none of
 
 
 class Wave:
-    def __init__(self, model, tokenizer, *, max_row_tokens: int = 32):
+    def __init__(self, model, tokenizer, *, max_row_tokens: int = 32, prefix_cache_tokens: int = DEFAULT_TOKENS):
         self.model = model
         self.tokenizer = tokenizer
         self.max_row_tokens = max_row_tokens
@@ -35,7 +36,10 @@ class Wave:
         self.cache_kw = cache_kwarg(model)
         self.eos = eos_ids(model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
-        #: where the last wave's time went: prefix_tokens, rows, prefill_s, steps (tokens per row at most), decode_s
+        #: the shared prefix (compact tools + conversation) of recent waves: the next turn reuses it
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        #: where the last wave's time went: prefix_tokens, cached_prefix_tokens, rows, prefill_s, steps
+        #: (tokens per row at most), decode_s
         self.profile: dict = {}
 
     def __call__(self, prefix: str, rows: list[Row], cancel: threading.Event | None = None,
@@ -54,8 +58,8 @@ class Wave:
         t0 = time.perf_counter()
         steps = 0
         with torch.inference_mode():
-            cache, logits, mask, pos = self._prefill(prefix_ids, [enc(r.suffix) for r in rows],
-                                                     [r.tool for r in rows])
+            cache, logits, mask, pos, cached = self._prefill(prefix_ids, [enc(r.suffix) for r in rows],
+                                                             [r.tool for r in rows])
             t1 = time.perf_counter()
             for _ in range(self.max_row_tokens):
                 if cancel is not None and cancel.is_set():
@@ -85,7 +89,7 @@ class Wave:
                 mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
                 logits = self._forward(tokens[:, None], cache, mask, pos[:, None])
                 pos = pos + 1
-        self.profile = {"prefix_tokens": len(prefix_ids), "rows": len(rows), "prefill_s": t1 - t0, "steps": steps,
+        self.profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": len(rows), "prefill_s": t1 - t0, "steps": steps,
                         "decode_s": time.perf_counter() - t1}
         return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
@@ -94,25 +98,28 @@ class Wave:
 
         Three levels, each fanned out from the one before: the prefix plus what all suffixes share
         (one sequence), what each group's suffixes share (one per group: a tool's call opener), then
-        each row's own rest (its key). Every row keeps at least one token for the last level.
-        Returns (cache, logits, attention mask so far, each row's next position)."""
+        each row's own rest (its key). Every row keeps at least one token for the last level. The
+        first level starts from the prefix cache's longest hit, and is cached in turn.
+        Returns (cache, logits, attention mask so far, each row's next position, tokens reused)."""
         common = _keep_one(_common_prefix(suffixes), suffixes)
         rests = [s[len(common):] for s in suffixes]
         group_ids = list(dict.fromkeys(groups))
         members = [[r for r, g in zip(rests, groups) if g == gid] for gid in group_ids]
         openers = [_keep_one(_common_prefix(m), m) for m in members]
         row_group = [group_ids.index(g) for g in groups]
-        cache = DynamicCache(config=self.model.config)
-        mask = torch.ones(1, 0, dtype=torch.long, device=self.device)
-        pos = torch.zeros(1, dtype=torch.long, device=self.device)
-        logits, mask, pos = self._feed(cache, mask, pos, [0], [prefix + common])
+        shared = prefix + common
+        hit, cache = self.prefix_cache.lookup(shared, lambda: DynamicCache(config=self.model.config))
+        mask = torch.ones(1, hit, dtype=torch.long, device=self.device)
+        pos = torch.full((1,), hit, dtype=torch.long, device=self.device)
+        logits, mask, pos = self._feed(cache, mask, pos, [0], [shared[hit:]])
+        self.prefix_cache.store(shared, cache)
         if any(openers):
             logits, mask, pos = self._feed(cache, mask, pos, [0] * len(openers), openers)
         else:
             row_group = [0] * len(rests)
         tails = [r[len(openers[g]):] for r, g in zip(rests, row_group)]
         logits, mask, pos = self._feed(cache, mask, pos, row_group, tails)
-        return cache, logits, mask, pos
+        return cache, logits, mask, pos, hit
 
     def _feed(self, cache, mask, pos, parents: list[int], segments: list[list[int]]):
         """Batch element i continues element parents[i] of the cache with segments[i], right-aligned

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from ..prefix_cache import DEFAULT_TOKENS
 from .base import Hint, HintRequest
 from .join import JoinError, NoCall, encode_payload, join, render_payload
 from .rows import Row, expand_rows
@@ -164,7 +165,8 @@ class Ticket:
 
 
 def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s: float = 30.0,
-                 sidecar_threads: int | None = 1, sidecar_max_row_tokens: int = 32) -> WaveSidecar:
+                 sidecar_threads: int | None = 1, sidecar_max_row_tokens: int = 32,
+                 sidecar_prefix_cache_tokens: int = DEFAULT_TOKENS) -> WaveSidecar:
     """Load a sidecar model (HF id, path, GGUF, or "embedded") behind a `WaveSidecar`.
 
     "embedded" is SmolLM2-135M-Instruct plus the slot-prediction LoRA adapter when it is present.
@@ -175,5 +177,6 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     if str(ref) == "embedded" and adapter is None and models.EMBEDDED_SIDECAR_ADAPTER.exists():
         adapter = models.EMBEDDED_SIDECAR_ADAPTER
     model, tok = models.load_model(ref, device=device, dtype=dtype, adapter=adapter)
-    return WaveSidecar(Wave(model, tok, max_row_tokens=sidecar_max_row_tokens), device=device,
+    wave = Wave(model, tok, max_row_tokens=sidecar_max_row_tokens, prefix_cache_tokens=sidecar_prefix_cache_tokens)
+    return WaveSidecar(wave, device=device,
                        timeout_s=sidecar_timeout_s, threads=sidecar_threads)

@@ -1,0 +1,107 @@
+"""The target's prefix cache: a warm prompt decodes the same tokens as a cold one, in fewer prefill tokens."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from oospec_testing import greedy, tiny_model
+from oospec_agents import Engine
+from oospec_agents.prefix_cache import PrefixCache
+
+WEATHER = {"type": "function", "function": {"name": "get_current_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["city"]}}}
+
+
+def ask(question: str) -> list[dict]:
+    return [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": question}]
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2_tokenizer):
+    """The same tiny target with a prefix cache, and without one (the cold reference)."""
+    model = tiny_model("qwen2", smollm2_tokenizer, seed=5)
+    return Engine(model, smollm2_tokenizer, prefix_cache_tokens=4096), Engine(model, smollm2_tokenizer,
+                                                                                prefix_cache_tokens=0)
+
+
+def run(engine, messages, method, **kw):
+    return engine.generate(messages, [WEATHER], tool_choice="required", max_new_tokens=24, method=method, **kw)
+
+
+@pytest.mark.parametrize("method", ["ar", "toolspec", "oospec"])
+def test_miss_partial_hit_and_full_hit_decode_the_cold_tokens(engines, method):
+    warm, cold = engines
+    warm.clear_prefix_cache()
+    first, second = ask("Weather in Paris?"), ask("And in Rome, in fahrenheit please?")
+    hint = '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    kw = {"hint": hint} if method == "oospec" else {}
+    miss = run(warm, first, method, **kw)
+    partial = run(warm, second, method, **kw)        # same system prompt and tools, another question
+    full = run(warm, second, method, **kw)           # the very same prompt again
+    assert miss.stats.cached_prompt_tokens == 0
+    n_second = len(warm.prompt_ids(second, [WEATHER], tool_choice="required"))
+    assert 0 < partial.stats.cached_prompt_tokens < n_second - 1
+    assert full.stats.cached_prompt_tokens == n_second - 1  # the last prompt token is always computed
+    for gen, messages in ((miss, first), (partial, second), (full, second)):
+        reference = run(cold, messages, method, **kw)
+        assert gen.token_ids == reference.token_ids
+        ids = cold.prompt_ids(messages, [WEATHER], tool_choice="required")
+        assert gen.token_ids == greedy(cold, ids, 24)
+
+
+def test_a_cached_entry_is_unchanged_by_the_requests_that_reuse_it(engines):
+    warm, cold = engines
+    a, b = ask("Weather in Oslo?"), ask("Weather in Lima, in c?")
+    expected = {id(m): run(cold, m, "toolspec").token_ids for m in (a, b)}
+    for order in ((a, b, a, b), (b, a, b, a)):
+        warm.clear_prefix_cache()
+        for m in order:
+            assert run(warm, m, "toolspec").token_ids == expected[id(m)]
+
+
+def test_an_evicted_prompt_is_a_miss_and_still_decodes_the_same(smollm2_tokenizer, engines):
+    _, cold = engines
+    small = Engine(cold.target, smollm2_tokenizer, prefix_cache_tokens=400)
+    a, b = ask("Weather in Oslo?"), ask("Weather in Kyoto, in f?")
+    n = len(small.prompt_ids(a, [WEATHER], tool_choice="required"))
+    assert 200 < n <= 400 < 2 * n  # one prompt fits the budget, two do not
+    run(small, a, "ar")
+    run(small, b, "ar")        # shares a prefix with a, and its storage evicts a
+    assert small.prefix_cache.tokens <= 400 and len(small.prefix_cache) == 1
+    other = [{"role": "user", "content": "Something else entirely."}]
+    gen = small.generate(other, max_new_tokens=8, method="ar")
+    assert gen.stats.cached_prompt_tokens < 10
+    assert gen.token_ids == cold.generate(other, max_new_tokens=8, method="ar").token_ids
+
+
+def test_memory_stays_within_the_budget_after_100_distinct_prompts(smollm2_tokenizer, engines):
+    engine = Engine(engines[1].target, smollm2_tokenizer, prefix_cache_tokens=1000)
+    for i in range(100):
+        engine.generate([{"role": "user", "content": f"Question number {i}: " + "word " * (i % 7)}],
+                        max_new_tokens=1, method="ar")
+        assert engine.prefix_cache.tokens <= 1000
+    held = sum(layer.keys.shape[-2] for entry in engine.prefix_cache._entries.values() for layer in entry.layers)
+    assert held == engine.prefix_cache.tokens * len(engine.target.model.layers)
+
+
+def test_concurrent_requests_that_share_a_prefix_all_answer_correctly(engines):
+    warm, cold = engines
+    warm.clear_prefix_cache()
+    questions = [ask(f"Weather in city number {i}?") for i in range(6)]
+    expected = [run(cold, q, "toolspec").token_ids for q in questions]
+    results: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(warm, questions[i], "toolspec").token_ids))
+               for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(6)] == expected
+
+
+def test_the_budget_is_checked():
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        PrefixCache(-1)
+    assert PrefixCache(0).lookup([1, 2, 3], lambda: "empty") == (0, "empty")
