@@ -186,8 +186,12 @@ class Engine:
         return self._locked(self._decode(req, method, hint, record_margins))
 
     def clear_prefix_cache(self) -> None:
-        """Drop every cached prompt KV; the next request prefills its whole prompt."""
+        """Drop every cached prompt KV, the target's and the sidecar's wave's: the next request
+        prefills its whole prompt."""
         self.prefix_cache.clear()
+        sidecar_clear = getattr(self.sidecar, "clear_prefix_cache", None)  # optional in the Sidecar protocol
+        if sidecar_clear is not None:
+            sidecar_clear()
 
     def clear_call_memory(self) -> None:
         """Forget the earlier replies that retrieval drafts from (for every tool set)."""

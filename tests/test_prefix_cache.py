@@ -105,3 +105,14 @@ def test_the_budget_is_checked():
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         PrefixCache(-1)
     assert PrefixCache(0).lookup([1, 2, 3], lambda: "empty") == (0, "empty")
+
+
+def test_clearing_empties_the_target_and_the_sidecar_caches(engines):
+    warm, _ = engines
+    cleared = []
+    sidecar = type("Sidecar", (), {"submit": None, "clear_prefix_cache": lambda self: cleared.append(True)})()
+    engine = Engine(warm.target, warm.tokenizer, sidecar)
+    engine.generate(ask("Weather in Oslo?"), max_new_tokens=1, method="ar")
+    assert len(engine.prefix_cache) == 1
+    engine.clear_prefix_cache()
+    assert len(engine.prefix_cache) == 0 and cleared == [True]

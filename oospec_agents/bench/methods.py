@@ -47,6 +47,7 @@ class BenchContext:
 
 def _engine(ctx: BenchContext, rec: dict, method: str, hint: str | None = None, margins: bool = False) -> Run:
     ctx.engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
+    ctx.engine.clear_prefix_cache()  # and a cold one: no method reuses the prompt another method prefilled
     gen = ctx.engine.generate(rec["messages"], rec["tools"], tool_choice=ctx.tool_choice,
                               max_new_tokens=ctx.max_new_tokens, method=method, hint=hint, record_margins=margins)
     s = gen.stats

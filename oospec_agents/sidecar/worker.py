@@ -42,6 +42,11 @@ class WaveSidecar:
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._one_wave = threading.Lock()  # taken only by wave threads: a cancelled wave finishes before the next
 
+    def clear_prefix_cache(self) -> None:
+        cache = getattr(self.wave, "prefix_cache", None)  # a wave function may keep none
+        if cache is not None:
+            cache.clear()
+
     def submit(self, request: HintRequest) -> "Ticket":
         ticket = Ticket(request, self.timeout_s)
         thread = threading.Thread(target=self._run, args=(request, ticket), name="oospec-sidecar", daemon=True)
