@@ -216,10 +216,10 @@ class Engine:
             t0 = time.perf_counter()
             hit, cache = self.prefix_cache.lookup(req.prompt_ids, lambda: DynamicCache(config=self.target.config))
             logits = self._verifier.forward(req.prompt_ids[hit:], cache, hit, last_only=True)
+            self.prefix_cache.store(req.prompt_ids, cache)  # before decoding grows it
             self._sync()
             stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
             stats.cached_prompt_tokens = hit
-            self.prefix_cache.store(req.prompt_ids, cache)  # before decoding grows it
             pending = [int(logits[-1].argmax())]
             t1 = time.perf_counter()
             while True:
@@ -273,11 +273,7 @@ class Engine:
 
     def _finish(self, req: Prepared, reply: "_Reply", stats: DecodeStats, ids: str) -> Generation:
         content, parsed = self.fmt.parse(reply.text)
-        # An invalid call's arguments are the text its fragments streamed, as the target wrote it.
-        streamed = reply.events.final_arguments(reply.text)
-        if len(streamed) == len(parsed):
-            parsed = [dict(c, arguments=a) if "error" in c else c for c, a in zip(parsed, streamed)]
-        calls, invalid = check_calls(parsed, req.tools, id_prefix=ids)
+        calls, invalid = check_calls(reply.events.settle(reply.text, parsed), req.tools, id_prefix=ids)
         finish = reply.finish
         if calls and finish == "stop":
             finish = "tool_calls"

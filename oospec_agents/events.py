@@ -196,10 +196,14 @@ class ReplyEvents:
         end = so_far.args_end if so_far.args_end is not None else (len(raw) if final else so_far.safe_end)
         return raw[so_far.args_start:end]
 
-    def final_arguments(self, text: str) -> list[str]:
-        """Per call, in text order, the arguments text that its fragments join to."""
-        return [self.arguments_text(seg[1], read_call(seg[1], self._args_keys), True)
-                for seg in self.fmt.segments(text) if seg[0] == "call"]
+    def settle(self, text: str, parsed: list[dict]) -> list[dict]:
+        """`fmt.parse(text)`'s calls, each invalid one's arguments made the text its fragments joined
+        to (what the target wrote for them), so the stream and the final Generation agree."""
+        streamed = [self.arguments_text(seg[1], read_call(seg[1], self._args_keys), True)
+                    for seg in self.fmt.segments(text) if seg[0] == "call"]
+        if len(streamed) != len(parsed):
+            return parsed
+        return [dict(c, arguments=a) if "error" in c else c for c, a in zip(parsed, streamed)]
 
 
 Event = Union[TextDelta, ToolCallDelta, "Generation"]  # noqa: F821 (Generation lives in engine.py)

@@ -50,9 +50,7 @@ class ScriptedEngine(Engine):
             yield from events.feed(text[:end])
         yield from events.feed(text, final=True)
         content, parsed = self.fmt.parse(text)
-        streamed = events.final_arguments(text)
-        parsed = [dict(c, arguments=a) if "error" in c else c for c, a in zip(parsed, streamed)]
-        calls, invalid = check_calls(parsed, offered, id_prefix="call_scripted")
+        calls, invalid = check_calls(events.settle(text, parsed), offered, id_prefix="call_scripted")
         n = max(1, len(text) // self.step)
         stats = DecodeStats(method, prompt_tokens=11, new_tokens=n, target_forwards=3,
                             accepted_by_source={"schema": 5, "retrieval": 0, "hint": 2}, hint_bytes=40)
