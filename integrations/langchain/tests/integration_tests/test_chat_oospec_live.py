@@ -66,13 +66,25 @@ def test_multi_turn_tool_history_reaches_the_prompt(model):
 
 
 def test_streamed_text_equals_the_invoked_text(model):
+    engine = model._engines.get()
+    # both runs cold, so their usage can be equal: the prefix cache would serve the second one's prompt
+    engine.clear_prefix_cache()
     invoked = model.invoke("Name three colours.", **AR)
+    engine.clear_prefix_cache()
     chunks = list(model.stream("Name three colours.", **AR))
     assert sum(1 for c in chunks if c.content) > 1, "text should arrive in several deltas"
     streamed = collect(chunks)
     assert streamed.content == invoked.content
     assert streamed.usage_metadata == invoked.usage_metadata
     assert chunks[-1].chunk_position == "last"
+
+
+def test_a_repeated_prompt_reports_the_tokens_read_from_the_prefix_cache(model):
+    model._engines.get().clear_prefix_cache()
+    cold = model.invoke("Name three colours.", **AR).usage_metadata
+    warm = model.invoke("Name three colours.", **AR).usage_metadata
+    assert "input_token_details" not in cold, f"a cold prompt read from the cache: {cold}"
+    assert 0 < warm["input_token_details"]["cache_read"] <= warm["input_tokens"] == cold["input_tokens"], warm
 
 
 def test_stop_sequence_cuts_stream_and_invoke_alike(model):
