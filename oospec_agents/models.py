@@ -132,29 +132,29 @@ def gguf_to_safetensors(gguf_path: Path) -> Path:
 
 # --------------------------------------------------------------------------- models
 
-def resolve_reference(ref: str | os.PathLike) -> tuple[str, str | None]:
-    """(what to pass to from_pretrained, its default adapter or None)."""
+def resolve_reference(ref: str | os.PathLike) -> str:
+    """What to pass to `from_pretrained` for a model reference (checked; GGUF files converted once)."""
     ref = str(ref)
     if ref in ("embedded", "smollm2", "smollm2-instruct"):
-        return str(gguf_to_safetensors(embedded_gguf("smollm2"))), None
+        return str(gguf_to_safetensors(embedded_gguf("smollm2")))
     path = Path(ref).expanduser()
     if ref.endswith(".gguf"):
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {ref!r} does not exist")
-        return str(gguf_to_safetensors(path)), None
+        return str(gguf_to_safetensors(path))
     if path.exists():
         if not (path / "config.json").exists():
             raise ModelLoadError(f"{ref!r} is a path but holds no config.json (not a transformers model directory)")
-        return str(path), None
+        return str(path)
     if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
         raise ModelLoadError(f"model path {ref!r} does not exist")
-    return ref, None  # a hub id: transformers resolves (and, for real users, downloads) it
+    return ref  # a hub id: transformers resolves (and, for real users, downloads) it
 
 
 def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | os.PathLike | None = None):
     """Load (model, tokenizer) in eval mode on `device`; merge a LoRA `adapter` for speed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    source, _ = resolve_reference(ref)
+    source = resolve_reference(ref)
     try:
         tok = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)

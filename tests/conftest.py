@@ -16,7 +16,7 @@ def dev_records20() -> list[dict]:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     from oospec_agents.models import resolve_reference
-    return resolve_reference("embedded")[0]
+    return resolve_reference("embedded")
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,17 @@ def tiny_model(kind: str, tokenizer, seed: int = 0):
     return model
 
 
+def make_tiny_engine(kind: str = "llama"):
+    """A real engine on a tiny random model with SmolLM2's tokenizer: nonsense replies, a few
+    milliseconds a round -- for what needs a real engine but not a real answer."""
+    from transformers import AutoTokenizer
+
+    from oospec_agents import Engine
+    from oospec_agents.models import resolve_reference
+    tokenizer = AutoTokenizer.from_pretrained(resolve_reference("embedded"))
+    return Engine(tiny_model(kind, tokenizer), tokenizer, model_name=f"tiny-{kind}")
+
+
 def greedy(engine, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Plain transformers greedy decoding: the reference every method must reproduce."""
     inp = torch.tensor([prompt_ids], device=engine.target.device)

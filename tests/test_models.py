@@ -38,12 +38,12 @@ def test_cache_location_follows_oospec_cache(monkeypatch, tmp_path):
 
 
 def test_gguf_file_reference_resolves_to_the_cache():
-    source, _ = resolve_reference(str(embedded_gguf()))
+    source = resolve_reference(str(embedded_gguf()))
     assert source == str(gguf_to_safetensors(embedded_gguf()))
 
 
 def test_hub_ids_pass_through_for_transformers_to_resolve():
-    assert resolve_reference("Qwen/Qwen2.5-0.5B-Instruct")[0] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert resolve_reference("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 @pytest.mark.parametrize("ref, words", [("/nope/model", "does not exist"), ("missing.gguf", "does not exist")])

@@ -38,14 +38,9 @@ def embedded_llm():
     return OoOSpec(max_new_tokens=48)
 
 
-
 @pytest.fixture(scope="session")
 def tiny_engine():
     """A real engine on a tiny random model (SmolLM2's tokenizer, 2 layers): its replies are long
     nonsense, decoded in a few milliseconds a round, so a stream can be abandoned halfway."""
-    from oospec_testing import tiny_model
-    from oospec_agents import Engine
-    from oospec_agents.models import resolve_reference
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(resolve_reference("embedded")[0])
-    return Engine(tiny_model("llama", tokenizer), tokenizer, model_name="tiny-llama")
+    from oospec_testing import make_tiny_engine
+    return make_tiny_engine()

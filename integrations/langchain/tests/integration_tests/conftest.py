@@ -14,10 +14,5 @@ sys.path.append(str(Path(__file__).resolve().parents[4] / "tests"))
 def tiny_engine():
     """SmolLM2's tokenizer over 2 random layers: replies are nonsense that runs to max_tokens, a few
     milliseconds a round."""
-    from oospec_testing import tiny_model
-    from transformers import AutoTokenizer
-
-    from oospec_agents import Engine
-    from oospec_agents.models import resolve_reference
-    tokenizer = AutoTokenizer.from_pretrained(resolve_reference("embedded")[0])
-    return Engine(tiny_model("llama", tokenizer), tokenizer, model_name="tiny-llama")
+    from oospec_testing import make_tiny_engine
+    return make_tiny_engine()
