@@ -69,6 +69,9 @@ class ChatOoOSpec(BaseChatModel):
     temperature: float | None = None
     """Only greedy decoding exists, so only 0 (or unset) is accepted."""
     stop: list[str] | None = None
+    prefix_cache_tokens: int | None = None
+    """KV of recent prompts the engine keeps for reuse, in tokens (0 turns it off; None: the engine's
+    default). An agent resends its system prompt and tools every turn: only the new tail is prefilled."""
     engine: Engine | None = Field(default=None, exclude=True)
     """An already loaded engine, used instead of loading `model`."""
     _engines: LazyEngine = PrivateAttr()
@@ -89,8 +92,9 @@ class ChatOoOSpec(BaseChatModel):
     def _select_engine(self) -> ChatOoOSpec:
         if self.engine is not None and "model" not in self.model_fields_set:
             self.model = self.engine.model_name
-        devices = {"target_device": self.target_device, "sidecar_device": self.sidecar_device}
-        self._engines = LazyEngine(self.model, self.sidecar, options=devices, engine=self.engine)
+        options = {"target_device": self.target_device, "sidecar_device": self.sidecar_device,
+                   "prefix_cache_tokens": self.prefix_cache_tokens}
+        self._engines = LazyEngine(self.model, self.sidecar, options=options, engine=self.engine)
         return self
 
     @property

@@ -84,6 +84,17 @@ def test_constructing_loads_nothing_and_metadata_loads_the_engine(monkeypatch):
     assert loads == [("some-org/some-model", {"target_device": "cpu"})]
 
 
+def test_prefix_cache_budget_reaches_the_engine(monkeypatch):
+    loads = []
+    monkeypatch.setattr(Engine, "_shared", {})
+    monkeypatch.setattr(Engine, "from_pretrained", lambda target, sidecar=None, **kw: loads.append(kw) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        OoOSpec(prefix_cache_tokens=0).metadata
+    assert loads == [{"prefix_cache_tokens": 0}]
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        OoOSpec(prefix_cache_tokens=-1)
+
+
 @pytest.mark.parametrize("bad, error", [
     ({"model": "/no/such/model"}, "model path '/no/such/model' does not exist"),
     ({"target_device": "tpu"}, "unknown device 'tpu'"),

@@ -89,6 +89,15 @@ def test_same_models_share_one_engine(monkeypatch, scripted):
     assert first._engines.get() is second._engines.get()
 
 
+def test_prefix_cache_budget_reaches_the_engine(monkeypatch, scripted):
+    loads = []
+    monkeypatch.setattr(Engine, "_shared", {})
+    monkeypatch.setattr(Engine, "from_pretrained",
+                        classmethod(lambda cls, *args, **kw: loads.append(kw) or scripted("a")))
+    ChatOoOSpec(prefix_cache_tokens=0).invoke("hi")
+    assert loads == [{"prefix_cache_tokens": 0}]
+
+
 def test_given_engine_names_the_model(scripted):
     assert ChatOoOSpec(engine=scripted()).model == "scripted-test-double"
 

@@ -68,6 +68,9 @@ class OoOSpec(FunctionCallingLLM):
         default="oospec", description="Decoding method: plain autoregressive, schema drafting only, or "
         "schema drafting plus the sidecar's hints.")
     max_new_tokens: int = Field(default=256, gt=0, description="Most tokens generated per reply.")
+    prefix_cache_tokens: Optional[int] = Field(
+        default=None, ge=0, description="KV of recent prompts kept for reuse, in tokens (0 turns it off; "
+        "None: the engine's default), so each agent turn prefills only what is new.")
 
     _engine: LazyEngine = PrivateAttr()
 
@@ -80,6 +83,7 @@ class OoOSpec(FunctionCallingLLM):
         sidecar_device: Optional[str] = None,
         method: Literal["ar", "toolspec", "oospec"] = "oospec",
         max_new_tokens: int = 256,
+        prefix_cache_tokens: Optional[int] = None,
         engine: Optional[Engine] = None,
         **kwargs: Any,
     ) -> None:
@@ -93,10 +97,11 @@ class OoOSpec(FunctionCallingLLM):
                 raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
             model = engine.model_name
         super().__init__(model="embedded" if model is None else os.fspath(model), method=method,
-                         max_new_tokens=max_new_tokens, **placement, **kwargs)
+                         max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens, **placement,
+                         **kwargs)
         # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
-        self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device,
-                                                        "sidecar_device": sidecar_device}, engine)
+        self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device, "sidecar_device": sidecar_device,
+                                                        "prefix_cache_tokens": prefix_cache_tokens}, engine)
 
     @classmethod
     def class_name(cls) -> str:
