@@ -35,10 +35,16 @@ def add_parser(sub, name):
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no report on stdout")
+    p.add_argument("--server", metavar="URL", default=None,
+                   help="measure one engine method (--methods ar|toolspec|oospec) end to end through a running "
+                        "`oospec serve` at URL instead of in process: median and p95 per request")
+    p.add_argument("--api-key", default=None, help="with --server: the server's --api-key")
     p.set_defaults(run=run)
 
 
 def run(args):
+    if args.server:
+        return run_server(args)
     import torch
 
     from ..engine import Engine
@@ -80,3 +86,24 @@ def _load_assistant(args, engine):
     if not same_vocab:
         log.warning("assistant %s has another vocabulary; using transformers' universal assisted decoding", ref)
     return model, (None if same_vocab else tok)
+
+
+def run_server(args):
+    from ..engine import METHODS as ENGINE_METHODS
+    from .bfcl import read_bfcl
+    from .records import load_records, spread
+    from .server import run_server_bench, write
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if len(methods) != 1 or methods[0] not in ENGINE_METHODS:
+        raise ValueError(f"--server measures one engine method: pass --methods with one of {list(ENGINE_METHODS)}, "
+                         f"got {args.methods!r}")
+    records = spread(read_bfcl(args.bfcl) if args.bfcl else load_records(args.data), args.limit)
+    results = run_server_bench(args.server, records, method=methods[0], tool_choice=args.tool_choice,
+                               max_new_tokens=args.max_new_tokens, api_key=args.api_key,
+                               warmup=not args.no_warmup, progress=not args.quiet, data=args.bfcl or args.data)
+    paths = write(results, args.out)
+    if not args.quiet:
+        print(paths["report"].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0

@@ -1,0 +1,189 @@
+"""The FastAPI app: OpenAI Chat Completions over one engine, plus /v1/models, /health and /metrics.
+
+Every reply, streamed or not, is built from the engine's one event stream, so a non-streamed reply is
+exactly the aggregate of the streamed chunks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from contextlib import asynccontextmanager
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .. import TextDelta, ToolCallDelta
+from .errors import Guard, ServeError, error_body, install_error_handlers
+from .metrics import Metrics
+from .protocol import ChatCompletionRequest, Reply, refuse_sampling, sse
+from .scheduler import Scheduler
+
+log = logging.getLogger("oospec.serve")
+
+CHAT_PATH = "/v1/chat/completions"
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _State:
+    """What the routes share: the engine (None while loading), its queue, its metrics."""
+
+    def __init__(self, model: str, replica: str, max_queue: int, method: str):
+        self.model, self.replica, self.method = model, replica, method
+        self.metrics = Metrics()
+        self.scheduler = Scheduler(max_queue, self.metrics.queue_depth.set)
+        self.engine = None
+        self.load_error: str | None = None
+
+    def ready_engine(self):
+        if self.engine is not None:
+            return self.engine
+        if self.load_error is not None:
+            raise ServeError(500, f"the model failed to load: {self.load_error}", code="model_load_failed")
+        raise ServeError(503, f"the model {self.model!r} is still loading; retry shortly", code="model_loading")
+
+
+def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: str = "embedded",
+               api_key: str | None = None, max_queue: int = 64, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               replica_id: str | None = None, method: str = "oospec", close_engine: bool = False) -> FastAPI:
+    """An OpenAI-compatible app serving `engine`, or the engine `loader()` returns.
+
+    With a loader the app answers at once: 503 while the loader runs (on a thread), then serves.
+    `model` is the id clients name in requests. `close_engine` closes the engine on shutdown
+    (an engine the app loaded itself always is).
+    """
+    if (engine is None) == (loader is None):
+        raise ValueError("create_app needs exactly one of engine= or loader=")
+    state = _State(model, replica_id or default_replica_id(), max_queue, method)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loading = None
+        if loader is None:
+            state.engine = engine
+        else:
+            loading = asyncio.get_running_loop().run_in_executor(None, _load, state, loader)
+        try:
+            yield
+        finally:
+            state.scheduler.shutdown()
+            if loading is not None:
+                await loading
+            if (loader is not None or close_engine) and hasattr(state.engine, "close"):
+                state.engine.close()
+
+    app = FastAPI(title="oospec serve", lifespan=lifespan)
+    app.state.oospec = state
+    install_error_handlers(app)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, metrics=state.metrics,
+                       chat_path=CHAT_PATH)
+
+    @app.get("/health")
+    async def health():
+        status = "ok" if state.engine is not None else "failed" if state.load_error else "loading"
+        code = {"ok": 200, "loading": 503, "failed": 500}[status]
+        return JSONResponse({"status": status, "model": state.model, "replica": state.replica,
+                             "queue": state.scheduler.waiting, "error": state.load_error}, status_code=code)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.exposition(), media_type=state.metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.model, "object": "model", "created": 0,
+                                            "owned_by": "oospec-agents"}]}
+
+    @app.post(CHAT_PATH)
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        t0 = time.perf_counter()
+        if req.model != state.model:
+            raise ServeError(404, f"unknown model {req.model!r}; this server serves {state.model!r}",
+                             param="model", code="model_not_found")
+        refuse_sampling(req)
+        eng = state.ready_engine()
+        method = req.method or state.method
+        max_new = req.max_completion_tokens or req.max_tokens
+        # Bad input raises here, on the loop, before the request takes a place in the queue.
+        events = eng.stream(req.messages, req.tools, tool_choice=req.tool_choice or "auto",
+                            method=method, stop=req.stop, **({"max_new_tokens": max_new} if max_new else {}))
+        hint_asked = method == "oospec" and bool(req.tools) and req.tool_choice != "none" and eng.sidecar is not None
+        job = state.scheduler.submit(events)
+        reply = Reply(state.model, state.replica, keep_calls=1 if req.parallel_tool_calls is False else None)
+
+        def finished(gen):
+            state.metrics.record(gen, hint_asked and not dict(gen.stats).get("sidecar_declined"))
+
+        if req.stream:
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_sse(job, reply, state, t0, usage, finished), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        gen = await _collect(job, reply, state, t0, request)
+        if gen is None:
+            return Response(status_code=499)  # the client closed the request; nobody reads this
+        finished(gen)
+        return reply.body(gen)
+
+    return app
+
+
+def _load(state: _State, loader) -> None:
+    try:
+        state.engine = loader()
+        log.info("model %r loaded; serving", state.model)
+    except Exception as e:
+        log.exception("loading the model failed")
+        state.load_error = f"{type(e).__name__}: {e}"
+
+
+def _apply(reply: Reply, item, state: _State, t0: float):
+    """Fold one engine event into the reply; returns its chunk, the Generation, or None."""
+    if isinstance(item, (TextDelta, ToolCallDelta)):
+        if not reply.content and not reply.calls:
+            state.metrics.ttft.observe(time.perf_counter() - t0)
+        return reply.text(item.text) if isinstance(item, TextDelta) else reply.tool_call(item)
+    return item  # the Generation
+
+
+async def _collect(job, reply: Reply, state: _State, t0: float, request: Request):
+    """A non-streamed reply: every event folded in; None when the client left before the end."""
+    async def watch():
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.25)
+        job.cancel()
+
+    watcher = asyncio.create_task(watch())
+    gen = None
+    try:
+        async for item in job.events():
+            _apply(reply, item, state, t0)
+            if not isinstance(item, (TextDelta, ToolCallDelta)):
+                gen = item
+    finally:
+        watcher.cancel()
+    return gen
+
+
+async def _sse(job, reply: Reply, state: _State, t0: float, usage: bool, finished):
+    yield sse(reply.first_chunk())
+    try:
+        async for item in job.events():
+            out = _apply(reply, item, state, t0)
+            if isinstance(out, dict):
+                yield sse(out)
+            elif out is not None:
+                finished(out)
+                yield sse(reply.last_chunk(out))
+                if usage:
+                    yield sse(reply.usage_chunk(out))
+    except Exception as e:  # the status line is sent: the error goes in the stream, as OpenAI's does
+        log.exception("streamed request failed")
+        yield sse(error_body(500, f"internal error ({type(e).__name__}); the server log has the details"))
+    yield sse("[DONE]")

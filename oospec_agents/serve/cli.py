@@ -1,0 +1,79 @@
+"""`oospec serve`: the OpenAI-compatible server, on this machine (uvicorn) or as Ray Serve replicas."""
+from __future__ import annotations
+
+import logging
+import os
+
+from ..engine import METHODS
+from .app import DEFAULT_MAX_BODY_BYTES
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="serve OpenAI Chat Completions (tools, streaming) over the engine",
+                       description=__doc__)
+    p.add_argument("--model", default="embedded", help="the target: HF id, local dir, GGUF file, or 'embedded'")
+    p.add_argument("--sidecar", default=None, help="sidecar model (default: the embedded one for --model embedded)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the id clients pass as `model` (default: the --model value)")
+    p.add_argument("--target-device", default=None)
+    p.add_argument("--sidecar-device", default=None)
+    p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
+    p.add_argument("--method", default="oospec", choices=METHODS,
+                   help="decoding method when a request names none (all give the same tokens)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at startup)")
+    p.add_argument("--api-key", default=os.environ.get("OOSPEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/ (default: $OOSPEC_API_KEY, else none)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait behind the one being decoded; more get 429 (default 64)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ray = p.add_argument_group("Ray Serve (beyond one process or machine)")
+    ray.add_argument("--ray", action="store_true", help="run as a Ray Serve application, one engine per replica")
+    scale = ray.add_mutually_exclusive_group()
+    scale.add_argument("--replicas", type=int, default=None, help="a fixed number of replicas (default 1)")
+    scale.add_argument("--autoscale", metavar="MIN,MAX", default=None, help="autoscale between MIN and MAX replicas")
+    ray.add_argument("--ray-address", default=None,
+                     help="cluster to join (default: $RAY_ADDRESS, a local `ray start` cluster, or a new one)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0)
+    p.set_defaults(run=run)
+
+
+def run(args):
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.max_body_bytes < 1:
+        raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    if (args.replicas is not None or args.autoscale is not None) and not args.ray:
+        raise ValueError("--replicas and --autoscale need --ray")
+    load = {"target": args.model, "sidecar": args.sidecar, "target_device": args.target_device,
+            "sidecar_device": args.sidecar_device, "dtype": args.dtype}
+    options = {"model": args.served_model_name or args.model, "api_key": args.api_key, "max_queue": args.max_queue,
+               "max_body_bytes": args.max_body_bytes, "method": args.method}
+    if args.ray:
+        from .ray_app import serve_forever
+        return serve_forever(load, options, host=args.host, port=args.port, replicas=args.replicas,
+                             autoscale=parse_autoscale(args.autoscale), address=args.ray_address,
+                             cpus_per_replica=args.cpus_per_replica)
+    import uvicorn
+
+    from ..engine import Engine
+    from .app import create_app
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
+    app = create_app(loader=lambda: Engine.from_pretrained(**load), **options)
+    # The engine loads on a thread after startup; until then requests get 503.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    return 0
+
+
+def parse_autoscale(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--autoscale takes MIN,MAX (two integers), got {text!r}") from None
+    if not 0 <= lo <= hi or hi < 1:
+        raise ValueError(f"--autoscale MIN,MAX needs 0 <= MIN <= MAX and MAX >= 1, got {text!r}")
+    return lo, hi

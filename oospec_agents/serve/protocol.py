@@ -1,0 +1,148 @@
+"""The OpenAI Chat Completions request as we accept it, and the bodies we answer with.
+
+Fields we do not use (`user`, `seed`, `metadata`, `store`, ...) are accepted and ignored. Fields that
+would ask for something other than the target's greedy decoding are refused by `refuse_sampling`:
+the server never alters the tokens the target commits.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine import METHODS
+
+#: stats not worth a line in every response
+_HIDDEN_STATS = ("margins", "sidecar_profile")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    response_format: dict[str, Any] | None = None
+    #: oospec's own field: the decoding method (all three give the same tokens; only the speed differs)
+    method: Literal[METHODS] | None = None  # type: ignore[valid-type]
+
+
+class RequestError(ValueError):
+    """A request the server understands but will not serve; `param` names the field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def refuse_sampling(req: ChatCompletionRequest) -> None:
+    """Only greedy decoding is served: anything that would change the tokens is a 400."""
+    neutral = {"temperature": (0,), "top_p": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
+               "n": (1,)}
+    for field, values in neutral.items():
+        value = getattr(req, field)
+        if value is not None and value not in values:
+            raise RequestError(f"{field}={value!r} is not served: the reply is the target's greedy decoding, "
+                               f"so {field} must be absent or {values[0]}", field)
+    if req.logit_bias:
+        raise RequestError("logit_bias is not served: it would change the target's greedy tokens", "logit_bias")
+    if req.logprobs:
+        raise RequestError("logprobs=true is not supported", "logprobs")
+    kind = (req.response_format or {}).get("type", "text")
+    if kind != "text":
+        raise RequestError(f"response_format type {kind!r} is not supported; pass the schema as a tool "
+                           "with tool_choice naming it to get structured output", "response_format")
+
+
+def usage(gen) -> dict:
+    completion = len(gen.token_ids)
+    return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": gen.prompt_tokens + completion}
+
+
+def oospec_object(gen, calls: list[dict], replica: str) -> dict:
+    """The extra top-level object: speculation stats, the calls that failed their schema, the replica."""
+    stats = {k: v for k, v in dict(gen.stats).items() if k not in _HIDDEN_STATS}
+    index = {c["id"]: i for i, c in enumerate(calls)}
+    failures = [{"index": index.get(c["id"]), "id": c["id"], "name": c["name"], "error": c["error"]}
+                for c in gen.invalid_tool_calls]
+    return {"replica": replica, "stats": json.loads(json.dumps(stats, default=str)), "schema_failures": failures}
+
+
+class Reply:
+    """One reply as it is sent: the chunks of a stream, or (aggregated from the same events) the body."""
+
+    def __init__(self, model: str, replica: str, keep_calls: int | None = None):
+        self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = model
+        self.replica = replica
+        self.keep_calls = keep_calls      # parallel_tool_calls=false: the first call only
+        self.content = ""
+        self.calls: list[dict] = []       # {"id", "name", "arguments": text as generated}
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
+
+    def first_chunk(self) -> dict:
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def text(self, text: str) -> dict:
+        self.content += text
+        return self.chunk({"content": text})
+
+    def tool_call(self, ev) -> dict | None:
+        """The chunk for one ToolCallDelta (None when it belongs to a call that is not kept)."""
+        if self.keep_calls is not None and ev.index >= self.keep_calls:
+            return None
+        if ev.name is not None:
+            self.calls.append({"id": ev.id, "name": ev.name, "arguments": ""})
+            fn = {"name": ev.name, "arguments": ""}
+            return self.chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function", "function": fn}]})
+        self.calls[ev.index]["arguments"] += ev.arguments
+        return self.chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})
+
+    def last_chunk(self, gen) -> dict:
+        return self.chunk({}, gen.finish_reason, oospec=oospec_object(gen, self.calls, self.replica))
+
+    def usage_chunk(self, gen) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage(gen)}
+
+    def body(self, gen) -> dict:
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or (None if self.calls else "")}
+        if self.calls:
+            message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                      "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                     for c in self.calls]
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": message, "finish_reason": gen.finish_reason,
+                             "logprobs": None}],
+                "usage": usage(gen), "oospec": oospec_object(gen, self.calls, self.replica)}
+
+
+def sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -1,0 +1,64 @@
+"""The same app as Ray Serve replicas: each replica loads one engine (its own target and sidecar) and
+serves the FastAPI app as its ingress. Ray places the replicas on whichever nodes have the resources
+and spreads requests over them behind one address; nothing here knows about nodes.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+
+from ray import serve
+
+APP_NAME = "oospec"
+
+
+@serve.ingress()
+class OoOSpecReplica:
+    """One engine. The app is built after it has loaded (`__serve_build_asgi_app__`), so a replica
+    takes traffic only once its engine is ready."""
+
+    def __init__(self, load: dict, options: dict):
+        from ..engine import Engine
+        self.engine = Engine.from_pretrained(**load)
+        self.options = options
+        self.replica = serve.get_replica_context().replica_id.unique_id
+
+    def __serve_build_asgi_app__(self):
+        from .app import create_app
+        return create_app(self.engine, replica_id=self.replica, close_engine=True, **self.options)
+
+
+def gpus_per_replica() -> int:
+    """The two GPUs a replica uses (target and sidecar each on its own) when the cluster has them."""
+    import ray
+    return min(2, int(ray.cluster_resources().get("GPU", 0)))
+
+
+def application(load: dict, options: dict, *, replicas: int | None = None, autoscale: tuple[int, int] | None = None,
+                cpus_per_replica: float = 1.0, gpus: int | None = None):
+    """The bound Ray Serve application (call after `ray.init`)."""
+    config = {"ray_actor_options": {"num_cpus": cpus_per_replica,
+                                    "num_gpus": gpus_per_replica() if gpus is None else gpus},
+              # One reply decodes at a time per engine; the app's own queue holds the rest.
+              "max_ongoing_requests": options.get("max_queue", 64) + 1}
+    if autoscale is not None:
+        config["autoscaling_config"] = {"min_replicas": autoscale[0], "max_replicas": autoscale[1],
+                                        "target_ongoing_requests": 2}
+    else:
+        config["num_replicas"] = replicas or 1
+    return serve.deployment(OoOSpecReplica, name="OoOSpecReplica", **config).bind(load, options)
+
+
+def serve_forever(load: dict, options: dict, *, host: str, port: int, address: str | None = None, **scale) -> int:
+    """`oospec serve --ray`: join (or start) a cluster, run the app, and serve until SIGINT/SIGTERM."""
+    import ray
+    ray.init(address=address)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(application(load, options, **scale), name=APP_NAME, route_prefix="/")
+    print(f"oospec serve: Ray Serve application {APP_NAME!r} on http://{host}:{port}/v1", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    serve.delete(APP_NAME)
+    return 0

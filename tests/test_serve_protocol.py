@@ -1,0 +1,387 @@
+"""`oospec serve` speaks OpenAI Chat Completions: driven by the official `openai` client (sync and async)
+and raw HTTP against a real uvicorn server on 127.0.0.1, serving a tiny random model.
+
+The tiny model's words are noise, so these tests check the protocol, not the answers: a forced call
+is named as forced, streamed deltas add up to the non-streamed reply, every error has its status and
+names what was wrong, and load never loses a request.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from serve_testing import API_KEY, running
+
+from oospec_agents import Engine
+from oospec_agents.serve import create_app
+from oospec_testing import tiny_model
+
+MODEL = "tiny"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Local time in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+MAX_BODY = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_tokenizer):
+    return Engine(tiny_model("llama", smollm2_tokenizer), smollm2_tokenizer, model_name="tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    with running(create_app(engine, model=MODEL, api_key=API_KEY, max_body_bytes=MAX_BODY)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture
+def aclient(url):
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def post(url, body, *, key=API_KEY, **kw):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60, **kw)
+
+
+def collect(chunks) -> dict:
+    """Aggregate streamed chunks the way an OpenAI client does; keeps the order deltas came in."""
+    out = {"role": None, "content": "", "calls": {}, "finish_reason": None, "usage": None, "oospec": None,
+           "order": []}
+    for chunk in chunks:
+        if chunk.usage is not None:
+            out["usage"] = chunk.usage
+        extra = chunk.model_extra or {}
+        if extra.get("oospec"):
+            out["oospec"] = extra["oospec"]
+        for choice in chunk.choices:
+            d = choice.delta
+            out["role"] = out["role"] or d.role
+            out["content"] += d.content or ""
+            for tc in d.tool_calls or []:
+                call = out["calls"].setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                if tc.id:
+                    call["id"] = tc.id
+                if tc.function and tc.function.name:
+                    call["name"] = tc.function.name
+                    out["order"].append(("name", tc.index))
+                if tc.function and tc.function.arguments:
+                    call["arguments"] += tc.function.arguments
+                    out["order"].append(("args", tc.index))
+            out["finish_reason"] = choice.finish_reason or out["finish_reason"]
+    return out
+
+
+# ----------------------------------------------------------------------------- the openai client
+
+def test_forced_named_call(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], max_tokens=12,
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    calls = r.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_time" and calls[0].type == "function"
+    assert calls[0].id.startswith("call_")
+    assert r.choices[0].finish_reason in ("tool_calls", "length")
+    assert r.model == MODEL and r.object == "chat.completion"
+
+
+def test_forced_required_call(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                       max_tokens=12)
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_tool_choice_none_calls_nothing(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="none",
+                                       max_tokens=8)
+    assert r.choices[0].message.tool_calls is None
+    assert isinstance(r.choices[0].message.content, str)
+
+
+def test_history_with_tool_results(client):
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "22 C and sunny"}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=8)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r.usage.prompt_tokens > 40
+
+
+def test_usage_counts_tokens(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5)
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 5
+
+
+def test_oospec_object(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                       max_tokens=10, extra_body={"method": "toolspec"})
+    extra = r.model_extra["oospec"]
+    assert extra["stats"]["method"] == "toolspec"
+    assert extra["stats"]["target_forwards"] >= 1
+    assert set(extra["stats"]["accepted_by_source"]) == {"schema", "retrieval", "hint"}
+    assert extra["replica"]
+    # a call cut off at max_tokens cannot satisfy its schema: the failure names the call and says why
+    if r.choices[0].finish_reason == "length":
+        failure = extra["schema_failures"][0]
+        assert failure["index"] == 0 and failure["name"] == "get_weather" and failure["error"]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_stream_adds_up_to_the_reply(client, tool_choice):
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=tool_choice, max_tokens=24)
+    whole = client.chat.completions.create(**kw)
+    streamed = collect(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    message = whole.choices[0].message
+    assert streamed["role"] == "assistant"
+    assert streamed["content"] == (message.content or "")
+    calls = [streamed["calls"][i] for i in sorted(streamed["calls"])]
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    assert all(c["id"] for c in calls)
+    assert streamed["finish_reason"] == whole.choices[0].finish_reason
+    assert streamed["usage"].completion_tokens == whole.usage.completion_tokens
+    assert streamed["oospec"]["stats"]["new_tokens"] == whole.model_extra["oospec"]["stats"]["new_tokens"]
+    for index in streamed["calls"]:  # each call is named before any of its argument fragments
+        kinds = [kind for kind, i in streamed["order"] if i == index]
+        assert kinds[0] == "name" and "name" not in kinds[1:]
+    if tool_choice == "required":
+        assert calls and len([k for k, _ in streamed["order"] if k == "args"]) >= 1
+
+
+def test_stream_usage_chunk_comes_last(url):
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length" and "oospec" in chunks[-2]
+
+
+async def test_async_client_forced_call_and_stream(aclient):
+    r = await aclient.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=10,
+                                              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    stream = await aclient.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=10,
+                                                   tool_choice="required", stream=True)
+    chunks = [c async for c in stream]
+    assert collect(chunks)["calls"][0]["name"] == "get_weather"
+
+
+def test_models_health_metrics(url, client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+    health = httpx.get(url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == MODEL
+    client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
+    text = httpx.get(url + "/metrics").text
+    for name in ("oospec_requests_total{status=\"200\"}", "oospec_prompt_tokens_total", "oospec_generated_tokens_total",
+                 "oospec_target_forwards_total", "oospec_accepted_tokens_total{source=\"schema\"}",
+                 "oospec_hints_total{arrival=\"in_time\"}", "oospec_hints_total{arrival=\"late\"}",
+                 "oospec_sidecar_faults_total", "oospec_queue_depth", "oospec_time_to_first_token_seconds_bucket",
+                 "oospec_request_seconds_bucket"):
+        assert name in text, f"{name} missing from /metrics"
+
+
+# ----------------------------------------------------------------------------- errors name the problem
+
+BAD_REQUESTS = {
+    "bad tool schema": ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+                        "'f'"),
+    "duplicate tool names": ({"tools": [WEATHER, WEATHER]}, "duplicate tool name 'get_weather'"),
+    "unknown tool_choice": ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                            "'nope'"),
+    "bad role": ({"messages": [{"role": "robot", "content": "hi"}]}, "'robot'"),
+    "no messages": ({"messages": []}, "messages"),
+    "over context": ({"messages": [{"role": "user", "content": "word " * 3000}]}, "context window"),
+    "temperature": ({"temperature": 0.7}, "temperature=0.7"),
+    "top_p": ({"top_p": 0.5}, "top_p=0.5"),
+    "n": ({"n": 2}, "n=2"),
+    "wrong type": ({"max_tokens": "ten"}, "max_tokens"),
+    "unknown method": ({"method": "beam"}, "method"),
+    "response_format": ({"response_format": {"type": "json_object"}}, "'json_object'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_input_is_a_400_naming_it(url, case):
+    change, named = BAD_REQUESTS[case]
+    r = post(url, {"model": MODEL, "messages": ASK, "max_tokens": 4, **change})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert named in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+def test_openai_client_raises_bad_request(client):
+    with pytest.raises(openai.BadRequestError, match="duplicate tool name"):
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, WEATHER])
+
+
+def test_malformed_json_is_a_400(url):
+    r = httpx.post(url + "/v1/chat/completions", content=b'{"model": "tiny", "messages": [',
+                   headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("key, says", [(None, "missing API key"), ("sk-wrong", "incorrect API key")])
+def test_api_key_is_required(url, key, says):
+    r = post(url, {"model": MODEL, "messages": ASK}, key=key)
+    assert r.status_code == 401 and says in r.json()["error"]["message"]
+    assert httpx.get(url + "/health").status_code == 200  # health stays open for probes
+
+
+def test_unknown_model_is_a_404(client):
+    with pytest.raises(openai.NotFoundError, match="unknown model 'gpt-4o'"):
+        client.chat.completions.create(model="gpt-4o", messages=ASK)
+
+
+def test_body_over_the_limit_is_a_413(url):
+    big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * MAX_BODY}]}
+    r = post(url, big)
+    assert r.status_code == 413 and f"limit of {MAX_BODY} bytes" in r.json()["error"]["message"]
+    chunked = httpx.post(url + "/v1/chat/completions", content=iter([json.dumps(big).encode()]),
+                         headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert chunked.status_code == 413  # no Content-Length: counted as it arrives
+
+
+class _Broken:
+    """An engine whose decode crashes with internals in the message."""
+    sidecar = None
+
+    def stream(self, *args, **kwargs):
+        def events():
+            raise RuntimeError("secret internals at /srv/model")
+            yield
+        return events()
+
+
+def test_loading_is_a_503_and_a_crash_a_bare_500():
+    release = threading.Event()
+
+    def loader():
+        release.wait(30)
+        return _Broken()
+
+    with running(create_app(loader=loader, model=MODEL), ready_path=None) as base:
+        assert httpx.get(base + "/health").status_code == 503
+        r = post(base, {"model": MODEL, "messages": ASK})
+        assert r.status_code == 503 and "still loading" in r.json()["error"]["message"]
+        release.set()
+        deadline = time.monotonic() + 10
+        while httpx.get(base + "/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = post(base, {"model": MODEL, "messages": ASK})
+        assert r.status_code == 500
+        assert "secret" not in r.text and "Traceback" not in r.text
+        assert "RuntimeError" in r.json()["error"]["message"]
+        streamed = post(base, {"model": MODEL, "messages": ASK, "stream": True})
+        assert streamed.status_code == 200 and "secret" not in streamed.text
+        assert '"error"' in streamed.text and streamed.text.rstrip().endswith("data: [DONE]")
+
+
+# ----------------------------------------------------------------------------- load
+
+async def test_32_concurrent_clients_all_answered(aclient):
+    async def ask(i):
+        r = await aclient.chat.completions.create(model=MODEL, max_tokens=6,
+                                                  messages=[{"role": "user", "content": f"Question {i}?"}])
+        return r
+    replies = await asyncio.gather(*(ask(i) for i in range(32)))
+    assert len({r.id for r in replies}) == 32
+    assert all(r.usage.completion_tokens >= 1 for r in replies)
+
+
+def test_full_queue_is_a_429_then_serves_the_next(engine):
+    long_body = {"model": MODEL, "messages": ASK, "max_tokens": 1500, "stream": True}
+    with running(create_app(engine, model=MODEL, max_queue=1)) as base:
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", base + "/v1/chat/completions", json=long_body) as first:
+                next(first.iter_lines())  # decoding now
+                second = threading.Thread(target=http.post, args=(base + "/v1/chat/completions",),
+                                          kwargs={"json": {**long_body, "stream": False, "max_tokens": 2}})
+                second.start()
+                deadline = time.monotonic() + 10
+                while httpx.get(base + "/health").json()["queue"] < 1 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                third = http.post(base + "/v1/chat/completions", json={**long_body, "stream": False})
+                assert third.status_code == 429, third.text
+                assert third.json()["error"]["code"] == "queue_full"
+                assert "--max-queue 1" in third.json()["error"]["message"]
+            # the first client left; the waiting one runs, then the next one is served
+            second.join(30)
+            r = http.post(base + "/v1/chat/completions", json={**long_body, "stream": False, "max_tokens": 2})
+            assert r.status_code == 200
+            assert 'oospec_requests_total{status="429"} 1.0' in httpx.get(base + "/metrics").text
+
+
+def test_disconnect_mid_stream_frees_the_engine(url, client):
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 1900, "stream": True}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+    t0 = time.perf_counter()
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3)
+    waited = time.perf_counter() - t0
+    assert reply.usage.completion_tokens == 3
+    # 1900 tokens of the tiny model take far longer; a few tokens take well under a second
+    assert waited < 2.5, f"the next request waited {waited:.1f}s: the abandoned stream held the engine"
+
+
+# ----------------------------------------------------------------------------- the command line
+
+def test_sigterm_shuts_down_cleanly(tmp_path, smollm2_tokenizer):
+    model_dir = tmp_path / "tiny"
+    tiny_model("llama", smollm2_tokenizer).save_pretrained(model_dir)
+    smollm2_tokenizer.save_pretrained(model_dir)
+    proc = subprocess.Popen([sys.executable, "-m", "oospec_agents.cli", "serve", "--model", str(model_dir),
+                             "--served-model-name", MODEL, "--port", "0", "--dtype", "float32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        log = []
+        for line in proc.stdout:
+            log.append(line)
+            if "Uvicorn running on" in line:
+                base = line.split("running on ")[1].split()[0]
+                break
+        else:
+            pytest.fail("the server did not start:\n" + "".join(log))
+        deadline = time.monotonic() + 60
+        while httpx.get(base + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the model never loaded"
+            time.sleep(0.2)
+        assert post(base, {"model": MODEL, "messages": ASK, "max_tokens": 3}, key=None).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = "".join(log) + rest
+    assert proc.returncode == 0, log
+    assert "Traceback" not in log and "Finished server process" in log
