@@ -38,3 +38,13 @@ def embedded_fp32():
     return Engine.from_pretrained("embedded", sidecar=None, dtype=torch.float32)
 
 
+
+
+@pytest.fixture(scope="session")
+def embedded_server():
+    """`oospec serve` on the embedded default (the shared engine), on 127.0.0.1: its base URL."""
+    from oospec_agents import Engine
+    from oospec_agents.serve import create_app
+    from serve_testing import running
+    with running(create_app(Engine.shared("embedded"), model="embedded")) as url:
+        yield url

@@ -1,0 +1,90 @@
+"""Agent frameworks drive `oospec serve` on the embedded default through their own OpenAI clients:
+the official `openai` SDK, LangChain's `ChatOpenAI` (bind_tools, a `create_agent` loop) and
+LlamaIndex's `OpenAILike` in a `FunctionAgent`. Nothing here imports our integrations."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_openai import ChatOpenAI
+from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
+from llama_index.llms.openai_like import OpenAILike
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the current weather in Paris?"
+WEATHER = {"type": "function", "function": {
+    "name": "get_current_weather", "description": "Get the current weather in a given city.",
+    "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}}
+
+
+def chat_openai(url: str, **kw) -> ChatOpenAI:
+    return ChatOpenAI(model="embedded", base_url=url + "/v1", api_key="unused", max_tokens=48, max_retries=0, **kw)
+
+
+def test_openai_forced_call_is_valid_and_verified(embedded_server):
+    client = openai.OpenAI(base_url=embedded_server + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model="embedded", messages=[{"role": "user", "content": QUESTION}],
+                                       tools=[WEATHER], max_tokens=48,
+                                       tool_choice={"type": "function", "function": {"name": "get_current_weather"}})
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_current_weather"
+    assert "Paris" in json.loads(call.function.arguments)["location"]
+    assert r.choices[0].finish_reason == "tool_calls"
+    extra = r.model_extra["oospec"]
+    assert extra["schema_failures"] == []
+    assert extra["stats"]["target_forwards"] < r.usage.completion_tokens  # drafts were accepted
+
+
+def test_chat_openai_bind_tools_invoke(embedded_server):
+    calls = []
+
+    def get_current_weather(location: str) -> str:
+        """Get the current weather in a given city."""
+        calls.append(location)
+        return f"It is 22 degrees Celsius and sunny in {location}."
+
+    reply = chat_openai(embedded_server).bind_tools([get_current_weather]).invoke(QUESTION)
+    assert reply.tool_calls and reply.tool_calls[0]["name"] == "get_current_weather"
+    assert "Paris" in reply.tool_calls[0]["args"]["location"]
+    assert reply.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_chat_openai_create_agent_calls_the_tool_then_answers(embedded_server):
+    calls = []
+
+    def get_current_weather(location: str) -> str:
+        """Get the current weather in a given city."""
+        calls.append(location)
+        return f"It is 22 degrees Celsius and sunny in {location}."
+
+    agent = create_agent(chat_openai(embedded_server), tools=[get_current_weather])
+    messages = agent.invoke({"messages": [HumanMessage(QUESTION)]}, {"recursion_limit": 6})["messages"]
+    assert [type(m) for m in messages] == [HumanMessage, AIMessage, ToolMessage, AIMessage], \
+        [m.pretty_repr() for m in messages]
+    assert calls and "Paris" in calls[0]
+    assert "sunny" in messages[2].content
+    assert not messages[3].tool_calls and messages[3].content.strip()
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+async def test_llamaindex_openai_like_function_agent(embedded_server, streaming):
+    seen = []
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers and return the product."""
+        seen.append((a, b))
+        return a * b
+
+    llm = OpenAILike(model="embedded", api_base=embedded_server + "/v1", api_key="unused", temperature=0.0,
+                     max_tokens=48, context_window=8192, is_chat_model=True, is_function_calling_model=True)
+    agent = FunctionAgent(tools=[multiply], llm=llm, streaming=streaming)
+    handler = agent.run("What is 6 times 7?", max_iterations=4)
+    events = [event async for event in handler.stream_events()]
+    response = await handler
+    assert seen == [(6, 7)]
+    assert [e.tool_output.content for e in events if isinstance(e, ToolCallResult)] == ["42"]
+    assert "42" in str(response)
