@@ -23,6 +23,7 @@ from serve_testing import API_KEY, running
 
 from oospec_agents import Engine
 from oospec_agents.serve import create_app
+from oospec_agents.testing import ScriptedEngine
 from oospec_testing import tiny_model
 
 MODEL = "tiny"
@@ -202,6 +203,45 @@ def test_models_health_metrics(url, client):
                  "oospec_sidecar_faults_total", "oospec_queue_depth", "oospec_time_to_first_token_seconds_bucket",
                  "oospec_request_seconds_bucket"):
         assert name in text, f"{name} missing from /metrics"
+
+
+# ----------------------------------------------------------------------------- scripted replies
+
+TWO_CALLS = ('Let me check both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {"city": 7}}\n</tool_call>')
+
+
+def scripted_reply(*, stream: bool, **body):
+    """One request to a server whose engine replays TWO_CALLS (content, a valid call, an invalid one)."""
+    with running(create_app(ScriptedEngine(TWO_CALLS), model=MODEL)) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], stream=stream, **body)
+        return collect(r) if stream else r
+
+
+def test_content_and_two_calls_stream_like_the_reply():
+    whole = scripted_reply(stream=False).choices[0]
+    streamed = scripted_reply(stream=True)
+    assert whole.message.content == streamed["content"] == "Let me check both."
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == \
+        [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
+        [("get_weather", '{"city": "Paris"}'), ("get_time", '{"city": 7}')]
+    assert whole.finish_reason == streamed["finish_reason"] == "tool_calls"
+
+
+def test_schema_failures_carry_the_validators_message():
+    failures = scripted_reply(stream=False).model_extra["oospec"]["schema_failures"]
+    assert len(failures) == 1
+    assert failures[0]["index"] == 1 and failures[0]["name"] == "get_time"
+    assert "7 is not of type 'string'" in failures[0]["error"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_the_first_call(stream):
+    r = scripted_reply(stream=stream, parallel_tool_calls=False)
+    calls = [c["name"] for c in r["calls"].values()] if stream else \
+        [c.function.name for c in r.choices[0].message.tool_calls]
+    assert calls == ["get_weather"]
 
 
 # ----------------------------------------------------------------------------- errors name the problem

@@ -117,7 +117,8 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
             chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
         # Bad input raises here, on the loop, before the request takes a place in the queue.
         events = chat.stream(eng)
-        hint_asked = method == "oospec" and bool(req.tools) and req.tool_choice != "none" and eng.sidecar is not None
+        hint_asked = (method == "oospec" and bool(req.tools) and req.tool_choice != "none"
+                      and getattr(eng, "sidecar", None) is not None)
         job = state.scheduler.submit(events)
         reply = Reply(state.model, state.replica, keep_calls=1 if req.parallel_tool_calls is False else None)
 
