@@ -10,6 +10,7 @@ import socket
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -38,9 +39,12 @@ def url():
         ray.shutdown()
 
 
-def ask_all(url: str, n: int, during=None) -> list[str]:
-    """n concurrent requests; `during()` runs once the first is answered. Returns each reply's replica."""
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=8, timeout=120)
+def ask_all(url: str, n: int, during=None, failed: list | None = None) -> list[str]:
+    """n concurrent requests; `during()` runs once the first is answered. Returns each reply's replica;
+    `failed` collects the status of every attempt the client had to retry."""
+    hook = {"response": [lambda r: failed.append(r.status_code) if r.status_code >= 500 else None]}
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=8, timeout=120,
+                           http_client=httpx.Client(event_hooks=hook if failed is not None else {}))
 
     def ask(i: int) -> str:
         r = client.chat.completions.create(model="embedded", max_tokens=6,
@@ -69,5 +73,7 @@ def test_a_killed_replica_loses_no_request(url):
         assert len(names) == 2, names
         ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
 
-    replicas = ask_all(url, 16, during=kill_one)
-    assert len(replicas) == 16  # every request answered, some after the client's retries
+    failed: list[int] = []
+    replicas = ask_all(url, 16, during=kill_one, failed=failed)
+    assert len(replicas) == 16  # every request answered
+    assert failed, "the kill hit no request in flight: nothing was tested"  # those were retried
