@@ -60,5 +60,10 @@ def serve_forever(load: dict, options: dict, *, host: str, port: int, address: s
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    serve.delete(APP_NAME)
+    # Take the app off the cluster. A Ctrl-C reaches a local cluster's own processes too, and
+    # then there is nothing left to ask: give up after a while and let ray.shutdown end it.
+    deleting = threading.Thread(target=serve.delete, args=(APP_NAME,), daemon=True)
+    deleting.start()
+    deleting.join(timeout=30)
+    ray.shutdown()
     return 0
