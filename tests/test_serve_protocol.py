@@ -24,7 +24,7 @@ from serve_testing import API_KEY, running
 from oospec_agents import Engine
 from oospec_agents.serve import create_app
 from oospec_agents.testing import ScriptedEngine
-from oospec_testing import tiny_model
+from oospec_testing import load_records, spread, tiny_model
 
 MODEL = "tiny"
 WEATHER = {"type": "function", "function": {
@@ -428,3 +428,24 @@ def test_sigterm_shuts_down_cleanly(tmp_path, smollm2_tokenizer):
     assert proc.returncode in (0, -signal.SIGTERM), log
     assert "Traceback" not in log
     assert "Application shutdown complete" in log and "Finished server process" in log
+
+
+@pytest.mark.parametrize("argv, says", [(["--replicas", "2"], "need --ray"), (["--max-queue", "-1"], "--max-queue"),
+                                        (["--ray", "--autoscale", "3"], "MIN,MAX")])
+def test_bad_serve_options_are_refused(argv, says, capsys):
+    from oospec_agents.cli import main
+    assert main(["serve", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_bench_server_measures_each_request(url, tmp_path):
+    from oospec_agents.bench.server import run_server_bench, write
+    results = run_server_bench(url + "/v1", spread(load_records("dev"), 3), method="toolspec", max_new_tokens=8,
+                               api_key=API_KEY, progress=False)
+    summary = results["server"]
+    assert summary["n"] == 3 and summary["method"] == "toolspec"
+    for key in ("wall_s", "engine_s", "overhead_s"):
+        assert summary[key]["median"] <= summary[key]["p95"]
+    assert all(r["wall_s"] >= r["engine_s"] > 0 for r in results["records"])
+    paths = write(results, tmp_path)
+    assert "| overhead |" in paths["report"].read_text()

@@ -52,10 +52,10 @@ def run(args):
     options = {"model": args.served_model_name or args.model, "api_key": args.api_key, "max_queue": args.max_queue,
                "max_body_bytes": args.max_body_bytes, "method": args.method}
     if args.ray:
+        autoscale = parse_autoscale(args.autoscale)
         from .ray_app import serve_forever
         return serve_forever(load, options, host=args.host, port=args.port, replicas=args.replicas,
-                             autoscale=parse_autoscale(args.autoscale), address=args.ray_address,
-                             cpus_per_replica=args.cpus_per_replica)
+                             autoscale=autoscale, address=args.ray_address, cpus_per_replica=args.cpus_per_replica)
     import uvicorn
 
     from ..engine import Engine
