@@ -117,9 +117,9 @@ def test_tool_choice_none_calls_nothing(client):
 
 
 def test_history_with_tool_results(client):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     history = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "22 C and sunny"}]
     r = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=8)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
