@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 from langchain.agents import create_agent
@@ -37,6 +38,9 @@ def test_openai_forced_call_is_valid_and_verified(embedded_server):
     extra = r.model_extra["oospec"]
     assert extra["schema_failures"] == []
     assert extra["stats"]["target_forwards"] < r.usage.completion_tokens  # drafts were accepted
+    metrics = httpx.get(embedded_server + "/metrics").text
+    hints = sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("oospec_hints_total{"))
+    assert hints >= 1  # the sidecar was asked for a hint, in time or late
 
 
 def test_chat_openai_bind_tools_invoke(embedded_server):

@@ -60,9 +60,9 @@ def aclient(url):
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
 
 
-def post(url, body, *, key=API_KEY, **kw):
+def post(url, body, *, key=API_KEY, timeout=60, **kw):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60, **kw)
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=timeout, **kw)
 
 
 def collect(chunks) -> dict:
@@ -392,6 +392,15 @@ def test_disconnect_mid_stream_frees_the_engine(url, client):
     assert reply.usage.completion_tokens == 3
     # 1900 tokens of the tiny model take far longer; a few tokens take well under a second
     assert waited < 2.5, f"the next request waited {waited:.1f}s: the abandoned stream held the engine"
+
+
+def test_disconnect_while_waiting_for_a_whole_reply_frees_the_engine(url, client):
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up on a long non-streamed reply
+        post(url, {"model": MODEL, "messages": ASK, "max_tokens": 1900}, timeout=0.5)
+    t0 = time.perf_counter()
+    assert client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3).usage.completion_tokens == 3
+    waited = time.perf_counter() - t0
+    assert waited < 2.5, f"the next request waited {waited:.1f}s: the abandoned reply held the engine"
 
 
 # ----------------------------------------------------------------------------- the command line
