@@ -77,3 +77,14 @@ def test_a_killed_replica_loses_no_request(url):
     replicas = ask_all(url, 16, during=kill_one, failed=failed)
     assert len(replicas) == 16  # every request answered
     assert failed, "the kill hit no request in flight: nothing was tested"  # those were retried
+
+
+@pytest.mark.parametrize("cluster_gpus, asked", [(8, 2), (1, 1), (0, 0)])
+def test_a_replica_asks_for_the_two_gpus_it_uses(monkeypatch, cluster_gpus, asked):
+    """Target on one GPU, sidecar on another: Ray places each replica where two are free."""
+    from oospec_agents.serve.ray_app import application
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16, "GPU": cluster_gpus})
+    app = application({"target": "embedded"}, {"model": "embedded"}, autoscale=(1, 4))
+    deployment = app._bound_deployment  # what serve.run would deploy
+    assert deployment.ray_actor_options["num_gpus"] == asked
+    assert deployment._deployment_config.autoscaling_config.max_replicas == 4
