@@ -28,7 +28,9 @@ def url():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # Replicas import this checkout, whatever the environment's editable install points at.
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    # A cluster of its own (address="local"), even where `ray start` runs one.
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(application({"target": "embedded"}, {"model": "embedded"}, replicas=2, cpus_per_replica=1),
