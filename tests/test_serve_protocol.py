@@ -258,7 +258,8 @@ BAD_REQUESTS = {
     "temperature": ({"temperature": 0.7}, "temperature=0.7"),
     "top_p": ({"top_p": 0.5}, "top_p=0.5"),
     "n": ({"n": 2}, "n=2"),
-    "wrong type": ({"max_tokens": "ten"}, "max_tokens"),
+    "wrong type": ({"max_tokens": "ten"}, 'max_tokens: Input should be a valid integer, unable to parse string as an '
+                                          'integer (got "ten")'),
     "unknown method": ({"method": "beam"}, "method"),
     "response_format": ({"response_format": {"type": "json_object"}}, "'json_object'"),
 }

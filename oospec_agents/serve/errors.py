@@ -50,7 +50,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if err.get("type") == "json_invalid":
         return f"the body is not valid JSON: {(err.get('ctx') or {}).get('error', err.get('msg'))}", None
     where = ".".join(loc) or "body"
-    got = f" (got {json.dumps(err['input'], default=str)[:80]})" if "input" in err and loc else ""
+    shown = "input" in err and loc and err.get("type") != "missing"  # a missing field's input is the whole body
+    got = f" (got {json.dumps(err['input'], default=str)[:80]})" if shown else ""
     more = f"; and {len(exc.errors()) - 1} more problem(s)" if len(exc.errors()) > 1 else ""
     return f"{where}: {err.get('msg')}{got}{more}", where
 
