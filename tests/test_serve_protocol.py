@@ -406,12 +406,13 @@ def test_disconnect_while_waiting_for_a_whole_reply_frees_the_engine(url, client
 
 # ----------------------------------------------------------------------------- the command line
 
-def test_sigterm_shuts_down_cleanly(tmp_path, smollm2_tokenizer):
+def test_the_command_line_serves_and_shuts_down_cleanly_on_sigterm(tmp_path, smollm2_tokenizer):
     model_dir = tmp_path / "tiny"
     tiny_model("llama", smollm2_tokenizer).save_pretrained(model_dir)
     smollm2_tokenizer.save_pretrained(model_dir)
     proc = subprocess.Popen([sys.executable, "-m", "oospec_agents.cli", "serve", "--model", str(model_dir),
-                             "--served-model-name", MODEL, "--port", "0", "--dtype", "float32"],
+                             "--served-model-name", MODEL, "--port", "0", "--dtype", "float32",
+                             "--prefix-cache-tokens", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -427,7 +428,10 @@ def test_sigterm_shuts_down_cleanly(tmp_path, smollm2_tokenizer):
         while httpx.get(base + "/health").status_code != 200:
             assert time.monotonic() < deadline, "the model never loaded"
             time.sleep(0.2)
-        assert post(base, {"model": MODEL, "messages": ASK, "max_tokens": 3}, key=None).status_code == 200
+        for _ in range(2):  # the same prompt twice: with the prefix cache off, nothing is reused
+            reply = post(base, {"model": MODEL, "messages": ASK, "max_tokens": 3}, key=None)
+            assert reply.status_code == 200
+            assert reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=30)
     finally:

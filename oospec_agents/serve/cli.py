@@ -18,6 +18,8 @@ def add_parser(sub, name):
     p.add_argument("--target-device", default=None)
     p.add_argument("--sidecar-device", default=None)
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
+    p.add_argument("--prefix-cache-tokens", type=int, default=None,
+                   help="KV of recent prompts kept for reuse, in tokens (0 turns it off; default: the engine's)")
     p.add_argument("--method", default="oospec", choices=METHODS,
                    help="decoding method when a request names none (all give the same tokens)")
     p.add_argument("--host", default="127.0.0.1")
@@ -49,6 +51,8 @@ def run(args):
         raise ValueError("--replicas and --autoscale need --ray")
     load = {"target": args.model, "sidecar": args.sidecar, "target_device": args.target_device,
             "sidecar_device": args.sidecar_device, "dtype": args.dtype}
+    if args.prefix_cache_tokens is not None:
+        load["prefix_cache_tokens"] = args.prefix_cache_tokens
     options = {"model": args.served_model_name or args.model, "api_key": args.api_key, "max_queue": args.max_queue,
                "max_body_bytes": args.max_body_bytes, "method": args.method}
     if args.ray:
