@@ -177,13 +177,15 @@ class Engine:
 
     def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                method: str = "oospec", stop=None, hint: str | None = None,
-               record_margins: bool = False) -> Iterator[Event]:
+               record_margins: bool = False, cancel: threading.Event | None = None) -> Iterator[Event]:
         """Yield `TextDelta`s and `ToolCallDelta`s in the round that commits their tokens, then the
-        final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply early."""
+        final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply early; or
+        set `cancel` from any thread: the reply ends, with no Generation, after the round in progress
+        (whether or not that round had an event to yield)."""
         if method not in METHODS:
             raise OoOSpecError(f"unknown method {method!r}; expected one of {METHODS}")
         req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop)  # bad input raises here, eagerly
-        return self._locked(self._decode(req, method, hint, record_margins))
+        return self._locked(self._decode(req, method, hint, record_margins, cancel))
 
     def clear_prefix_cache(self) -> None:
         """Drop every cached prompt KV, the target's and the sidecar's wave's: the next request
@@ -203,7 +205,8 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
 
-    def _decode(self, req: Prepared, method: str, hint_text: str | None, record_margins: bool):
+    def _decode(self, req: Prepared, method: str, hint_text: str | None, record_margins: bool,
+                cancel: threading.Event | None):
         stats = DecodeStats(method, prompt_tokens=len(req.prompt_ids), margins=[] if record_margins else None)
         ids = "call_" + uuid.uuid4().hex[:12]
         reply = _Reply(req, self.tokenizer, self.eos_ids, ReplyEvents(self.fmt, lambda i: f"{ids}_{i}"))
@@ -226,6 +229,8 @@ class Engine:
                 yield from reply.commit(pending, logits, stats)
                 if reply.finish is not None:
                     break
+                if cancel is not None and cancel.is_set():
+                    return  # abandoned: the finally below stops the sidecar
                 tree = self._draft(method, ctx, reply, hints)
                 pending, logits = self._verify(tree, cache, reply, stats)
             self._sync()

@@ -39,10 +39,11 @@ class ChatRequest:
         """Raise the engine's own error for bad input now, before anything streams."""
         engine.prepare(self.messages, self.tools, self.tool_choice, self.max_new_tokens, self.stop)
 
-    def stream(self, engine: Engine) -> Iterator[Event]:
-        """The engine's event stream for this request (bad input raises here, eagerly)."""
+    def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """The engine's event stream for this request (bad input raises here, eagerly); setting
+        `cancel` ends it after the round in progress."""
         return engine.stream(self.messages, self.tools, tool_choice=self.tool_choice or "auto",
-                             max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop)
+                             max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop, cancel=cancel)
 
     def generate(self, engine: Engine) -> Generation:
         with closing(self.stream(engine)) as events:

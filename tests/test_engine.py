@@ -379,3 +379,23 @@ def test_a_tool_built_by_hand_validates_its_calls():
     assert "'a' is a required property" in tool.validate({})
     with pytest.raises(ToolSchemaError, match="invalid JSON Schema"):
         Tool("g", "", {"type": "object", "properties": {"a": {"type": 3}}})
+
+
+def test_cancel_ends_a_reply_after_the_round_in_progress_even_without_an_event(tiny_engine):
+    import threading
+    cancel = threading.Event()
+    # cancel is polled every round, not only when an event is sent (a round may send none)
+    stream = tiny_engine.stream(ASK, max_new_tokens=200, method="ar", cancel=cancel)
+    forwards = []
+    real = tiny_engine._verifier.verify
+    tiny_engine._verifier.verify = lambda *a: forwards.append(1) or real(*a)
+    try:
+        next(stream)
+        cancel.set()
+        done_at = len(forwards)
+        rest = list(stream)
+    finally:
+        del tiny_engine._verifier.verify
+    assert len(forwards) - done_at <= 1
+    assert not any(isinstance(e, Generation) for e in rest)
+    assert not tiny_engine._lock.locked()

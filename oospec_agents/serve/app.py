@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 from contextlib import asynccontextmanager
 from typing import Any, Callable
@@ -116,10 +117,11 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         if req.max_completion_tokens or req.max_tokens:
             chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
         # Bad input raises here, on the loop, before the request takes a place in the queue.
-        events = chat.stream(eng)
+        cancelled = threading.Event()  # set when the client leaves: the engine stops after its round
+        events = chat.stream(eng, cancelled)
         hint_asked = (method == "oospec" and bool(req.tools) and req.tool_choice != "none"
                       and getattr(eng, "sidecar", None) is not None)
-        job = state.scheduler.submit(events)
+        job = state.scheduler.submit(events, cancelled)
         reply = Reply(state.model, state.replica, keep_calls=1 if req.parallel_tool_calls is False else None)
 
         def finished(gen):

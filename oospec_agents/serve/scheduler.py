@@ -4,8 +4,9 @@ A single worker thread drives each reply's blocking event iterator and hands the
 loop. One worker is the queue: `ThreadPoolExecutor` runs its jobs in submission order. At most
 `max_queue` replies wait behind the running one; the next is refused (`QueueFull`, a 429).
 
-A cancelled job (its client went away) is closed at its next event, which the engine yields in the
-round that commits it: the engine is free again within one decode round.
+A cancelled job (its client went away) sets the event the engine polls every round: the reply ends
+after the round in progress, whether or not that round had an event to send, so the engine is free
+again within one decode round.
 """
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ class QueueFull(RuntimeError):
 
 
 class Job:
-    def __init__(self, events: Iterator[Any], loop: asyncio.AbstractEventLoop, on_cancel: Callable[["Job"], None]):
+    def __init__(self, events: Iterator[Any], cancelled: threading.Event, loop: asyncio.AbstractEventLoop,
+                 on_cancel: Callable[["Job"], None]):
         self._events = events
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
         self._on_cancel = on_cancel
-        self.cancelled = threading.Event()
+        self.cancelled = cancelled  # the same event the engine's stream polls every round
         self.waiting = False   # counted in the queue depth; the scheduler's lock guards it
 
     def cancel(self) -> None:
@@ -84,9 +86,10 @@ class Scheduler:
     def waiting(self) -> int:
         return self._waiting
 
-    def submit(self, events: Iterator[Any]) -> Job:
-        """Queue a reply's event iterator; raises QueueFull when `max_queue` replies already wait."""
-        job = Job(events, asyncio.get_running_loop(), self._leave_queue)
+    def submit(self, events: Iterator[Any], cancelled: threading.Event) -> Job:
+        """Queue a reply's event iterator, made with `cancelled` as its cancel event; raises QueueFull
+        when `max_queue` replies already wait."""
+        job = Job(events, cancelled, asyncio.get_running_loop(), self._leave_queue)
         with self._lock:
             if self._waiting >= self.max_queue and self._jobs:
                 raise QueueFull(f"the queue is full: {self._waiting} requests are waiting behind the one being "
