@@ -276,7 +276,13 @@ def test_oospec_stays_lossless_with_the_trained_sidecar(embedded_pair):
         pytest.fail("the embedded sidecar did not load")
     msgs = [{"role": "user", "content": "What's the weather in Tokyo in fahrenheit?"}]
     ar = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="ar")
+    # The target's prompt is cached now, so its prefill is one token and its reply may be over before
+    # the sidecar's (cold) wave posts: lossless all the same, with or without the hint.
+    warm = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="oospec")
+    assert warm.stats.cached_prompt_tokens > 0 and warm.token_ids == ar.token_ids
+    embedded_pair.clear_prefix_cache()  # both cold: the hint has the target's prefill to arrive in
     oo = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="oospec")
+    assert oo.stats.cached_prompt_tokens == 0
     assert oo.token_ids == ar.token_ids
     assert oo.token_ids == greedy(embedded_pair, embedded_pair.prompt_ids(msgs, [WEATHER, TIME]), 48)
     assert oo.stats["sidecar_error"] is None and oo.stats["hint_ready_s"] is not None
