@@ -24,6 +24,7 @@ def run(args):
     engine = Engine.from_pretrained(args.model)
     messages = [{"role": "user", "content": args.prompt}]
     for method in dict.fromkeys(["ar", args.method]):
+        engine.clear_prefix_cache()  # each method from a cold start, so their stats compare
         gen = engine.generate(messages, [WEATHER_TOOL], tool_choice=args.tool_choice, max_new_tokens=64,
                               method=method)
         print(f"--- method={method}")
