@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class ReplyEvents:
         self._call_id = call_id
         self._args_keys = tuple(dict.fromkeys((fmt.args_key, "arguments", "parameters")))
         self.content = ""                  # content sent so far
-        self.calls: list[dict] = []        # per call: {"announced", "sent": args text sent so far}
+        self.calls: list[dict] = []        # per call: {"announced", "sent": args text sent, "done"}
 
     def feed(self, text: str, final: bool = False) -> list[TextDelta | ToolCallDelta]:
         """The events that `text` (all the reply's committed text so far) adds. With `final`, the
@@ -173,16 +173,20 @@ class ReplyEvents:
 
     def _call(self, index: int, raw: str, final: bool) -> list[ToolCallDelta]:
         if index == len(self.calls):
-            self.calls.append({"announced": False, "sent": "", "name": None})
-        state, so_far = self.calls[index], read_call(raw, self._args_keys)
+            self.calls.append({"announced": False, "sent": "", "done": False})
+        state = self.calls[index]
+        if state["done"]:  # a call whose arguments have all been sent: nothing to rescan each round
+            return []
+        so_far = read_call(raw, self._args_keys)
         args = self.arguments_text(raw, so_far, final)
         events = []
         if not state["announced"] and (so_far.name is not None or final):
-            state["announced"], state["name"] = True, so_far.name
+            state["announced"] = True
             events.append(ToolCallDelta(index, self._call_id(index), so_far.name, ""))
         if state["announced"] and args.startswith(state["sent"]) and len(args) > len(state["sent"]):
             events.append(ToolCallDelta(index, None, None, args[len(state["sent"]):]))
             state["sent"] = args
+        state["done"] = state["announced"] and so_far.args_end is not None and state["sent"] == args
         return events
 
     @staticmethod
@@ -205,5 +209,3 @@ class ReplyEvents:
             return parsed
         return [dict(c, arguments=a) if "error" in c else c for c, a in zip(parsed, streamed)]
 
-
-Event = Union[TextDelta, ToolCallDelta, "Generation"]  # noqa: F821 (Generation lives in engine.py)

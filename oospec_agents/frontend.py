@@ -35,10 +35,6 @@ class ChatRequest:
     method: str = "oospec"
     stop: list[str] | None = None
 
-    def check(self, engine: Engine) -> None:
-        """Raise the engine's own error for bad input now, before anything streams."""
-        engine.prepare(self.messages, self.tools, self.tool_choice, self.max_new_tokens, self.stop)
-
     def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
         """The engine's event stream for this request (bad input raises here, eagerly); setting
         `cancel` ends it after the round in progress."""

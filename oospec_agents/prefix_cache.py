@@ -60,6 +60,10 @@ class PrefixCache:
         if len(ids) > self.max_tokens:
             return
         key = tuple(ids)
+        with self._lock:
+            if key in self._entries:  # a full hit: the entry already holds this prompt, no copy needed
+                self._entries.move_to_end(key)
+                return
         snapshot = copy.deepcopy(cache)
         with self._lock:
             self._entries.pop(key, None)

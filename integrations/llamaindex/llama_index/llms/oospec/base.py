@@ -184,8 +184,8 @@ class OoOSpec(FunctionCallingLLM):
         request, keep_all = self._request(messages, kwargs)
         # A first use loads the models: seconds that must not block the event loop.
         engine = await asyncio.to_thread(self._engine.get)
-        request.check(engine)  # bad input fails here, not on the first chunk
-        return aiterate(lambda: self._responses(request.stream(engine), keep_all))
+        events = request.stream(engine)  # bad input fails here, not on the first chunk
+        return aiterate(lambda: self._responses(events, keep_all))
 
     def _responses(self, events: Iterator[Event], keep_all: bool) -> ChatResponseGen:
         """One ChatResponse per engine event, each carrying the whole message so far: its text, and
