@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -65,7 +66,14 @@ def default_devices(target_device=None, sidecar_device=None) -> tuple[torch.devi
 
 
 def cpu_supports_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively, so bf16 is the faster default.
+
+    On x86 that takes AVX512-BF16 or AMX. oneDNN also "supports" bf16 on plain AVX512-BW by
+    emulating it, and there (measured on a 2-core Xeon) a 450-token prefill of SmolLM2-135M takes
+    2.2 s in bf16 against 0.75 s in fp32."""
     try:
+        if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
+            return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except Exception:
         return False
