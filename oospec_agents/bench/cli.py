@@ -34,12 +34,19 @@ def add_parser(sub, name):
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for prompt_lookup")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")
+    scenario = p.add_mutually_exclusive_group()
+    scenario.add_argument("--warm-tools", dest="scenario", action="store_const", const="warm_tools",
+                          help="before each measured request, serve one with the same tools and another user "
+                               "message (prompt prefix cached, question not); report warm and cold side by side")
+    scenario.add_argument("--agent-loop", dest="scenario", action="store_const", const="agent_loop",
+                          help="measure turn 2 of each record: its expected call's tool result appended, "
+                               "tool_choice=auto; report it with turn 1 cached (warm) and not (cold)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no report on stdout")
     p.add_argument("--server", metavar="URL", default=None,
                    help="measure one engine method (--methods ar|toolspec|oospec) end to end through a running "
                         "`oospec serve` at URL instead of in process: median and p95 per request")
     p.add_argument("--api-key", default=None, help="with --server: the server's --api-key")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, scenario="cold")
 
 
 def run(args):
@@ -61,7 +68,7 @@ def run(args):
                                     sidecar_device=args.sidecar_device, dtype=args.dtype)
     assistant, assistant_tok = _load_assistant(args, engine) if "assisted" in methods else (None, None)
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
-                         warmup=not args.no_warmup, progress=not args.quiet)
+                         warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario)
     results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
                         data=args.bfcl or args.data)
     paths = write_all(results, args.out)
@@ -94,6 +101,8 @@ def run_server(args):
     from .records import load_records, spread
     from .server import run_server_bench, write
 
+    if args.scenario != "cold":
+        raise ValueError("--warm-tools and --agent-loop measure in process; drop them with --server")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if len(methods) != 1 or methods[0] not in ENGINE_METHODS:
         raise ValueError(f"--server measures one engine method: pass --methods with one of {list(ENGINE_METHODS)}, "

@@ -1,7 +1,9 @@
-"""The decoding methods the benchmark compares, each a function `(BenchContext, record, ar) -> Run`.
+"""The decoding methods the benchmark compares, each a function `(BenchContext, Turn, ar) -> Run`.
 
 Engine methods (`ar`, `toolspec`, `oospec`, `oracle`) report their own timings: `prefill_s` is the
-target's forward over the prompt (and its first token), `decode_s` everything after.
+target's forward over the prompt (and its first token), `decode_s` everything after. They first
+serve the turn's unmeasured `before` requests (see scenarios.py), on a cleared prefix cache and
+retrieval memory.
 
 transformers' `generate` methods (`hf_generate`, `prompt_lookup`, `assisted`) are timed from the
 outside. Their `prefill_s` is a separate plain greedy `generate(max_new_tokens=1)` on the same prompt,
@@ -17,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from .scenarios import Turn
+
 
 @dataclass
 class Run:
@@ -31,12 +35,14 @@ class Run:
     margins: list[float] | None = None     # AR only: top-2 logit margin per token, for tie checks
     sidecar_error: str | None = None
     sidecar_profile: dict | None = None    # where the sidecar's wave spent its time (oospec)
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int = 0          # the target's prompt tokens reused from the prefix cache
+    sidecar_cached_prompt_tokens: int | None = None
 
 
 @dataclass
 class BenchContext:
     engine: object
-    tool_choice: str = "required"
     max_new_tokens: int = 256
     assistant: object | None = None        # draft model for `assisted`
     assistant_tokenizer: object | None = None  # set only when its vocabulary differs from the target's
@@ -45,40 +51,50 @@ class BenchContext:
 
 # ------------------------------------------------------------------ our engine
 
-def _engine(ctx: BenchContext, rec: dict, method: str, hint: str | None = None, margins: bool = False) -> Run:
-    ctx.engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
-    ctx.engine.clear_prefix_cache()  # and a cold one: no method reuses the prompt another method prefilled
-    gen = ctx.engine.generate(rec["messages"], rec["tools"], tool_choice=ctx.tool_choice,
-                              max_new_tokens=ctx.max_new_tokens, method=method, hint=hint, record_margins=margins)
+def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None, margins: bool = False) -> Run:
+    engine = ctx.engine
+    engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
+    engine.clear_prefix_cache()  # and starts cold: no method reuses the prompt another method prefilled
+    for messages, tool_choice in turn.before:
+        engine.generate(messages, turn.tools, tool_choice=tool_choice, max_new_tokens=ctx.max_new_tokens,
+                        method=method)
+    if not turn.keep_memory:
+        engine.clear_call_memory()
+    if not turn.cached:
+        engine.clear_prefix_cache()
+    gen = engine.generate(turn.messages, turn.tools, tool_choice=turn.tool_choice, max_new_tokens=ctx.max_new_tokens,
+                          method=method, hint=hint, record_margins=margins)
     s = gen.stats
     return Run(gen.token_ids, gen.text, s.prefill_s, s.decode_s, s.target_forwards, dict(s.accepted_by_source),
-               s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile)
+               s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile, s.prompt_tokens,
+               s.cached_prompt_tokens, s.sidecar_cached_prompt_tokens)
 
 
-def ar(ctx, rec, ref=None):
-    return _engine(ctx, rec, "ar", margins=True)
+def ar(ctx, turn, ref=None):
+    return _engine(ctx, turn, "ar", margins=True)
 
 
-def toolspec(ctx, rec, ref=None):
-    return _engine(ctx, rec, "toolspec")
+def toolspec(ctx, turn, ref=None):
+    return _engine(ctx, turn, "toolspec")
 
 
-def oospec(ctx, rec, ref=None):
-    return _engine(ctx, rec, "oospec")
+def oospec(ctx, turn, ref=None):
+    return _engine(ctx, turn, "oospec")
 
 
-def oracle(ctx, rec, ref: Run):
+def oracle(ctx, turn, ref: Run):
     # AR's whole reply (forced opener included) is the hint: the hint drafter aligns it to the
     # committed text, which starts with the same opener, and proposes the rest.
-    return _engine(ctx, rec, "oospec", hint=ref.text)
+    return _engine(ctx, turn, "oospec", hint=ref.text)
 
 
 # ------------------------------------------------------------------ transformers' generate
 
-def _hf(ctx: BenchContext, rec: dict, **extra) -> Run:
+def _hf(ctx: BenchContext, turn: Turn, **extra) -> Run:
+    """`generate` keeps no cache across calls: a turn's `before` would leave it nothing, so it is skipped."""
     engine = ctx.engine
     model, tok = engine.target, engine.tokenizer
-    prompt = engine.prompt_ids(rec["messages"], rec["tools"], tool_choice=ctx.tool_choice)
+    prompt = engine.prompt_ids(turn.messages, turn.tools, tool_choice=turn.tool_choice)
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], device=device)
     base = dict(attention_mask=torch.ones_like(ids), do_sample=False, temperature=None, top_p=None, top_k=None,
@@ -102,26 +118,26 @@ def _hf(ctx: BenchContext, rec: dict, **extra) -> Run:
     finally:
         hook.remove()
     new = out[0, len(prompt):].tolist()
-    prefix = engine.prepare(rec["messages"], rec["tools"], ctx.tool_choice).prefix
+    prefix = engine.prepare(turn.messages, turn.tools, turn.tool_choice).prefix
     return Run(new, prefix + tok.decode(new, skip_special_tokens=True), prefill, max(0.0, total - prefill),
-               forwards[0])
+               forwards[0], prompt_tokens=len(prompt))
 
 
-def hf_generate(ctx, rec, ref=None):
-    return _hf(ctx, rec)
+def hf_generate(ctx, turn, ref=None):
+    return _hf(ctx, turn)
 
 
-def prompt_lookup(ctx, rec, ref=None):
-    return _hf(ctx, rec, prompt_lookup_num_tokens=ctx.prompt_lookup_tokens)
+def prompt_lookup(ctx, turn, ref=None):
+    return _hf(ctx, turn, prompt_lookup_num_tokens=ctx.prompt_lookup_tokens)
 
 
-def assisted(ctx, rec, ref=None):
+def assisted(ctx, turn, ref=None):
     if ctx.assistant is None:
         raise ValueError("method 'assisted' needs a draft model: pass --assistant MODEL")
     extra = {"assistant_model": ctx.assistant}
     if ctx.assistant_tokenizer is not None:  # transformers' universal assisted decoding
         extra.update(tokenizer=ctx.engine.tokenizer, assistant_tokenizer=ctx.assistant_tokenizer)
-    return _hf(ctx, rec, **extra)
+    return _hf(ctx, turn, **extra)
 
 
 METHODS: dict[str, Callable[..., Run]] = {

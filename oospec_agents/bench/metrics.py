@@ -87,6 +87,10 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         # where the sidecar's waves spent their time, averaged over the records that had one
         "sidecar_wave": _mean_profile([r.get("sidecar_profile") for r in rows]),
         "sidecar_errors": sum(bool(r.get("sidecar_error")) for r in rows),
+        # the prefix cache: prompt tokens whose KV was reused, the target's and the sidecar wave's
+        "prompt_tokens": _mean([r.get("prompt_tokens") for r in rows]),
+        "cached_prompt_tokens": _mean([r.get("cached_prompt_tokens") for r in rows]),
+        "sidecar_cached_prompt_tokens": _mean([r.get("sidecar_cached_prompt_tokens") for r in rows]),
     }
     if ref_rows:
         ref_tokens = sum(r["new_tokens"] for r in ref_rows)

@@ -38,6 +38,7 @@ def markdown(results: dict) -> str:
         "Speedups are over `ar` (per-token time; decode excludes the prompt's prefill, e2e includes it). "
         "Accepted tokens = tokens committed per target forward. Lossless: tokens equal AR's except at "
         f"numerical ties (AR's top-2 logit margin <= {cfg['tie_tolerance']}).",
+        *_scenario_lines(cfg.get("scenario", "cold")),
         "",
         "| method | n | speedup decode | speedup e2e | decode tok/s | mean accepted tokens | target forwards "
         "| hint_ready_s | hint_bytes | vs oracle | lossless |",
@@ -48,6 +49,8 @@ def markdown(results: dict) -> str:
                      f"| {_f(f['decode_tok_s'], '{:.1f}')} | {_f(f['mean_accepted_tokens'])} "
                      f"| {_f(f['target_forwards'], '{:.1f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
                      f"| {_f(f['hint_bytes'], '{:.0f}')} | {_f(f['vs_oracle'], '{:.0%}')} | {_lossless(f)} |")
+    if "cold" in results:
+        lines += _warm_against_cold(results)
     lines += _per_source(results, "Decode speedup per source", lambda f: _f(f["speedup_decode"], suffix="x"))
     lines += _per_source(results, "Tokens per target forward, per source", lambda f: _f(f["mean_accepted_tokens"]))
     accepted = {m: f["accepted_by_source"] for m, f in methods.items() if f["accepted_by_source"]}
@@ -83,6 +86,53 @@ def markdown(results: dict) -> str:
                   + ", ".join(f"{m}: {n}" for m, n in errors.items())]
     lines += ["", f"Run took {cfg['wall_s']} s (git {env.get('git_commit')}).", ""]
     return "\n".join(lines)
+
+
+_SCENARIO_TEXT = {
+    "warm_tools": "Scenario **warm tools**: before each measured request, every method's engine served one request "
+                  "with the same system prompt and tools and another user message, so those are in the prefix "
+                  "cache and the question is not; the retrieval memory is cleared after it. The tables show "
+                  "the warm request; *Warm against cold* sets it beside the same request on an empty cache.",
+    "agent_loop": "Scenario **agent loop**: each record is turn 1; the measured request is turn 2, the same "
+                  "conversation plus the record's expected call(s) and a tool result for each, with "
+                  "tool_choice=auto, as an agent loop sends after every tool call. Warm: the prefix cache "
+                  "kept turn 1; cold: emptied before turn 2. Retrieval keeps turn 1's reply in both.",
+}
+
+
+def _scenario_lines(scenario: str) -> list[str]:
+    return ["", _SCENARIO_TEXT[scenario]] if scenario in _SCENARIO_TEXT else []
+
+
+def _warm_against_cold(results: dict) -> list[str]:
+    warm, cold = results["methods"], results["cold"]["methods"]
+    base = "toolspec" if "toolspec" in warm else None
+    lines = ["", "## Warm against cold", "",
+             "Per record means. Speedups over the `ar` of the same pass"
+             + (f"; *over {base}* is the e2e speedup's ratio to {base}'s in that pass." if base else "."), "",
+             "| method | prompt tokens | cached (target) | cached (sidecar) | prefill s cold | prefill s warm "
+             "| warm / cold prefill | e2e s cold | e2e s warm | speedup e2e cold | speedup e2e warm "
+             + (f"| over {base} cold | over {base} warm " if base else "") + "|",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if base else "")]
+
+    def over(figs, m):
+        a, b = figs[m]["speedup_e2e"], figs[base]["speedup_e2e"]
+        return _f(a / b if a and b else None, suffix="x")
+
+    for m in warm:
+        w, c = warm[m], cold[m]
+        e2e = lambda f: None if f["prefill_s"] is None else f["prefill_s"] + f["decode_s"]  # noqa: E731
+        share = w["prefill_s"] / c["prefill_s"] if w["prefill_s"] is not None and c["prefill_s"] else None
+        lines.append(f"| {m} | {_f(w['prompt_tokens'], '{:.0f}')} | {_f(w['cached_prompt_tokens'], '{:.0f}')} "
+                     f"| {_f(w['sidecar_cached_prompt_tokens'], '{:.0f}')} | {_f(c['prefill_s'], '{:.3f}')} "
+                     f"| {_f(w['prefill_s'], '{:.3f}')} | {_f(share, '{:.0%}')} | {_f(e2e(c), '{:.3f}')} "
+                     f"| {_f(e2e(w), '{:.3f}')} | {_f(c['speedup_e2e'], suffix='x')} | {_f(w['speedup_e2e'], suffix='x')} "
+                     + (f"| {over(cold, m)} | {over(warm, m)} " if base else "") + "|")
+    lossy = [m for m in cold if not cold[m]["lossless"]]
+    ties = {m: cold[m]["numerical_ties"] for m in cold if cold[m]["numerical_ties"]}
+    lines += ["", "Cold pass lossless: " + ("yes" if not lossy else f"**no** ({', '.join(lossy)})")
+              + (" (ties: " + ", ".join(f"{m} {n}" for m, n in ties.items()) + ")" if ties else "") + "."]
+    return lines
 
 
 def _per_source(results: dict, title: str, cell) -> list[str]:

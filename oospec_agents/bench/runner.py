@@ -2,6 +2,9 @@
 
 AR runs first on each record because it is the reference (and the oracle's hint); the other
 methods follow in an order rotated per record, so drift and cache effects hit each one alike.
+With a warm scenario (scenarios.py) each record is measured twice, cold then warm. Every run is
+checked against the cold AR's tokens (the target alone, from an empty cache); speedups are over the
+AR of the same pass.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from tqdm.auto import tqdm
 from .env import environment
 from .methods import METHODS, BenchContext, Run
 from .metrics import compare, summarize, tie_tolerance
+from .scenarios import turns
 
 
 @dataclass
@@ -23,6 +27,7 @@ class BenchConfig:
     prompt_lookup_tokens: int = 10
     warmup: bool = True
     progress: bool = True
+    scenario: str = "cold"      # "cold" | "warm_tools" | "agent_loop" (see scenarios.py)
 
 
 def check_methods(methods) -> list[str]:
@@ -37,45 +42,61 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
               assistant_tokenizer=None, data: str | None = None) -> dict:
     """Run every method on every record; returns the results dict that report.write_all saves."""
     methods = check_methods(config.methods)
-    ctx = BenchContext(engine, config.tool_choice, config.max_new_tokens, assistant, assistant_tokenizer,
-                       config.prompt_lookup_tokens)
+    ctx = BenchContext(engine, config.max_new_tokens, assistant, assistant_tokenizer, config.prompt_lookup_tokens)
     tol = tie_tolerance(engine.target.dtype)
+    passes = len(turns(records[0], config.scenario, config.tool_choice))
     started = time.time()
-    bar = tqdm(total=len(records) * len(methods) + (len(methods) if config.warmup else 0),
+    bar = tqdm(total=(len(records) + int(config.warmup)) * len(methods) * passes,
                desc="oospec bench", unit="run", disable=not config.progress)
     if config.warmup:
         bar.set_postfix_str("warm-up")
-        _run_record(ctx, records[0], methods, 0, tol, bar)
-    rows = [_run_record(ctx, rec, methods, i, tol, bar) for i, rec in enumerate(records)]
+        _run_record(ctx, records[0], methods, 0, tol, bar, config)
+    rows = [_run_record(ctx, rec, methods, i, tol, bar, config) for i, rec in enumerate(records)]
     bar.close()
-    results = summarize(rows, methods)
-    results["env"] = environment(engine, assistant)
+    measured = [r.get("warm", r["cold"]) for r in rows]
+    results = summarize(measured, methods)
+    results["env"] = environment(engine, assistant) | {"scenario": config.scenario,
+                                                       "warm_tools": config.scenario == "warm_tools",
+                                                       "agent_loop": config.scenario == "agent_loop"}
     results["config"] = {"data": data, "n_records": len(records), "methods": methods,
                          "tool_choice": config.tool_choice, "max_new_tokens": config.max_new_tokens,
                          "prompt_lookup_num_tokens": config.prompt_lookup_tokens, "warmup": config.warmup,
-                         "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
-    results["records"] = rows
+                         "scenario": config.scenario, "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
+    results["records"] = measured
+    if passes > 1:  # the same records cold, side by side
+        cold = [r["cold"] for r in rows]
+        results["cold"] = summarize(cold, methods) | {"records": cold}
     return results
 
 
-def _run_record(ctx: BenchContext, rec: dict, methods: list[str], index: int, tol: float, bar) -> dict:
+def _run_record(ctx: BenchContext, rec: dict, methods: list[str], index: int, tol: float, bar,
+                config: BenchConfig) -> dict:
+    """{"cold": row} or {"cold": row, "warm": row}; each row {"id", "source", "runs": {method: figures}}."""
     others = methods[1:]
     k = index % len(others) if others else 0
-    runs: dict[str, Run] = {}
-    for m in ["ar"] + others[k:] + others[:k]:
-        bar.set_postfix_str(f"{rec['id']} {m}"[-48:])
-        runs[m] = METHODS[m](ctx, rec, runs.get("ar"))
-        bar.update(1)
-    ref = runs["ar"]
-    out = {}
-    for m in methods:  # report in the requested order, whatever order they ran in
-        r = runs[m]
-        check = compare(ref.token_ids, ref.margins or [], r.token_ids, tol)
-        row = {"new_tokens": len(r.token_ids), "prefill_s": r.prefill_s, "decode_s": r.decode_s,
-               "target_forwards": r.target_forwards, "accepted_by_source": r.accepted_by_source or None,
-               "hint_ready_s": r.hint_ready_s, "hint_bytes": r.hint_bytes, "sidecar_error": r.sidecar_error,
-               "sidecar_profile": r.sidecar_profile, "check": check}
-        if m == "ar" or check["verdict"] != "exact":
-            row["text"] = r.text
-        out[m] = row
-    return {"id": rec["id"], "source": rec["source"], "runs": out}
+    order = ["ar"] + others[k:] + others[:k]
+    out: dict[str, dict] = {}
+    ref = None
+    for name, turn in turns(rec, config.scenario, config.tool_choice).items():
+        runs: dict[str, Run] = {}
+        for m in order:
+            bar.set_postfix_str(f"{rec['id']} {name} {m}"[-48:])
+            runs[m] = METHODS[m](ctx, turn, runs.get("ar"))
+            bar.update(1)
+        if name == "cold":
+            ref = runs["ar"]
+        out[name] = {"id": rec["id"], "source": rec["source"], "runs": {m: _row(m, runs[m], ref, tol) for m in methods}}
+    return out
+
+
+def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
+    check = compare(ref.token_ids, ref.margins or [], r.token_ids, tol)
+    row = {"new_tokens": len(r.token_ids), "prefill_s": r.prefill_s, "decode_s": r.decode_s,
+           "target_forwards": r.target_forwards, "accepted_by_source": r.accepted_by_source or None,
+           "hint_ready_s": r.hint_ready_s, "hint_bytes": r.hint_bytes, "sidecar_error": r.sidecar_error,
+           "sidecar_profile": r.sidecar_profile, "prompt_tokens": r.prompt_tokens,
+           "cached_prompt_tokens": r.cached_prompt_tokens,
+           "sidecar_cached_prompt_tokens": r.sidecar_cached_prompt_tokens, "check": check}
+    if m == "ar" or check["verdict"] != "exact":
+        row["text"] = r.text
+    return row
