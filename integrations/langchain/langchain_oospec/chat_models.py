@@ -325,4 +325,4 @@ def _response_metadata(gen: Generation, model_name: str) -> dict:
     stats = gen.stats
     return {"model_name": model_name, "finish_reason": gen.finish_reason, "method": stats.method,
             "target_forwards": stats.target_forwards, "accepted_by_source": stats.accepted_by_source,
-            "hint_bytes": stats.hint_bytes}
+            "hint_bytes": stats.hint_bytes, "prefill_s": stats.prefill_s, "decode_s": stats.decode_s}

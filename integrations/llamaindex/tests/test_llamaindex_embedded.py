@@ -4,7 +4,8 @@ Tests marked `needs_adapter` rely on the model deciding to call a tool by itself
 SmolLM2-135M-Instruct only does with the embedded tool-calling adapter.
 """
 import pytest
-from llama_index.core.agent.workflow import AgentStream, AgentWorkflow, FunctionAgent, ToolCallResult
+from llama_index.core.agent.workflow import (AgentOutput, AgentStream, AgentWorkflow, FunctionAgent,
+                                             ToolCallResult)
 from llama_index.core.base.llms.types import ChatMessage, TextBlock, ToolCallBlock
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
@@ -138,6 +139,18 @@ async def test_function_agent_calls_the_tool_then_answers(embedded_llm, streamin
     if streaming:  # the call is shown while it streams, before it runs
         shown = [e.tool_calls[0].tool_name for e in events if isinstance(e, AgentStream) and e.tool_calls]
         assert shown and set(shown) == {"multiply"}
+
+
+@needs_adapter
+async def test_the_second_model_call_of_a_function_agent_prefills_only_what_is_new(embedded_llm):
+    """The call after the tool result reuses the KV of the first call's prompt (the prefix cache)."""
+    embedded_llm.engine.clear_prefix_cache()  # the first call starts cold, whatever ran before
+    _, events = await run_agent(FunctionAgent(tools=[multiply], llm=embedded_llm))
+    first, second = [e.raw for e in events if isinstance(e, AgentOutput)]
+    assert first["usage"]["cached_prompt_tokens"] == 0
+    assert first["usage"]["prompt_tokens"] <= second["usage"]["cached_prompt_tokens"] < second["usage"]["prompt_tokens"]
+    assert second["stats"]["cached_prompt_tokens"] == second["usage"]["cached_prompt_tokens"]
+    assert second["stats"]["prefill_s"] < first["stats"]["prefill_s"]
 
 
 async def test_agent_workflow_picks_function_agent_and_completes(embedded_llm):

@@ -10,6 +10,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 
 from langchain_oospec import ChatOoOSpec
+from oospec_agents import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +36,19 @@ def agent():
 def invoked(agent) -> list:
     calls.clear()
     return agent.invoke({"messages": [HumanMessage(QUESTION)]}, CONFIG)["messages"]
+
+
+def test_the_second_model_call_prefills_only_what_the_first_did_not(agent):
+    """An agent loop resends the conversation: the call after the tool result reuses the KV of the
+    first call's prompt (the prefix cache), so it prefills only the call and the tool result."""
+    Engine.shared("embedded").clear_prefix_cache()  # the first call starts cold, whatever ran before
+    messages = agent.invoke({"messages": [HumanMessage(QUESTION)]}, CONFIG)["messages"]
+    first, second = [m for m in messages if isinstance(m, AIMessage)]
+    assert first.tool_calls and not second.tool_calls
+    assert "input_token_details" not in first.usage_metadata  # nothing cached yet
+    cached = second.usage_metadata["input_token_details"]["cache_read"]
+    assert first.usage_metadata["input_tokens"] <= cached < second.usage_metadata["input_tokens"]
+    assert second.response_metadata["prefill_s"] < first.response_metadata["prefill_s"]
 
 
 def test_agent_calls_the_tool_then_answers(invoked):
