@@ -28,7 +28,8 @@ from .formats import ToolFormat, detect_format
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
 from .sidecar import FixedHint, HintRequest
-from .sidecar.session import HintSession
+from .sidecar.payback import DEFAULT_RATIO, PayBack
+from .sidecar.session import HintSession, shares_cores
 from .stats import SOURCES, DecodeStats
 from .tools import Tool, check_calls, normalize_tools, resolve_tool_choice
 from .verify import Verifier, build_tree, eos_ids
@@ -74,9 +75,11 @@ class Engine:
 
     def __init__(self, target, tokenizer, sidecar=None, *, fmt: ToolFormat | None = None,
                  model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32,
-                 prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS):
+                 prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
-        `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off)."""
+        `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
+        `wave_payback`: a sidecar on the target's own CPU runs its wave only when the hint is expected
+        before this share of the call (sidecar/payback.py); None always runs it."""
         self.target = target
         self.tokenizer = tokenizer
         self.sidecar = sidecar
@@ -88,6 +91,7 @@ class Engine:
         self.max_draft_nodes = max_draft_nodes
         self.memory = CallMemory(memory_size)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.payback = None if wave_payback is None else PayBack(wave_payback)
         self.eos_ids = eos_ids(target)
         self._verifier = Verifier(target)
         self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter()}
@@ -236,6 +240,8 @@ class Engine:
             self._sync()
             stats.decode_s = time.perf_counter() - t1
             done = True
+            if self.payback is not None and method != "ar":  # the call a speculative method takes
+                self.payback.observe(stats.prompt_tokens, stats.cached_prompt_tokens, stats.prefill_s, stats.decode_s)
         finally:
             if hints is not None:
                 hints.close(abandoned=not done)
@@ -268,7 +274,14 @@ class Engine:
         if method != "oospec" or not req.tools:
             return None
         sidecar = FixedHint(hint_text) if hint_text is not None else self.sidecar
-        return HintSession.open(sidecar, HintRequest(req.messages, req.tools, self.fmt, req.choice), stats,
+        request = HintRequest(req.messages, req.tools, self.fmt, req.choice)
+        if hint_text is None and self.payback is not None and shares_cores(sidecar, self._verifier.device):
+            stats.wave_estimate_s = _wave_estimate(sidecar, request)
+            stats.call_estimate_s = self.payback.call_s(len(req.prompt_ids) - self.prefix_cache.peek(req.prompt_ids))
+            stats.sidecar_skipped = self.payback.verdict(stats.wave_estimate_s, stats.call_estimate_s)
+            if stats.sidecar_skipped:
+                return None
+        return HintSession.open(sidecar, request, stats,
                                 target_device=self._verifier.device, faults=self._logged_faults,
                                 lend_cores=hint_text is None)
 
@@ -287,6 +300,16 @@ class Engine:
             del stats.margins[len(reply.new):]
         return Generation(text=reply.text, token_ids=reply.new, tool_calls=calls, invalid_tool_calls=invalid,
                           stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids))
+
+
+def _wave_estimate(sidecar, request: HintRequest) -> float | None:
+    """The sidecar's own estimate of its wave's seconds (optional in the Sidecar protocol)."""
+    estimate = getattr(sidecar, "estimate", None)
+    try:
+        return None if estimate is None else estimate(request)
+    except Exception as e:  # an estimate that fails is no estimate: the wave runs
+        log.debug("sidecar estimate failed: %s", e)
+        return None
 
 
 class _Reply:

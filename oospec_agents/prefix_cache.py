@@ -55,6 +55,12 @@ class PrefixCache:
                 return 0, make_empty()
         return hit, cache
 
+    def peek(self, ids: list[int]) -> int:
+        """How many tokens `lookup(ids)` would reuse, without copying anything."""
+        with self._lock:
+            hit = max((_common_prefix(key, ids) for key in self._entries), default=0)
+        return max(0, min(hit, len(ids) - 1))
+
     def store(self, ids: list[int], cache) -> None:
         """Keep a copy of `cache`, which holds exactly the KV of `ids`."""
         if len(ids) > self.max_tokens:

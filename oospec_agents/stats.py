@@ -25,6 +25,9 @@ class DecodeStats(Mapping):
     hint_bytes: int | None = None
     sidecar_error: str | None = None
     sidecar_declined: bool = False
+    sidecar_skipped: str | None = None   # why the wave did not run: it could not pay back (payback.py)
+    wave_estimate_s: float | None = None  # the pay-back rule's estimates, when it judged this request
+    call_estimate_s: float | None = None
     sidecar_profile: dict | None = None
     sidecar_cached_prompt_tokens: int | None = None  # of the wave's shared prefix, when its hint arrived
     margins: list[float] | None = None   # top-2 logit margin per new token, when asked for

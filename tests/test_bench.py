@@ -248,3 +248,19 @@ def test_a_warm_scenario_measures_the_cached_request_beside_the_cold_one(scenari
                 assert w["cached_prompt_tokens"] > w["prompt_tokens"] // 2, m
     md = markdown(results)
     assert "## Warm against cold" in md and ("**agent loop**" if scenario == "agent_loop" else "**warm tools**") in md
+
+
+def test_the_payback_sweep_replaces_skipped_waves_with_toolspecs_time():
+    from oospec_agents.bench.report import payback_sweep
+
+    def rec(ts_s, oo_s, wave_s, call_s):
+        return {"runs": {"toolspec": {"prefill_s": 0.0, "decode_s": ts_s},
+                         "oospec": {"prefill_s": 0.0, "decode_s": oo_s, "wave_estimate_s": wave_s,
+                                    "call_estimate_s": call_s}}}
+    records = [rec(2.0, 1.0, 0.5, 2.0),   # an early wave that paid back
+               rec(2.0, 3.0, 3.0, 2.0),   # a late wave that lost
+               rec(1.0, 1.0, None, 2.0)]  # no estimate yet: never skipped
+    sweep = payback_sweep(records, ratios=(0.1, 1.0))
+    assert sweep[float("inf")] == {"skipped": 0, "over_toolspec": pytest.approx(5.0 / 5.0)}
+    assert sweep[1.0] == {"skipped": 1, "over_toolspec": pytest.approx(5.0 / 4.0)}
+    assert sweep[0.1] == {"skipped": 2, "over_toolspec": pytest.approx(5.0 / 5.0)}

@@ -32,6 +32,10 @@ def add_parser(sub, name):
     p.add_argument("--max-new-tokens", type=int, default=256,
                    help="per reply (default 256: the longest expected dev reply is about 180 tokens)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for prompt_lookup")
+    p.add_argument("--wave-payback", type=_payback, default=None, metavar="RATIO|off",
+                   help="the pay-back rule for a sidecar on the target's CPU: run its wave only when the hint is "
+                        "expected before RATIO of the call (default: the engine's, 0.5); 'off' always runs it "
+                        "and still records both estimates")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")
     scenario = p.add_mutually_exclusive_group()
@@ -64,8 +68,9 @@ def run(args):
     records = spread(read_bfcl(args.bfcl) if args.bfcl else load_records(args.data), args.limit)
     if args.threads:
         torch.set_num_threads(args.threads)
+    payback = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
     engine = Engine.from_pretrained(args.target, args.sidecar, target_device=args.target_device,
-                                    sidecar_device=args.sidecar_device, dtype=args.dtype)
+                                    sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)
     assistant, assistant_tok = _load_assistant(args, engine) if "assisted" in methods else (None, None)
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
                          warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario)
@@ -76,6 +81,20 @@ def run(args):
         print(paths["report"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _payback(text: str) -> float:
+    """--wave-payback: a ratio > 0, or 'off' (an infinite ratio: never skip, still estimate)."""
+    if text == "off":
+        return float("inf")
+    try:
+        ratio = float(text)
+    except ValueError:
+        ratio = 0.0
+    if not ratio > 0:
+        import argparse
+        raise argparse.ArgumentTypeError(f"expected a ratio > 0 or 'off', got {text!r}")
+    return ratio
 
 
 def _load_assistant(args, engine):

@@ -38,6 +38,9 @@ class Run:
     prompt_tokens: int | None = None
     cached_prompt_tokens: int = 0          # the target's prompt tokens reused from the prefix cache
     sidecar_cached_prompt_tokens: int | None = None
+    sidecar_skipped: str | None = None     # why the wave did not run (the pay-back rule)
+    wave_estimate_s: float | None = None   # the pay-back rule's two estimates, when it judged the request
+    call_estimate_s: float | None = None
 
 
 @dataclass
@@ -62,12 +65,21 @@ def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None,
         engine.clear_call_memory()
     if not turn.cached:
         engine.clear_prefix_cache()
+    _wait_for_sidecar(engine)
     gen = engine.generate(turn.messages, turn.tools, tool_choice=turn.tool_choice, max_new_tokens=ctx.max_new_tokens,
                           method=method, hint=hint, record_margins=margins)
     s = gen.stats
     return Run(gen.token_ids, gen.text, s.prefill_s, s.decode_s, s.target_forwards, dict(s.accepted_by_source),
                s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile, s.prompt_tokens,
-               s.cached_prompt_tokens, s.sidecar_cached_prompt_tokens)
+               s.cached_prompt_tokens, s.sidecar_cached_prompt_tokens, s.sidecar_skipped, s.wave_estimate_s,
+               s.call_estimate_s)
+
+
+def _wait_for_sidecar(engine) -> None:
+    """An earlier request's cancelled wave may still be in its prefill: measure on idle cores."""
+    wait = getattr(engine.sidecar, "wait_idle", None)  # optional in the Sidecar protocol
+    if wait is not None and not wait():
+        raise RuntimeError("the sidecar stayed busy for 30 s between benchmark runs")
 
 
 def ar(ctx, turn, ref=None):

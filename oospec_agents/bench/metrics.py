@@ -87,6 +87,8 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         # where the sidecar's waves spent their time, averaged over the records that had one
         "sidecar_wave": _mean_profile([r.get("sidecar_profile") for r in rows]),
         "sidecar_errors": sum(bool(r.get("sidecar_error")) for r in rows),
+        # waves the pay-back rule did not run (a sidecar on the target's cores that could not pay back)
+        "waves_skipped": sum(bool(r.get("sidecar_skipped")) for r in rows),
         # the prefix cache: prompt tokens whose KV was reused, the target's and the sidecar wave's
         "prompt_tokens": _mean([r.get("prompt_tokens") for r in rows]),
         "cached_prompt_tokens": _mean([r.get("cached_prompt_tokens") for r in rows]),

@@ -51,6 +51,8 @@ def markdown(results: dict) -> str:
                      f"| {_f(f['hint_bytes'], '{:.0f}')} | {_f(f['vs_oracle'], '{:.0%}')} | {_lossless(f)} |")
     if "cold" in results:
         lines += _warm_against_cold(results)
+    if cfg.get("wave_payback") == "off" and "oospec" in methods and "toolspec" in methods:
+        lines += _payback_sweep(results)
     lines += _per_source(results, "Decode speedup per source", lambda f: _f(f["speedup_decode"], suffix="x"))
     lines += _per_source(results, "Tokens per target forward, per source", lambda f: _f(f["mean_accepted_tokens"]))
     accepted = {m: f["accepted_by_source"] for m, f in methods.items() if f["accepted_by_source"]}
@@ -80,6 +82,10 @@ def markdown(results: dict) -> str:
                          f"| {_f(w['decode_s'], '{:.3f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
                          f"| {_f(f['prefill_s'], '{:.3f}')} | {_f(f['prefill_s'] + f['decode_s'], '{:.3f}')} "
                          f"| {_f(f['hint_share'], '{:.0%}')} |")
+    skipped = {m: f["waves_skipped"] for m, f in methods.items() if f.get("waves_skipped")}
+    if skipped:
+        lines += ["", "Waves the pay-back rule skipped (the sidecar shares the target's cores and its hint was "
+                  "expected too late to pay back): " + ", ".join(f"{m}: {n}/{methods[m]['n']}" for m, n in skipped.items())]
     errors = {m: f["sidecar_errors"] for m, f in methods.items() if f["sidecar_errors"]}
     if errors:
         lines += ["", "Sidecar errors (the target decoded on without a hint): "
@@ -132,6 +138,44 @@ def _warm_against_cold(results: dict) -> list[str]:
     ties = {m: cold[m]["numerical_ties"] for m in cold if cold[m]["numerical_ties"]}
     lines += ["", "Cold pass lossless: " + ("yes" if not lossy else f"**no** ({', '.join(lossy)})")
               + (" (ties: " + ", ".join(f"{m} {n}" for m, n in ties.items()) + ")" if ties else "") + "."]
+    return lines
+
+
+SWEEP_RATIOS = (0.5, 0.6, 0.75, 0.9, 1.0, 1.25, 1.5)
+
+
+def payback_sweep(records: list[dict], ratios=SWEEP_RATIOS) -> dict[float, dict]:
+    """What the pay-back rule would have given at each ratio, from a run that always ran the wave
+    (--wave-payback off) and recorded both estimates: a record whose wave the ratio would skip takes
+    `toolspec`'s time on it (the same decode without a wave). {ratio: {"skipped", "over_toolspec"}}."""
+    e2e = lambda r: r["prefill_s"] + r["decode_s"]  # noqa: E731
+    ts = sum(e2e(rec["runs"]["toolspec"]) for rec in records)
+    out = {}
+    for ratio in (float("inf"), *ratios):
+        total, skipped = 0.0, 0
+        for rec in records:
+            o = rec["runs"]["oospec"]
+            w, c = o.get("wave_estimate_s"), o.get("call_estimate_s")
+            skip = w is not None and c is not None and w > ratio * c
+            skipped += skip
+            total += e2e(rec["runs"]["toolspec"] if skip else o)
+        out[ratio] = {"skipped": skipped, "over_toolspec": ts / total if total else None}
+    return out
+
+
+def _payback_sweep(results: dict) -> list[str]:
+    passes = {"cold": results["cold"]["records"], "warm": results["records"]} if "cold" in results \
+        else {"cold": results["records"]}
+    sweeps = {name: payback_sweep(recs) for name, recs in passes.items()}
+    lines = ["", "## What the pay-back rule would skip", "",
+             "This run always ran the wave (`--wave-payback off`) and recorded the rule's two estimates. At each "
+             "ratio, a record whose estimated wave exceeds ratio x the estimated call takes `toolspec`'s time "
+             "instead (the same decode without a wave): `oospec` end to end over `toolspec`, and waves skipped.",
+             "", "| ratio | " + " | ".join(f"{n}: over toolspec | {n}: skipped" for n in sweeps) + " |",
+             "|---|" + "---|---|" * len(sweeps)]
+    for ratio in next(iter(sweeps.values())):
+        cells = " | ".join(f"{_f(sw[ratio]['over_toolspec'], suffix='x')} | {sw[ratio]['skipped']}" for sw in sweeps.values())
+        lines.append(f"| {'never skip' if ratio == float('inf') else ratio} | {cells} |")
     return lines
 
 

@@ -61,7 +61,8 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
     results["config"] = {"data": data, "n_records": len(records), "methods": methods,
                          "tool_choice": config.tool_choice, "max_new_tokens": config.max_new_tokens,
                          "prompt_lookup_num_tokens": config.prompt_lookup_tokens, "warmup": config.warmup,
-                         "scenario": config.scenario, "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
+                         "scenario": config.scenario, "wave_payback": _ratio(engine),
+                         "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
     results["records"] = measured
     if passes > 1:  # the same records cold, side by side
         cold = [r["cold"] for r in rows]
@@ -96,7 +97,13 @@ def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
            "hint_ready_s": r.hint_ready_s, "hint_bytes": r.hint_bytes, "sidecar_error": r.sidecar_error,
            "sidecar_profile": r.sidecar_profile, "prompt_tokens": r.prompt_tokens,
            "cached_prompt_tokens": r.cached_prompt_tokens,
-           "sidecar_cached_prompt_tokens": r.sidecar_cached_prompt_tokens, "check": check}
+           "sidecar_cached_prompt_tokens": r.sidecar_cached_prompt_tokens, "sidecar_skipped": r.sidecar_skipped,
+           "wave_estimate_s": r.wave_estimate_s, "call_estimate_s": r.call_estimate_s, "check": check}
     if m == "ar" or check["verdict"] != "exact":
         row["text"] = r.text
     return row
+
+
+def _ratio(engine) -> float | str | None:
+    ratio = getattr(getattr(engine, "payback", None), "ratio", None)
+    return "off" if ratio == float("inf") else ratio

@@ -101,12 +101,17 @@ def _fault(stats, logged: set[str], message: str) -> None:
         log.warning("%s (the target decodes on without the hint)", message)
 
 
+def shares_cores(sidecar, target_device: torch.device) -> bool:
+    """Whether the sidecar's wave runs on the CPU the target decodes on."""
+    side_dev = getattr(sidecar, "device", None)
+    return target_device.type == "cpu" and side_dev is not None and torch.device(side_dev).type == "cpu"
+
+
 def _lend_cores(sidecar, target_device: torch.device) -> int:
     """While a CPU sidecar's wave runs, leave it its own cores: oversubscribed cores slow both
     models several-fold. Returns how many threads the target gave up."""
-    side_dev = getattr(sidecar, "device", None)
     side_threads = getattr(sidecar, "threads", None) or 0
-    if target_device.type != "cpu" or side_dev is None or torch.device(side_dev).type != "cpu":
+    if not shares_cores(sidecar, target_device):
         return 0
     mine = torch.get_num_threads()
     lent = min(side_threads, mine - 1)

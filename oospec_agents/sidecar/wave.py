@@ -22,9 +22,12 @@ from transformers import DynamicCache
 
 from ..prefix_cache import DEFAULT_TOKENS, PrefixCache
 from ..verify import cache_kwarg, eos_ids
+from .payback import Line
 from .rows import Row, parse_value, value_end
 
 JSON_STARTS = set('"{[-0123456789tfn')  # a row whose first character is none of these is garbage
+#: the work of one row, in prefix tokens, for the wave's cost estimate (its opener, key and value)
+ROW_WORK = 8
 
 
 class Wave:
@@ -41,6 +44,13 @@ class Wave:
         #: where the last wave's time went: prefix_tokens, cached_prefix_tokens, rows, prefill_s, steps
         #: (tokens per row at most), decode_s
         self.profile: dict = {}
+        #: seconds of finished waves against their work (uncached prefix tokens + ROW_WORK per row)
+        self.cost = Line()
+
+    def estimate(self, prefix: str, rows: list[Row]) -> float | None:
+        """Seconds a wave over `prefix` and `rows` is expected to take; None before any has finished."""
+        ids = self.tokenizer.encode(prefix, add_special_tokens=False)
+        return self.cost(len(ids) - self.prefix_cache.peek(ids) + ROW_WORK * len(rows))
 
     def __call__(self, prefix: str, rows: list[Row], cancel: threading.Event | None = None,
                  choices: dict[int, list[str]] | None = None) -> list[str]:
@@ -59,7 +69,7 @@ class Wave:
         steps = 0
         with torch.inference_mode():
             cache, logits, mask, pos, cached = self._prefill(prefix_ids, [enc(r.suffix) for r in rows],
-                                                             [r.tool for r in rows])
+                                                             [r.tool for r in rows], cancel)
             t1 = time.perf_counter()
             for _ in range(self.max_row_tokens):
                 if cancel is not None and cancel.is_set():
@@ -89,11 +99,13 @@ class Wave:
                 mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
                 logits = self._forward(tokens[:, None], cache, mask, pos[:, None])
                 pos = pos + 1
-        self.profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": len(rows), "prefill_s": t1 - t0, "steps": steps,
-                        "decode_s": time.perf_counter() - t1}
+        self.profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": len(rows),
+                        "prefill_s": t1 - t0, "steps": steps, "decode_s": time.perf_counter() - t1}
+        if cancel is None or not cancel.is_set():  # a cancelled wave's time says nothing of its cost
+            self.cost.add(len(prefix_ids) - cached + ROW_WORK * len(rows), time.perf_counter() - t0)
         return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
-    def _prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list):
+    def _prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list, cancel=None):
         """Feed prefix + suffix of every row, sharing the KV cache of every common part.
 
         Three levels, each fanned out from the one before: the prefix plus what all suffixes share
@@ -113,6 +125,8 @@ class Wave:
         pos = torch.full((1,), hit, dtype=torch.long, device=self.device)
         logits, mask, pos = self._feed(cache, mask, pos, [0], [shared[hit:]])
         self.prefix_cache.store(shared, cache)
+        if cancel is not None and cancel.is_set():  # the request is over: skip the fan-out
+            return cache, logits, mask, pos, hit
         if any(openers):
             logits, mask, pos = self._feed(cache, mask, pos, [0] * len(openers), openers)
         else:

@@ -47,6 +47,22 @@ class WaveSidecar:
         if cache is not None:
             cache.clear()
 
+    def wait_idle(self, timeout_s: float = 30.0) -> bool:
+        """Wait until no wave runs (a cancelled wave ends at its next step); False on timeout.
+        The benchmark calls it between runs, so no run shares the cores with another's wave."""
+        if not self._one_wave.acquire(timeout=timeout_s):
+            return False
+        self._one_wave.release()
+        return True
+
+    def estimate(self, request: HintRequest) -> float | None:
+        """Seconds this request's wave is expected to take (None: no estimate yet). See payback.py."""
+        estimate = getattr(self.wave, "estimate", None)  # a wave function may keep no costs
+        if estimate is None:
+            return None
+        rows, prefix, _ = wave_rows(request)
+        return estimate(prefix, rows)
+
     def submit(self, request: HintRequest) -> "Ticket":
         ticket = Ticket(request, self.timeout_s)
         thread = threading.Thread(target=self._run, args=(request, ticket), name="oospec-sidecar", daemon=True)

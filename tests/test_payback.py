@@ -1,0 +1,153 @@
+"""The pay-back rule: a sidecar on the target's own CPU runs its wave only when its hint is expected
+early enough in the call to pay for the core it borrows. Decided from fitted costs, never from a clock
+in the test: the costs here are fed in by hand."""
+from __future__ import annotations
+
+import pytest
+
+from oospec_testing import tiny_model
+from oospec_agents import Engine
+from oospec_agents.sidecar import FixedHint
+from oospec_agents.sidecar.payback import Line, PayBack
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_a_line_fits_cost_against_work():
+    line = Line()
+    assert line(5) is None                      # nothing to fit: no estimate
+    line.add(10, 1.0)
+    assert line(500) == pytest.approx(1.0)      # one point: its value
+    line.add(110, 2.0)
+    assert line(60) == pytest.approx(1.5) and line(210) == pytest.approx(3.0)
+    falling = Line()
+    falling.add(0, 2.0)
+    falling.add(100, 1.0)
+    # more work never costs less: a falling fit is flat, at the mean (the older point weighs 0.8)
+    assert falling(1000) == pytest.approx((0.8 * 2.0 + 1.0) / 1.8)
+
+
+def test_the_line_follows_the_machine():
+    line = Line(decay=0.5)
+    for _ in range(20):
+        line.add(0, 1.0)
+    for _ in range(20):
+        line.add(0, 3.0)
+    assert line(0) == pytest.approx(3.0, abs=1e-4)
+
+
+def test_the_verdict_compares_the_wave_with_the_call():
+    rule = PayBack(ratio=0.5)
+    assert rule.call_s(50) is None
+    assert rule.verdict(100.0, None) is None    # no call seen yet: the wave runs
+    rule.observe(prompt_tokens=300, cached_prompt_tokens=250, prefill_s=0.2, decode_s=1.8)
+    assert rule.call_s(50) == pytest.approx(2.0)
+    assert rule.verdict(1.0, 2.0) is None       # half the call: still pays back
+    assert rule.verdict(None, 2.0) is None      # the sidecar has no estimate yet: the wave runs
+    reason = rule.verdict(1.2, 2.0)
+    assert "1.20 s" in reason and "2.00 s" in reason and "50%" in reason
+    with pytest.raises(ValueError, match="wave_payback"):
+        PayBack(0)
+
+
+class CpuHint(FixedHint):
+    """A sidecar on the target's CPU that states its wave's cost and counts its waves."""
+
+    device = "cpu"
+    threads = None  # lends no cores: the test is about the decision only
+
+    def __init__(self, text: str, estimate_s, device: str = "cpu"):
+        super().__init__(text)
+        self.estimate_s, self.device, self.waves = estimate_s, device, 0
+
+    def estimate(self, request):
+        if isinstance(self.estimate_s, Exception):
+            raise self.estimate_s
+        return self.estimate_s
+
+    def submit(self, request):
+        self.waves += 1
+        return super().submit(request)
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm2_tokenizer):
+    model = tiny_model("llama", smollm2_tokenizer)
+    plain = Engine(model, smollm2_tokenizer, model_name="tiny")
+    ref = plain.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=24, method="toolspec")
+    return model, smollm2_tokenizer, ref
+
+
+def _engine(tiny, sidecar, **kw) -> Engine:
+    model, tok, _ = tiny
+    engine = Engine(model, tok, sidecar, model_name="tiny", **kw)
+    engine.payback.observe(prompt_tokens=100, cached_prompt_tokens=0, prefill_s=0.5, decode_s=1.5) \
+        if engine.payback else None  # calls of this request's size take about 2 s
+    return engine
+
+
+@pytest.mark.parametrize("estimate_s, runs", [(0.5, True), (0.9, True), (1.1, False), (30.0, False),
+                                              (None, True), (RuntimeError("no costs"), True)])
+def test_a_wave_on_the_targets_cores_runs_only_when_it_can_pay_back(tiny, estimate_s, runs):
+    _, _, ref = tiny
+    sidecar = CpuHint(ref.text, estimate_s)
+    gen = _engine(tiny, sidecar).generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=24)
+    assert sidecar.waves == int(runs)
+    assert (gen.stats.sidecar_skipped is None) == runs
+    assert gen.stats.call_estimate_s == pytest.approx(2.0)
+    assert gen.stats.wave_estimate_s == (estimate_s if isinstance(estimate_s, float) else None)
+    if not runs:
+        assert "on the cores it shares with the target" in gen.stats.sidecar_skipped
+        assert gen.stats.hint_ready_s is None and gen.stats.accepted_by_source["hint"] == 0
+    assert gen.token_ids == ref.token_ids  # skipped or not, the target's answer
+
+
+def test_a_wave_on_its_own_device_always_runs(tiny):
+    _, _, ref = tiny
+    sidecar = CpuHint(ref.text, 30.0, device="cuda:1")  # only the device type is read: nothing runs on it
+    gen = _engine(tiny, sidecar).generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=24)
+    assert sidecar.waves == 1 and gen.stats.sidecar_skipped is None and gen.token_ids == ref.token_ids
+
+
+def test_the_rule_can_be_turned_off(tiny):
+    _, _, ref = tiny
+    sidecar = CpuHint(ref.text, 30.0)
+    gen = _engine(tiny, sidecar, wave_payback=None).generate(ASK, [WEATHER], tool_choice="required",
+                                                             max_new_tokens=24)
+    assert sidecar.waves == 1 and gen.stats.sidecar_skipped is None
+
+
+def test_the_engine_learns_its_call_time_from_speculative_replies(tiny):
+    model, tok, _ = tiny
+    engine = Engine(model, tok, model_name="tiny")
+    assert engine.payback.call_s(10) is None
+    engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=8, method="ar")
+    assert engine.payback.call_s(10) is None  # AR's call is not the one a wave would shorten
+    gen = engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=8, method="toolspec")
+    assert engine.payback.call_s(gen.stats.prompt_tokens) == pytest.approx(gen.stats.prefill_s + gen.stats.decode_s)
+
+
+def test_a_wave_estimates_itself_from_the_waves_it_ran(tiny):
+    from oospec_agents.chat import normalize_messages
+    from oospec_agents.formats import HermesFormat
+    from oospec_agents.sidecar import HintRequest
+    from oospec_agents.sidecar.wave import ROW_WORK, Wave
+    from oospec_agents.sidecar.worker import WaveSidecar, wave_rows
+    from oospec_agents.tools import normalize_tools
+    model, tok, _ = tiny
+    request = HintRequest(normalize_messages(ASK), normalize_tools([WEATHER]), HermesFormat(), ("required", None))
+    wave = Wave(model, tok, max_row_tokens=4)
+    sidecar = WaveSidecar(wave)
+    assert sidecar.estimate(request) is None  # no wave has run
+    rows, prefix, choices = wave_rows(request)
+    wave(prefix, rows, None, choices)
+    n = len(tok.encode(prefix, add_special_tokens=False))
+    assert wave.profile["cached_prefix_tokens"] == 0
+    assert sidecar.estimate(request) == pytest.approx(wave.profile["prefill_s"] + wave.profile["decode_s"], rel=0.2)
+    # the prefix is cached now: the same request is less work, and a wave of it adds a cheaper point
+    assert wave.prefix_cache.peek(tok.encode(prefix, add_special_tokens=False)) > n // 2
+    wave(prefix, rows, None, choices)
+    assert wave.profile["cached_prefix_tokens"] > n // 2
+    assert wave.cost(n + ROW_WORK * len(rows)) >= wave.cost(ROW_WORK * len(rows))
