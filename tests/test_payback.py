@@ -88,7 +88,7 @@ def _engine(tiny, sidecar, **kw) -> Engine:
     return engine
 
 
-@pytest.mark.parametrize("estimate_s, runs", [(0.5, True), (0.9, True), (1.1, False), (30.0, False),
+@pytest.mark.parametrize("estimate_s, runs", [(0.5, True), (0.75, True), (0.85, False), (30.0, False),
                                               (None, True), (RuntimeError("no costs"), True)])
 def test_a_wave_on_the_targets_cores_runs_only_when_it_can_pay_back(tiny, estimate_s, runs):
     _, _, ref = tiny

@@ -116,3 +116,30 @@ def test_clearing_empties_the_target_and_the_sidecar_caches(engines):
     assert len(engine.prefix_cache) == 1
     engine.clear_prefix_cache()
     assert len(engine.prefix_cache) == 0 and cleared == [True]
+
+
+@pytest.mark.slow
+def test_warm_prompts_decode_the_cold_tokens_on_20_embedded_dev_records(embedded_fp32, dev_records20):
+    """Per record: a request with the same tools and another question warms the cache (as `oospec
+    bench --warm-tools` does); then every method decodes the record on it: one a partial hit (the
+    question is new), the next two a full hit. Which method gets the partial hit rotates per record.
+    All must equal `generate(do_sample=False)` from an empty cache."""
+    from oospec_agents.bench.scenarios import warm_up_messages
+    engine, n = embedded_fp32, 24
+    methods, partial = ("ar", "toolspec", "oospec"), {"ar": 0, "toolspec": 0, "oospec": 0}
+    for i, rec in enumerate(dev_records20):
+        prompt = engine.prompt_ids(rec["messages"], rec["tools"], tool_choice="required")
+        reference = greedy(engine, prompt, n)
+        hint = engine.prepare(rec["messages"], rec["tools"], "required").prefix \
+            + engine.tokenizer.decode(reference, skip_special_tokens=True)
+        engine.clear_prefix_cache()
+        engine.generate(warm_up_messages(rec["messages"]), rec["tools"], tool_choice="required", max_new_tokens=2,
+                        method="ar")
+        for k, method in enumerate(methods[i % 3:] + methods[:i % 3]):
+            gen = engine.generate(rec["messages"], rec["tools"], tool_choice="required", max_new_tokens=n,
+                                  method=method, hint=hint if method == "oospec" else None)
+            assert gen.token_ids == reference, (rec["id"], method)
+            cached = gen.stats.cached_prompt_tokens
+            assert (0 < cached < len(prompt) - 1) if k == 0 else cached == len(prompt) - 1, (rec["id"], method, cached)
+            partial[method] += k == 0
+    assert min(partial.values()) >= 6

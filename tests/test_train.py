@@ -229,11 +229,13 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, smollm2_tokeniz
 
 @pytest.fixture(scope="module")
 def embedded_pair():
-    """Engine.from_pretrained("embedded") in float32: target + tool-calling adapter, sidecar + its adapter."""
+    """Engine.from_pretrained("embedded") in float32: target + tool-calling adapter, sidecar + its adapter.
+    The pay-back rule is off: these tests are about the trained sidecar's hint, which must be asked for
+    whatever this CPU's costs say (tests/test_payback.py tests the rule)."""
     from oospec_agents import Engine, models
     assert models.EMBEDDED_TARGET_ADAPTER.exists(), "the target adapter is not committed"
     assert models.EMBEDDED_SIDECAR_ADAPTER.exists(), "the sidecar adapter is not committed"
-    return Engine.from_pretrained("embedded", dtype=torch.float32)
+    return Engine.from_pretrained("embedded", dtype=torch.float32, wave_payback=None)
 
 
 WEATHER_Q = [{"role": "user", "content": "What is the weather like in Paris today?"}]

@@ -34,7 +34,7 @@ def add_parser(sub, name):
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for prompt_lookup")
     p.add_argument("--wave-payback", type=_payback, default=None, metavar="RATIO|off",
                    help="the pay-back rule for a sidecar on the target's CPU: run its wave only when the hint is "
-                        "expected before RATIO of the call (default: the engine's, 0.5); 'off' always runs it "
+                        "expected before RATIO of the call (default: the engine's, 0.4); 'off' always runs it "
                         "and still records both estimates")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")

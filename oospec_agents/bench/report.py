@@ -141,7 +141,7 @@ def _warm_against_cold(results: dict) -> list[str]:
     return lines
 
 
-SWEEP_RATIOS = (0.5, 0.6, 0.75, 0.9, 1.0, 1.25, 1.5)
+SWEEP_RATIOS = (0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0, 1.25, 1.5)
 
 
 def payback_sweep(records: list[dict], ratios=SWEEP_RATIOS) -> dict[float, dict]:

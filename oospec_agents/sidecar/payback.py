@@ -11,14 +11,14 @@ early in the call, while most of the reply is still to be written. So, per reque
     run the wave when wave_s <= ratio * call_s
 
 Both estimates are fitted on line as requests finish (exponentially weighted, so they follow the
-machine); until there is something to fit, the wave runs. The ratio (0.5: the hint must be
-expected within the first half of the call) was chosen on 30 train records, not on the dev records
+machine); until there is something to fit, the wave runs. The ratio (0.4: the hint must be
+expected within the first 40% of the call) was chosen on 30 train records, not on the dev records
 the benchmark reports: docs/bench.md, "When the wave pays back", has the sweep.
 """
 from __future__ import annotations
 
 #: the hint must be expected before this share of the target's call
-DEFAULT_RATIO = 0.5
+DEFAULT_RATIO = 0.4
 
 
 class Line:
