@@ -150,7 +150,8 @@ async def test_the_second_model_call_of_a_function_agent_prefills_only_what_is_n
     assert first["usage"]["cached_prompt_tokens"] == 0
     assert first["usage"]["prompt_tokens"] <= second["usage"]["cached_prompt_tokens"] < second["usage"]["prompt_tokens"]
     assert second["stats"]["cached_prompt_tokens"] == second["usage"]["cached_prompt_tokens"]
-    assert second["stats"]["prefill_s"] < first["stats"]["prefill_s"]
+    # prefilled: the call and the tool result only (counted, not timed; the benchmark times it)
+    assert second["usage"]["prompt_tokens"] - second["usage"]["cached_prompt_tokens"] < first["usage"]["prompt_tokens"]
 
 
 async def test_agent_workflow_picks_function_agent_and_completes(embedded_llm):

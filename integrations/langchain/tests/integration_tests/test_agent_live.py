@@ -48,7 +48,10 @@ def test_the_second_model_call_prefills_only_what_the_first_did_not(agent):
     assert "input_token_details" not in first.usage_metadata  # nothing cached yet
     cached = second.usage_metadata["input_token_details"]["cache_read"]
     assert first.usage_metadata["input_tokens"] <= cached < second.usage_metadata["input_tokens"]
-    assert second.response_metadata["prefill_s"] < first.response_metadata["prefill_s"]
+    # what the second call prefilled: the call and the tool result only (counted, not timed: a loaded
+    # machine makes a time comparison flaky; oospec bench --agent-loop measures the seconds)
+    assert second.usage_metadata["input_tokens"] - cached < first.usage_metadata["input_tokens"]
+    assert second.response_metadata["prefill_s"] > 0
 
 
 def test_agent_calls_the_tool_then_answers(invoked):
