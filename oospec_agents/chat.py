@@ -7,6 +7,8 @@ own system prompt, and tool calls / results rendered as text in the format.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from .errors import ChatFormatError
@@ -84,6 +86,51 @@ def normalize_messages(messages: Any) -> list[dict]:
     if all(m["role"] == "system" for m in out):
         raise ChatFormatError("messages hold only system messages; add a user message")
     return out
+
+
+MISSING_TEMPLATE_FIX = ("pass chat_template= (a Jinja string, or the path of a file holding one; "
+                        "`oospec serve --chat-template`); oospec_agents/templates/gemma3.jinja serves Gemma 3")
+
+
+def read_chat_template(template: str | os.PathLike) -> str:
+    """A `chat_template=` value as template text: the Jinja string itself, or the file it names.
+
+    Text holding `{{` or `{%` is a template; anything else must be the path of an existing file."""
+    if isinstance(template, str) and ("{{" in template or "{%" in template):
+        return template
+    if not isinstance(template, (str, os.PathLike)):
+        raise ChatFormatError(f"chat_template must be a Jinja string or a file path, got {type(template).__name__}")
+    path = Path(template).expanduser()
+    if not path.is_file():
+        raise ChatFormatError(f"chat template file {str(template)!r} does not exist (and the value is no Jinja "
+                              "template: it holds no '{{' or '{%')")
+    return path.read_text(encoding="utf-8")
+
+
+def set_chat_template(tokenizer, template: str | os.PathLike) -> None:
+    """Give `tokenizer` the chat template `template` (see `read_chat_template`), checked now by
+    rendering a one-message chat, so a broken template fails at load time, naming itself."""
+    import jinja2
+    text = read_chat_template(template)
+    name = "given as a string" if text is template else repr(str(template))
+    previous, tokenizer.chat_template = tokenizer.chat_template, text
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    except jinja2.TemplateSyntaxError as e:
+        tokenizer.chat_template = previous
+        raise ChatFormatError(f"chat template {name} is not valid Jinja: {e.message} (line {e.lineno})") from None
+    except Exception as e:
+        tokenizer.chat_template = previous
+        raise ChatFormatError(f"chat template {name} cannot render a one-message chat: "
+                              f"{type(e).__name__}: {e}") from None
+
+
+def require_chat_template(tokenizer) -> None:
+    """Chats become prompts through the tokenizer's chat template: fail now, not at the first request."""
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ChatFormatError(f"the tokenizer of {name!r} has no chat template, so chats cannot be rendered "
+                              f"into prompts: {MISSING_TEMPLATE_FIX}")
 
 
 def template_renders_tools(tokenizer) -> bool:

