@@ -261,6 +261,7 @@ BAD_REQUESTS = {
     "wrong type": ({"max_tokens": "ten"}, 'max_tokens: Input should be a valid integer, unable to parse string as an '
                                           'integer (got "ten")'),
     "unknown method": ({"method": "beam"}, "method"),
+    "empty stop": ({"stop": ["\nObservation:", ""]}, "stop[1] is ''"),
     "response_format": ({"response_format": {"type": "json_object"}}, "'json_object'"),
 }
 

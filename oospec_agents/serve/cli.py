@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
+from ..chat import read_chat_template
 from ..engine import METHODS
 from .app import DEFAULT_MAX_BODY_BYTES
 
@@ -20,6 +21,9 @@ def add_parser(sub, name):
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
     p.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help="KV of recent prompts kept for reuse, in tokens (0 turns it off; default: the engine's)")
+    p.add_argument("--chat-template", default=None, metavar="PATH_OR_STRING",
+                   help="a Jinja chat template, or a file holding one, replacing the target tokenizer's own "
+                        "(needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja)")
     p.add_argument("--method", default="oospec", choices=METHODS,
                    help="decoding method when a request names none (all give the same tokens)")
     p.add_argument("--host", default="127.0.0.1")
@@ -53,6 +57,10 @@ def run(args):
             "sidecar_device": args.sidecar_device, "dtype": args.dtype}
     if args.prefix_cache_tokens is not None:
         load["prefix_cache_tokens"] = args.prefix_cache_tokens
+    if args.chat_template is not None:
+        text = read_chat_template(args.chat_template)  # a bad path fails before the server starts
+        # Ray replicas may run where this machine's files are not: they get the text itself
+        load["chat_template"] = text if args.ray else args.chat_template
     options = {"model": args.served_model_name or args.model, "api_key": args.api_key, "max_queue": args.max_queue,
                "max_body_bytes": args.max_body_bytes, "method": args.method}
     if args.ray:

@@ -72,12 +72,15 @@ class ChatOoOSpec(BaseChatModel):
     prefix_cache_tokens: int | None = None
     """KV of recent prompts the engine keeps for reuse, in tokens (0 turns it off; None: the engine's
     default). An agent resends its system prompt and tools every turn: only the new tail is prefilled."""
+    chat_template: str | None = None
+    """A Jinja chat template, or the path of a file holding one, replacing the target tokenizer's own
+    (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja)."""
     engine: Engine | None = Field(default=None, exclude=True)
     """An already loaded engine, used instead of loading `model`."""
     _engines: LazyEngine = PrivateAttr()
     """`engine`, or the shared engine of `model` (or of a per-call `model`), loaded on first use."""
 
-    @field_validator("model", "sidecar", mode="before")
+    @field_validator("model", "sidecar", "chat_template", mode="before")
     @classmethod
     def _path_as_str(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -93,7 +96,7 @@ class ChatOoOSpec(BaseChatModel):
         if self.engine is not None and "model" not in self.model_fields_set:
             self.model = self.engine.model_name
         options = {"target_device": self.target_device, "sidecar_device": self.sidecar_device,
-                   "prefix_cache_tokens": self.prefix_cache_tokens}
+                   "prefix_cache_tokens": self.prefix_cache_tokens, "chat_template": self.chat_template}
         self._engines = LazyEngine(self.model, self.sidecar, options=options, engine=self.engine)
         return self
 

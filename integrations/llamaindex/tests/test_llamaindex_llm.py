@@ -95,6 +95,16 @@ def test_prefix_cache_budget_reaches_the_engine(monkeypatch):
         OoOSpec(prefix_cache_tokens=-1)
 
 
+def test_chat_template_reaches_the_engine(monkeypatch, tmp_path):
+    loads = []
+    monkeypatch.setattr(Engine, "_shared", {})
+    monkeypatch.setattr(Engine, "from_pretrained", lambda target, sidecar=None, **kw: loads.append(kw) or 1 / 0)
+    for template in ("{{ messages }}", tmp_path / "t.jinja"):
+        with pytest.raises(ZeroDivisionError):
+            OoOSpec(chat_template=template).metadata
+    assert loads == [{"chat_template": "{{ messages }}"}, {"chat_template": str(tmp_path / "t.jinja")}]
+
+
 @pytest.mark.parametrize("bad, error", [
     ({"model": "/no/such/model"}, "model path '/no/such/model' does not exist"),
     ({"target_device": "tpu"}, "unknown device 'tpu'"),

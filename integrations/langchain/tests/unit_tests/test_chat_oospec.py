@@ -98,6 +98,16 @@ def test_prefix_cache_budget_reaches_the_engine(monkeypatch, scripted):
     assert loads == [{"prefix_cache_tokens": 0}]
 
 
+def test_chat_template_reaches_the_engine(monkeypatch, scripted, tmp_path):
+    loads = []
+    monkeypatch.setattr(Engine, "_shared", {})
+    monkeypatch.setattr(Engine, "from_pretrained",
+                        classmethod(lambda cls, *args, **kw: loads.append(kw) or scripted("a", "b")))
+    ChatOoOSpec(chat_template="{{ messages }}").invoke("hi")
+    ChatOoOSpec(chat_template=tmp_path / "t.jinja").invoke("hi")  # a path is passed as its string
+    assert loads == [{"chat_template": "{{ messages }}"}, {"chat_template": str(tmp_path / "t.jinja")}]
+
+
 def test_given_engine_names_the_model(scripted):
     assert ChatOoOSpec(engine=scripted()).model == "scripted-test-double"
 

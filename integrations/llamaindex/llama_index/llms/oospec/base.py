@@ -71,6 +71,9 @@ class OoOSpec(FunctionCallingLLM):
     prefix_cache_tokens: Optional[int] = Field(
         default=None, ge=0, description="KV of recent prompts kept for reuse, in tokens (0 turns it off; "
         "None: the engine's default), so each agent turn prefills only what is new.")
+    chat_template: Optional[str] = Field(
+        default=None, description="A Jinja chat template, or the path of a file holding one, replacing the "
+        "target tokenizer's own (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja).")
 
     _engine: LazyEngine = PrivateAttr()
 
@@ -84,6 +87,7 @@ class OoOSpec(FunctionCallingLLM):
         method: Literal["ar", "toolspec", "oospec"] = "oospec",
         max_new_tokens: int = 256,
         prefix_cache_tokens: Optional[int] = None,
+        chat_template: Union[str, os.PathLike, None] = None,
         engine: Optional[Engine] = None,
         **kwargs: Any,
     ) -> None:
@@ -96,12 +100,14 @@ class OoOSpec(FunctionCallingLLM):
             if not isinstance(engine, Engine):
                 raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
             model = engine.model_name
+        chat_template = None if chat_template is None else os.fspath(chat_template)
         super().__init__(model="embedded" if model is None else os.fspath(model), method=method,
-                         max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens, **placement,
-                         **kwargs)
+                         max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens,
+                         chat_template=chat_template, **placement, **kwargs)
         # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
         self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device, "sidecar_device": sidecar_device,
-                                                        "prefix_cache_tokens": prefix_cache_tokens}, engine)
+                                                        "prefix_cache_tokens": prefix_cache_tokens,
+                                                        "chat_template": chat_template}, engine)
 
     @classmethod
     def class_name(cls) -> str:
