@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Iterator, Union
 
 import torch
-from transformers import DynamicCache
 
 from .chat import normalize_messages, render_prompt, template_renders_tools
 from .drafters import DraftContext, HintDrafter, RetrievalDrafter, SchemaDrafter
@@ -221,7 +220,7 @@ class Engine:
         done = False
         try:
             t0 = time.perf_counter()
-            hit, cache = self.prefix_cache.lookup(req.prompt_ids, lambda: DynamicCache(config=self.target.config))
+            hit, cache = self.prefix_cache.lookup(req.prompt_ids, self._verifier.new_cache)
             logits = self._verifier.forward(req.prompt_ids[hit:], cache, hit, last_only=True)
             self.prefix_cache.store(req.prompt_ids, cache)  # before decoding grows it
             self._sync()
@@ -258,7 +257,8 @@ class Engine:
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
         if ctx.hint:
             drafters.insert(0, self._drafters["hint"])
-        return build_tree(reply.new[-1], [d for dr in drafters for d in dr.propose(ctx)], self.max_draft_nodes)
+        return build_tree(reply.new[-1], [d for dr in drafters for d in dr.propose(ctx)], self.max_draft_nodes,
+                          chain=not self._verifier.layout.tree)
 
     def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats):
         """One target forward over the tree; the accepted path plus the target's own next token."""

@@ -7,11 +7,20 @@ target's argmax picks a child, and commit that path plus the target's own next t
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .drafters import Draft
+from .errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+#: attention layer types whose cached keys and values can be cropped back after a rejected draft
+ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 
 
 @dataclass
@@ -27,10 +36,11 @@ class Tree:
         return all(p == i - 1 for i, p in enumerate(self.parents) if i)
 
 
-def build_tree(root: int, drafts: list[Draft], max_nodes: int) -> Tree:
-    """Merge drafts into a trie under `root`, first draft first, so the best guess stays contiguous."""
+def build_tree(root: int, drafts: list[Draft], max_nodes: int, chain: bool = False) -> Tree:
+    """Merge drafts into a trie under `root`, first draft first, so the best guess stays contiguous.
+    With `chain`, only the first draft is kept: a chain, for targets that take no tree mask."""
     t = Tree([root], [-1], [None], [0], [{}])
-    for d in drafts:
+    for d in drafts[:1] if chain else drafts:
         node = 0
         for tok in d.tokens:
             nxt = t.children[node].get(tok)
@@ -59,12 +69,60 @@ def eos_ids(model) -> set[int]:
     return set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How the target attends, as tree verification needs it.
+
+    `windows` maps each layer type to its sliding window (None: full attention); a model that takes
+    one mask for all its layers has the single key None. `tree` is False when trees cannot be masked
+    for this model (the reason says why): every round is then verified as a chain."""
+    windows: dict[str | None, int | None]
+    tree: bool = True
+    reason: str | None = None
+
+
+def attention_layout(model) -> Layout:
+    """Read the target's layer types. Raise ModelLoadError for a model whose cache cannot roll back."""
+    config = model.config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(config)
+    found = {t for t in types if t != "dummy"}
+    if not found <= ATTENTION_TYPES:
+        raise ModelLoadError(
+            f"{type(model).__name__} has {sorted(found - ATTENTION_TYPES)} layers, whose state cannot be rolled back "
+            "after a rejected draft; speculative decoding needs attention layers only")
+    windows: dict[str, set] = {}
+    for t, kw in zip(types, kwargs):
+        windows.setdefault(t, set()).add(kw.get("sliding_window"))
+    if "chunked_attention" in found:
+        return Layout({}, False, "chunked attention layers take no tree mask")
+    if any(len(w) > 1 for w in windows.values()):
+        return Layout({}, False, "its layers of one type have different sliding windows")
+    per_type = {t: next(iter(w)) for t, w in windows.items() if t != "dummy"}
+    if getattr(config, "layer_types", None) is not None:
+        return Layout(per_type)  # transformers takes a {layer type: mask} mapping for these models
+    if len(per_type) > 1:
+        return Layout({}, False, "it mixes layer types without naming them in config.layer_types")
+    return Layout({None: next(iter(per_type.values()), None)})
+
+
 class Verifier:
     def __init__(self, model):
         self.model = model
         self.cache_kw = cache_kwarg(model)
         self.device = next(model.parameters()).device
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.layout = attention_layout(model)
+        if not self.layout.tree:
+            log.warning("%s: drafts are verified as a chain, not a tree: %s", type(model).__name__, self.layout.reason)
+
+    @staticmethod
+    def new_cache() -> DynamicCache:
+        """An empty KV cache that keeps every layer's full past for the reply's lifetime.
+
+        transformers' sliding-window layers keep only the last window of keys, so a rejected draft
+        could not be cropped off them once the window is full, and a cached prompt could not be cut
+        back to a shorter prefix. Here every layer keeps it all; the window lives in the mask."""
+        return DynamicCache()
 
     def forward(self, ids: list[int], cache, past_len: int, tree: Tree | None = None,
                 last_only: bool = False) -> torch.Tensor:
@@ -77,14 +135,17 @@ class Verifier:
         if tree is not None and not tree.is_chain:
             depth = torch.tensor(tree.depths, device=self.device)
             kw["position_ids"] = (past_len + depth)[None]
-            kw["attention_mask"] = self._tree_mask(tree, past_len)
+            masks = {t: self._tree_mask(tree, past_len, w) for t, w in self.layout.windows.items()}
+            kw["attention_mask"] = masks[None] if None in masks else masks
         else:
             kw["position_ids"] = torch.arange(past_len, past_len + len(ids), device=self.device)[None]
         with torch.inference_mode():
             logits = self.model(input_ids=inp, **kw).logits[0]
         return logits[-1:] if last_only else logits
 
-    def _tree_mask(self, tree: Tree, past_len: int) -> torch.Tensor:
+    def _tree_mask(self, tree: Tree, past_len: int, window: int | None = None) -> torch.Tensor:
+        """Node i sees the cached past and its own ancestors; under a sliding `window`, only the
+        keys fewer than `window` positions behind its own (transformers' sliding rule)."""
         n = len(tree.tokens)
         allowed = torch.zeros(n, past_len + n, dtype=torch.bool)
         allowed[:, :past_len] = True
@@ -93,6 +154,10 @@ class Verifier:
             while j >= 0:
                 allowed[i, past_len + j] = True
                 j = tree.parents[j]
+        if window is not None:
+            q_pos = past_len + torch.tensor(tree.depths)
+            k_pos = torch.cat([torch.arange(past_len), q_pos])
+            allowed &= (q_pos[:, None] - k_pos[None, :]) < window
         dtype = self.model.dtype
         mask = torch.zeros(n, past_len + n, dtype=dtype)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)

@@ -1,0 +1,196 @@
+"""Every popular open architecture as the target: tiny random models of each family, float32, with
+prompts longer than their sliding windows, are token-identical to `generate(do_sample=False)` under
+`ar`, `toolspec` and `oospec` -- with drafts that force long accepted paths and rejected branches.
+
+The results also make README's coverage table (`test_readme_coverage_table_is_current`); set
+OOSPEC_WRITE_COVERAGE=1 to rewrite it from this run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from oospec_testing import greedy
+from oospec_agents import Engine
+from oospec_agents.drafters import Draft, Drafter
+from oospec_agents.errors import ModelLoadError
+from oospec_agents.verify import Tree, Verifier, attention_layout
+
+WINDOW = 16        # every sliding window here; the prompts are ~290 tokens
+NEW = 40
+TOOLS = [{"type": "function", "function": {
+    "name": "get_current_weather", "description": "Get the weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris in celsius?"}]
+
+#: family -> (transformers model_type, config overrides). "sliding" families get WINDOW.
+FAMILIES = {
+    "llama": ("llama", {}),
+    "qwen2": ("qwen2", {}),
+    "qwen2 (sliding layers)": ("qwen2", {"use_sliding_window": True, "sliding_window": WINDOW,
+                                         "max_window_layers": 2}),
+    "qwen3": ("qwen3", {"head_dim": 16}),
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "head_dim": 16}),
+    "phi3 (sliding window)": ("phi3", {"sliding_window": WINDOW}),
+    "smollm3": ("smollm3", {}),
+    "olmo2": ("olmo2", {}),
+    "granite": ("granite", {}),
+    "gemma2": ("gemma2", {"sliding_window": WINDOW, "head_dim": 16}),
+    "gemma3_text": ("gemma3_text", {"sliding_window": WINDOW, "head_dim": 16, "num_hidden_layers": 6}),
+    "gpt_oss": ("gpt_oss", {"sliding_window": WINDOW, "num_local_experts": 4, "num_experts_per_tok": 2,
+                            "head_dim": 16}),
+    "mistral (sliding window)": ("mistral", {"sliding_window": WINDOW}),
+    "cohere2": ("cohere2", {"sliding_window": WINDOW, "head_dim": 16}),
+}
+METHODS = ("ar", "toolspec", "oospec")
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def tiny_target(model_type: str, overrides: dict, tokenizer):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+              eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+              pad_token_id=tokenizer.pad_token_id)
+    cfg = AutoConfig.for_model(model_type, **{**kw, **overrides})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.eos_token_id
+    return model
+
+
+class BranchingReference(Drafter):
+    """TEST DOUBLE: drafts the greedy continuation twice, the first copy with a wrong token at
+    `wrong_at`, so that every round verifies a real tree and accepts from its second branch."""
+    source = "retrieval"
+
+    def __init__(self, reference: list[int], n_prompt: int, wrong_at: int = 3):
+        self.reference, self.n_prompt, self.wrong_at = reference, n_prompt, wrong_at
+
+    def propose(self, ctx):
+        done = len(ctx.ids) - self.n_prompt
+        good = self.reference[done:done + 8]
+        bad = list(good)
+        if len(bad) > self.wrong_at:
+            bad[self.wrong_at] = (bad[self.wrong_at] + 1) % 1000
+        return [Draft(bad, self.source), Draft(good, self.source)]
+
+
+def _run(engine: Engine, method: str, reference: list[int], prompt_ids: list[int]) -> dict:
+    hint = None
+    if method == "oospec":
+        # A fixed hint: the reference's first half right, then a wrong stretch, then the rest --
+        # long accepted paths and rejected branches.
+        half = len(reference) // 2
+        hint = engine.tokenizer.decode(reference[:half]) + " zebra quartz" + engine.tokenizer.decode(reference[half:])
+    gen = engine.generate(ASK, TOOLS, tool_choice="required", max_new_tokens=NEW, method=method, hint=hint)
+    return {"lossless": gen.token_ids == reference, "forwards": gen.stats.target_forwards,
+            "accepted": sum(gen.stats.accepted_by_source.values())}
+
+
+@pytest.fixture(scope="module")
+def coverage(smollm2_tokenizer) -> dict:
+    """family -> {"window", "prompt", "layout", method -> result, "tree" -> result}: one run of each."""
+    out = {}
+    for family, (model_type, overrides) in FAMILIES.items():
+        engine = Engine(tiny_target(model_type, overrides, smollm2_tokenizer), smollm2_tokenizer,
+                        model_name=f"tiny-{family}")
+        ids = engine.prompt_ids(ASK, TOOLS, tool_choice="required")
+        ref = greedy(engine, ids, NEW)
+        row = {"window": overrides.get("sliding_window"), "prompt": len(ids), "layout": engine._verifier.layout}
+        for method in METHODS:
+            row[method] = _run(engine, method, ref, ids)
+        engine._drafters["retrieval"] = BranchingReference(ref, len(ids))
+        row["tree"] = _run(engine, "toolspec", ref, ids)
+        out[family] = row
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_method_is_lossless_on_every_family(coverage, family):
+    row = coverage[family]
+    if row["window"] is not None:
+        assert row["prompt"] > 4 * row["window"], "the prompt must reach far past the sliding window"
+        assert any(w == WINDOW for w in row["layout"].windows.values())
+    assert row["layout"].tree, row["layout"].reason
+    for method in METHODS:
+        assert row[method]["lossless"], f"{family}: {method} differs from generate(do_sample=False)"
+    assert row["oospec"]["forwards"] < row["ar"]["forwards"]
+    # The branching drafts: every round is a real tree whose second branch is accepted.
+    assert row["tree"]["lossless"]
+    assert row["tree"]["accepted"] >= NEW - 8 and row["tree"]["forwards"] <= 1 + -(-(NEW - 1) // 9) + 1
+
+
+def test_sliding_tree_mask_hides_keys_outside_the_window():
+    """A node at depth d sees past keys only within the window of its own position past_len + d."""
+    tree = Tree([1, 2, 3, 4], [-1, 0, 0, 2], [None] * 4, [0, 1, 1, 2], [{}] * 4)
+    verifier = Verifier.__new__(Verifier)
+    verifier.model = type("M", (), {"dtype": torch.float32})()
+    verifier.device = torch.device("cpu")
+    seen = verifier._tree_mask(tree, past_len=10, window=4)[0, 0] == 0
+    assert seen[0].tolist() == [False] * 7 + [True] * 3 + [True, False, False, False]   # position 10
+    assert seen[3].tolist() == [False] * 9 + [True] + [True, False, True, True]          # position 12
+    full = verifier._tree_mask(tree, past_len=10)[0, 0] == 0
+    assert full[3].tolist() == [True] * 10 + [True, False, True, True]
+
+
+def test_a_model_that_takes_no_tree_mask_verifies_chains_and_says_so_once(smollm2_tokenizer, caplog):
+    """Llama 4's chunked attention takes no tree mask here: drafts are verified as a chain."""
+    model = tiny_target("llama4_text", {"attention_chunk_size": WINDOW, "num_local_experts": 2,
+                                        "intermediate_size_mlp": 128, "head_dim": 16,
+                                        "no_rope_layers": [1, 1, 1, 1]}, smollm2_tokenizer)
+    with caplog.at_level(logging.WARNING, logger="oospec_agents.verify"):
+        engine = Engine(model, smollm2_tokenizer, model_name="tiny-llama4")
+    assert not engine._verifier.layout.tree
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "chunked" in caplog.records[0].message
+    ids = engine.prompt_ids(ASK, TOOLS, tool_choice="required")
+    ref = greedy(engine, ids, NEW)
+    engine._drafters["retrieval"] = BranchingReference(ref, len(ids))
+    for method in METHODS:
+        assert _run(engine, method, ref, ids)["lossless"], method
+
+
+def test_a_model_whose_cache_cannot_roll_back_is_refused_at_load(smollm2_tokenizer):
+    """Linear-attention layers keep a running state: a rejected draft could not be undone."""
+    model = tiny_target("qwen3_next", {"head_dim": 16, "linear_num_value_heads": 2, "linear_num_key_heads": 2,
+                                       "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                                       "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+                                       "shared_expert_intermediate_size": 32}, smollm2_tokenizer)
+    with pytest.raises(ModelLoadError, match="linear_attention.*cannot be rolled back"):
+        attention_layout(model)
+    with pytest.raises(ModelLoadError, match="rolled back"):
+        Engine(model, smollm2_tokenizer)
+
+
+# ---------------------------------------------------------------- README's coverage table
+
+def coverage_table(coverage: dict) -> str:
+    def cell(r):
+        return "lossless" if r["lossless"] else "**differs**"
+    lines = ["| target family (tiny, random, float32) | sliding window | `ar` | `toolspec` | `oospec` | tree drafts |",
+             "|---|---|---|---|---|---|"]
+    for family, row in coverage.items():
+        window = f"{row['window']} (prompt {row['prompt']})" if row["window"] else "–"
+        lines.append(f"| {family} | {window} | {cell(row['ar'])} | {cell(row['toolspec'])} | "
+                     f"{cell(row['oospec'])} | {cell(row['tree'])} |")
+    return "\n".join(lines)
+
+
+def test_readme_coverage_table_is_current(coverage):
+    text = README.read_text()
+    start, end = "<!-- architectures:start -->", "<!-- architectures:end -->"
+    table = coverage_table(coverage)
+    if os.environ.get("OOSPEC_WRITE_COVERAGE"):
+        text = re.sub(f"{start}.*?{end}", f"{start}\n{table}\n{end}", text, flags=re.S)
+        README.write_text(text)
+    assert f"{start}\n{table}\n{end}" in text, "README's architecture table is stale: rerun with OOSPEC_WRITE_COVERAGE=1"
