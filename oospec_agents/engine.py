@@ -18,7 +18,7 @@ from typing import Iterator, Union
 
 import torch
 
-from .chat import normalize_messages, render_prompt, template_renders_tools
+from .chat import normalize_messages, render_prompt, require_chat_template, template_renders_tools
 from .drafters import DraftContext, HintDrafter, RetrievalDrafter, SchemaDrafter
 from .drafters.retrieval import CallMemory
 from .errors import ContextLengthError, OoOSpecError
@@ -79,6 +79,7 @@ class Engine:
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
         `wave_payback`: a sidecar on the target's own CPU runs its wave only when the hint is expected
         before this share of the call (sidecar/payback.py); None always runs it."""
+        require_chat_template(tokenizer)
         self.target = target
         self.tokenizer = tokenizer
         self.sidecar = sidecar
@@ -107,17 +108,21 @@ class Engine:
 
         `sidecar` is a model reference like `target`, an object implementing the Sidecar protocol,
         or None; with target="embedded" it defaults to the embedded sidecar. `sidecar_*` keywords
-        (`sidecar_timeout_s`, `sidecar_threads`, ...) configure a loaded sidecar; the rest go to
-        `Engine(...)`.
+        (`sidecar_timeout_s`, `sidecar_threads`, ...) configure a loaded sidecar; `chat_template`
+        (a Jinja string, or the path of a file holding one) replaces the target tokenizer's own; the
+        rest go to `Engine(...)`.
         """
         from . import models
         t_dev, s_dev = models.default_devices(target_device, sidecar_device)
         t_dtype = models.resolve_dtype(dtype, t_dev)
         adapter = kw.pop("adapter", None)
+        chat_template = kw.pop("chat_template", None)
         sidecar_kw = {k: kw.pop(k) for k in list(kw) if k.startswith("sidecar_")}
         if str(target) == "embedded" and adapter is None and models.EMBEDDED_TARGET_ADAPTER.exists():
             adapter = models.EMBEDDED_TARGET_ADAPTER
-        model, tok = models.load_model(target, device=t_dev, dtype=t_dtype, adapter=adapter)
+        model, tok = models.load_model(target, device=t_dev, dtype=t_dtype, adapter=adapter,
+                                       chat_template=chat_template)
+        require_chat_template(tok)  # before a sidecar loads for nothing
         if sidecar is None and str(target) == "embedded":
             sidecar = "embedded"
         side = cls._load_sidecar(sidecar, s_dev, models.resolve_dtype(dtype, s_dev), sidecar_kw)
@@ -161,9 +166,16 @@ class Engine:
         if len(ids) + 1 > self.context_window:
             raise ContextLengthError(f"the prompt is {len(ids)} tokens, over the target's context window of "
                                      f"{self.context_window} tokens")
-        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        stop = [stop] if isinstance(stop, str) else stop
+        if stop is None:
+            stop = []
+        elif not isinstance(stop, (list, tuple)):
+            raise OoOSpecError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+        for i, s in enumerate(stop):
+            if not isinstance(s, str) or not s:
+                raise OoOSpecError(f"stop[{i}] is {s!r}; every stop sequence must be a non-empty string")
         return Prepared(msgs, offered, (mode, name), prefix, ids, min(max_new_tokens, self.context_window - len(ids)),
-                        stop)
+                        list(stop))
 
     def prompt_ids(self, messages, tools=None, *, tool_choice="auto") -> list[int]:
         """The exact ids the target is conditioned on before its first free token."""
