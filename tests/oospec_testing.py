@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from oospec_agents import data
+from oospec_agents.drafters import Draft, DraftContext, Drafter
 from oospec_agents.bench.records import spread  # noqa: F401  (n records round-robin over the sources)
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "toolcalls"
@@ -123,3 +124,20 @@ def check_events(engine, prefix: str, events, committed) -> None:
             sent = "".join(e.arguments for rr, e in rest if rr <= r)
             due = min(len(joined), max(0, len(text) - start))
             assert joined.startswith(sent) and len(sent) >= due - 5, f"call {i}: fragments sent late in round {r}"
+
+
+class ReferenceDrafter(Drafter):
+    """TEST DOUBLE: knows the greedy continuation and drafts it with a planted error."""
+    source = "retrieval"
+
+    def __init__(self, reference, n_prompt, wrong_at, branch):
+        self.reference, self.n_prompt, self.wrong_at, self.branch = reference, n_prompt, wrong_at, branch
+
+    def propose(self, ctx: DraftContext):
+        done = len(ctx.ids) - self.n_prompt
+        good = self.reference[done:done + 8]
+        bad = list(good)
+        if len(bad) > self.wrong_at:
+            bad[self.wrong_at] = (bad[self.wrong_at] + 1) % 1000
+        # With `branch`, the flawed draft comes first, so the accepted path is not contiguous in the tree.
+        return [Draft(bad, self.source), Draft(good, self.source)] if self.branch else [Draft(bad, self.source)]

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from oospec_testing import greedy
+from oospec_testing import ReferenceDrafter, greedy
 from oospec_agents import Engine
-from oospec_agents.drafters import Draft, Drafter
 from oospec_agents.errors import ModelLoadError
 from oospec_agents.verify import Tree, Verifier, attention_layout
 
@@ -68,23 +67,6 @@ def tiny_target(model_type: str, overrides: dict, tokenizer):
     return model
 
 
-class BranchingReference(Drafter):
-    """TEST DOUBLE: drafts the greedy continuation twice, the first copy with a wrong token at
-    `wrong_at`, so that every round verifies a real tree and accepts from its second branch."""
-    source = "retrieval"
-
-    def __init__(self, reference: list[int], n_prompt: int, wrong_at: int = 3):
-        self.reference, self.n_prompt, self.wrong_at = reference, n_prompt, wrong_at
-
-    def propose(self, ctx):
-        done = len(ctx.ids) - self.n_prompt
-        good = self.reference[done:done + 8]
-        bad = list(good)
-        if len(bad) > self.wrong_at:
-            bad[self.wrong_at] = (bad[self.wrong_at] + 1) % 1000
-        return [Draft(bad, self.source), Draft(good, self.source)]
-
-
 def _run(engine: Engine, method: str, reference: list[int], prompt_ids: list[int]) -> dict:
     hint = None
     if method == "oospec":
@@ -109,7 +91,7 @@ def coverage(smollm2_tokenizer) -> dict:
         row = {"window": overrides.get("sliding_window"), "prompt": len(ids), "layout": engine._verifier.layout}
         for method in METHODS:
             row[method] = _run(engine, method, ref, ids)
-        engine._drafters["retrieval"] = BranchingReference(ref, len(ids))
+        engine._drafters["retrieval"] = ReferenceDrafter(ref, len(ids), wrong_at=3, branch=True)
         row["tree"] = _run(engine, "toolspec", ref, ids)
         out[family] = row
     return out
@@ -128,6 +110,20 @@ def test_every_method_is_lossless_on_every_family(coverage, family):
     # The branching drafts: every round is a real tree whose second branch is accepted.
     assert row["tree"]["lossless"]
     assert row["tree"]["accepted"] >= NEW - 8 and row["tree"]["forwards"] <= 1 + -(-(NEW - 1) // 9) + 1
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral (sliding window)"])
+def test_a_sliding_target_reuses_a_cached_prompt_prefix_far_past_its_window(smollm2_tokenizer, family):
+    """A partial prefix-cache hit crops the cached prompt back to the shared prefix, which a
+    window-sized cache could not: the full-past cache can, and the reply is still greedy's."""
+    model_type, overrides = FAMILIES[family]
+    engine = Engine(tiny_target(model_type, overrides, smollm2_tokenizer), smollm2_tokenizer)
+    engine.generate(ASK, TOOLS, tool_choice="required", max_new_tokens=4, method="ar")
+    other = [{"role": "user", "content": "And in Rome, in fahrenheit?"}]
+    ids = engine.prompt_ids(other, TOOLS, tool_choice="required")
+    gen = engine.generate(other, TOOLS, tool_choice="required", max_new_tokens=NEW, method="toolspec")
+    assert 4 * WINDOW < gen.stats.cached_prompt_tokens < len(ids)
+    assert gen.token_ids == greedy(engine, ids, NEW)
 
 
 def test_sliding_tree_mask_hides_keys_outside_the_window():
@@ -155,7 +151,7 @@ def test_a_model_that_takes_no_tree_mask_verifies_chains_and_says_so_once(smollm
     assert "chunked" in caplog.records[0].message
     ids = engine.prompt_ids(ASK, TOOLS, tool_choice="required")
     ref = greedy(engine, ids, NEW)
-    engine._drafters["retrieval"] = BranchingReference(ref, len(ids))
+    engine._drafters["retrieval"] = ReferenceDrafter(ref, len(ids), wrong_at=3, branch=True)
     for method in METHODS:
         assert _run(engine, method, ref, ids)["lossless"], method
 

@@ -4,9 +4,9 @@ import os
 import pytest
 import torch
 
-from oospec_testing import check_events, greedy, trace_stream
+from oospec_testing import ReferenceDrafter, check_events, greedy, trace_stream
 from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
-from oospec_agents.drafters import Draft, DraftContext, Drafter
+from oospec_agents.drafters import DraftContext
 from oospec_agents.drafters.schema import forced_text
 from oospec_agents.errors import (ChatFormatError, ContextLengthError, DeviceError, OoOSpecError, ToolSchemaError,
                                   UnknownToolError)
@@ -33,23 +33,6 @@ def test_tiny_models_match_greedy_generate(tiny_engine, method, tool_choice):
     gen = tiny_engine.generate(ASK, [WEATHER, TIME], tool_choice=tool_choice, max_new_tokens=24, method=method)
     assert gen.token_ids == greedy(tiny_engine, ids, 24)
     assert gen.stats["new_tokens"] == len(gen.token_ids) == 24
-
-
-class ReferenceDrafter(Drafter):
-    """A test double that knows the greedy continuation and drafts it with a planted error."""
-    source = "retrieval"
-
-    def __init__(self, reference, n_prompt, wrong_at, branch):
-        self.reference, self.n_prompt, self.wrong_at, self.branch = reference, n_prompt, wrong_at, branch
-
-    def propose(self, ctx: DraftContext):
-        done = len(ctx.ids) - self.n_prompt
-        good = self.reference[done:done + 8]
-        bad = list(good)
-        if len(bad) > self.wrong_at:
-            bad[self.wrong_at] = (bad[self.wrong_at] + 1) % 1000
-        # With `branch`, the flawed draft comes first, so the accepted path is not contiguous in the tree.
-        return [Draft(bad, self.source), Draft(good, self.source)] if self.branch else [Draft(bad, self.source)]
 
 
 @pytest.mark.parametrize("wrong_at", [0, 1, 3, 6])
