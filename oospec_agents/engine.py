@@ -106,9 +106,10 @@ class Engine:
                         dtype=None, **kw) -> "Engine":
         """Load a target (HF id, local path, GGUF file, or "embedded") and an optional sidecar.
 
-        `sidecar` is a model reference like `target`, an object implementing the Sidecar protocol,
-        or None; with target="embedded" it defaults to the embedded sidecar. `sidecar_*` keywords
-        (`sidecar_timeout_s`, `sidecar_threads`, ...) configure a loaded sidecar; `chat_template`
+        `sidecar` is a model reference like `target` or an object implementing the Sidecar protocol.
+        None (the default) is the embedded sidecar, for every target: it only posts text, rendered in
+        the target's own format, so any target can verify its hints. `sidecar=False` loads none.
+        `sidecar_*` keywords (`sidecar_timeout_s`, `sidecar_threads`, ...) configure a loaded sidecar; `chat_template`
         (a Jinja string, or the path of a file holding one) replaces the target tokenizer's own; the
         rest go to `Engine(...)`.
         """
@@ -123,8 +124,7 @@ class Engine:
         model, tok = models.load_model(target, device=t_dev, dtype=t_dtype, adapter=adapter,
                                        chat_template=chat_template)
         require_chat_template(tok)  # before a sidecar loads for nothing
-        if sidecar is None and str(target) == "embedded":
-            sidecar = "embedded"
+        sidecar = "embedded" if sidecar is None else None if sidecar is False else sidecar
         side = cls._load_sidecar(sidecar, s_dev, models.resolve_dtype(dtype, s_dev), sidecar_kw)
         name = "embedded:SmolLM2-135M-Instruct" if str(target) == "embedded" else str(target)
         return cls(model, tok, side, model_name=name, **kw)
@@ -143,7 +143,7 @@ class Engine:
     @classmethod
     def shared(cls, target="embedded", sidecar=None, **kw) -> "Engine":
         """A process-wide engine per distinct set of arguments, so chat-model objects share one."""
-        key = (str(target), sidecar if isinstance(sidecar, (str, type(None))) else id(sidecar),
+        key = (str(target), sidecar if isinstance(sidecar, (str, bool, type(None))) else id(sidecar),
                tuple(sorted((k, str(v)) for k, v in kw.items() if v is not None)))
         with cls._shared_lock:
             if key not in cls._shared:
@@ -286,6 +286,9 @@ class Engine:
         if method != "oospec" or not req.tools:
             return None
         sidecar = FixedHint(hint_text) if hint_text is not None else self.sidecar
+        if sidecar is None:
+            return None
+        stats.sidecar = sidecar_name(sidecar)
         request = HintRequest(req.messages, req.tools, self.fmt, req.choice)
         if hint_text is None and self.payback is not None and shares_cores(sidecar, self._verifier.device):
             stats.wave_estimate_s = _wave_estimate(sidecar, request)
@@ -312,6 +315,11 @@ class Engine:
             del stats.margins[len(reply.new):]
         return Generation(text=reply.text, token_ids=reply.new, tool_calls=calls, invalid_tool_calls=invalid,
                           stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids))
+
+
+def sidecar_name(sidecar) -> str:
+    """What `stats.sidecar` calls a sidecar: its `name`, else its class."""
+    return getattr(sidecar, "name", None) or type(sidecar).__name__
 
 
 def _wave_estimate(sidecar, request: HintRequest) -> float | None:

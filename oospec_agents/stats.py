@@ -23,6 +23,7 @@ class DecodeStats(Mapping):
     decode_s: float = 0.0
     hint_ready_s: float | None = None
     hint_bytes: int | None = None
+    sidecar: str | None = None           # the sidecar asked for a hint (method "oospec" with tools), by name
     sidecar_error: str | None = None
     sidecar_declined: bool = False
     sidecar_skipped: str | None = None   # why the wave did not run: it could not pay back (payback.py)

@@ -351,8 +351,11 @@ def test_retrieval_never_drafts_another_tool_sets_reply(tiny_engine):
 def test_sidecar_keywords_without_a_sidecar_are_not_an_engine_argument(monkeypatch, tiny_engine):
     from oospec_agents import models
     monkeypatch.setattr(models, "load_model", lambda *a, **kw: (tiny_engine.target, tiny_engine.tokenizer))
-    engine = Engine.from_pretrained("some/model", sidecar_timeout_s=5, memory_size=4)
+    engine = Engine.from_pretrained("some/model", sidecar=False, sidecar_timeout_s=5, memory_size=4)
     assert engine.sidecar is None and engine.memory.size == 4
+    # Every target gets the embedded sidecar by default, and the keywords configure it.
+    engine = Engine.from_pretrained("some/model", sidecar_timeout_s=5, memory_size=4)
+    assert engine.sidecar.name.startswith("embedded:") and engine.sidecar.timeout_s == 5
 
 
 def test_a_tool_built_by_hand_validates_its_calls():

@@ -12,7 +12,7 @@ def test_loads_a_local_directory(tmp_path, smollm2_tokenizer):
     model = tiny_model("qwen2", smollm2_tokenizer)
     model.save_pretrained(tmp_path)
     smollm2_tokenizer.save_pretrained(tmp_path)
-    engine = Engine.from_pretrained(str(tmp_path), dtype="float32")
+    engine = Engine.from_pretrained(str(tmp_path), sidecar=False, dtype="float32")
     assert engine.sidecar is None and engine.target.dtype == torch.float32
     gen = engine.generate([{"role": "user", "content": "hi"}], max_new_tokens=4, method="ar")
     ref = model.generate(torch.tensor([engine.prompt_ids([{"role": "user", "content": "hi"}])]), do_sample=False,

@@ -413,7 +413,7 @@ def test_the_command_line_serves_and_shuts_down_cleanly_on_sigterm(tmp_path, smo
     smollm2_tokenizer.save_pretrained(model_dir)
     proc = subprocess.Popen([sys.executable, "-m", "oospec_agents.cli", "serve", "--model", str(model_dir),
                              "--served-model-name", MODEL, "--port", "0", "--dtype", "float32",
-                             "--prefix-cache-tokens", "0"],
+                             "--prefix-cache-tokens", "0", "--no-sidecar"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

@@ -279,6 +279,7 @@ class InTime:
 
     def __init__(self, sidecar):
         self.sidecar = sidecar
+        self.name = getattr(sidecar, "name", None)
 
     def submit(self, request):
         ticket = self.sidecar.submit(request)
@@ -534,3 +535,39 @@ def test_a_real_target_is_lossless_with_hints_from_a_sidecar_with_another_tokeni
     draft, *alternatives = HintDrafter().propose(ctx)
     assert req.prefix + engine.tokenizer.decode(draft.tokens) == hint[:len(req.prefix) + 160]
     assert len(alternatives) <= 1  # at most the compact-separator branch
+
+
+# ---------------------------------------------------------------- every target gets the shipped sidecar
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.slow
+def test_a_target_with_another_tokenizer_gets_the_embedded_sidecar(tmp_path, bpe_tokenizer):
+    """Any target loaded by reference gets the embedded sidecar: its hint, rendered as text in the
+    target's format, is tokenized by the target's own (BPE) tokenizer, polled and verified, and the
+    reply is still the target's greedy output. `sidecar=False` loads none."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    tok = copy.deepcopy(bpe_tokenizer)
+    tok.chat_template = CHATML
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+
+    assert Engine.from_pretrained(str(tmp_path), sidecar=False, dtype="float32").sidecar is None
+    engine = Engine.from_pretrained(str(tmp_path), dtype="float32", wave_payback=None)
+    assert engine.sidecar.name == "embedded:SmolLM2-135M-Instruct+smollm2-sidecar"
+    engine.sidecar = InTime(engine.sidecar)  # the hint is there at the first round
+    ids = engine.prompt_ids(ASK, [WEATHER, TIME], tool_choice="required")
+    gen = engine.generate(ASK, [WEATHER, TIME], tool_choice="required", max_new_tokens=24, method="oospec")
+    assert gen.stats.sidecar == "embedded:SmolLM2-135M-Instruct+smollm2-sidecar"
+    assert gen.stats.sidecar_error is None and gen.stats.hint_bytes > 0  # posted, and polled by the target
+    assert gen.token_ids == greedy(engine, ids, 24)
+    toolspec = engine.generate(ASK, [WEATHER, TIME], tool_choice="required", max_new_tokens=24, method="toolspec")
+    assert toolspec.stats.sidecar is None

@@ -19,7 +19,8 @@ def add_parser(sub, name):
                    help=f"comma-separated, from {','.join(METHODS)} (ar always runs: it is the reference)")
     p.add_argument("--out", default="bench-out", metavar="DIR")
     p.add_argument("--target", default="embedded", help="HF id, local dir, GGUF file, or 'embedded'")
-    p.add_argument("--sidecar", default=None, help="sidecar model (default: the embedded one for target=embedded)")
+    p.add_argument("--sidecar", default=None,
+                   help="sidecar model (default: the embedded one, for every target; 'none' loads none)")
     p.add_argument("--assistant", default=None,
                    help="draft model for 'assisted' (default: the embedded base model for target=embedded, "
                         "else --sidecar)")
@@ -69,7 +70,8 @@ def run(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     payback = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
-    engine = Engine.from_pretrained(args.target, args.sidecar, target_device=args.target_device,
+    sidecar = False if str(args.sidecar).lower() == "none" else args.sidecar
+    engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device,
                                     sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)
     assistant, assistant_tok = _load_assistant(args, engine) if "assisted" in methods else (None, None)
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
@@ -101,7 +103,7 @@ def _load_assistant(args, engine):
     """The draft model for `assisted`, on the target's device; its tokenizer only if the vocabularies differ."""
     from .. import models
     ref = args.assistant or ("embedded" if args.target == "embedded" else args.sidecar)
-    if not isinstance(ref, str):
+    if not isinstance(ref, str) or ref.lower() == "none":
         raise ValueError("method 'assisted' needs a draft model that shares the target's tokenizer: "
                          "pass --assistant MODEL (or drop 'assisted' from --methods)")
     device = next(engine.target.parameters()).device

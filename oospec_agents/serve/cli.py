@@ -13,7 +13,9 @@ def add_parser(sub, name):
     p = sub.add_parser(name, help="serve OpenAI Chat Completions (tools, streaming) over the engine",
                        description=__doc__)
     p.add_argument("--model", default="embedded", help="the target: HF id, local dir, GGUF file, or 'embedded'")
-    p.add_argument("--sidecar", default=None, help="sidecar model (default: the embedded one for --model embedded)")
+    side = p.add_mutually_exclusive_group()
+    side.add_argument("--sidecar", default=None, help="sidecar model (default: the embedded one, for every target)")
+    side.add_argument("--no-sidecar", action="store_true", help="load no sidecar: method 'oospec' decodes as 'toolspec'")
     p.add_argument("--served-model-name", default=None,
                    help="the id clients pass as `model` (default: the --model value)")
     p.add_argument("--target-device", default=None)
@@ -53,7 +55,8 @@ def run(args):
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if (args.replicas is not None or args.autoscale is not None) and not args.ray:
         raise ValueError("--replicas and --autoscale need --ray")
-    load = {"target": args.model, "sidecar": args.sidecar, "target_device": args.target_device,
+    load = {"target": args.model, "sidecar": False if args.no_sidecar else args.sidecar,
+            "target_device": args.target_device,
             "sidecar_device": args.sidecar_device, "dtype": args.dtype}
     if args.prefix_cache_tokens is not None:
         load["prefix_cache_tokens"] = args.prefix_cache_tokens

@@ -46,6 +46,7 @@ class Sidecar(Protocol):
 
 class FixedHint:
     """A sidecar whose hint is known up front (the oracle, and tests of the injection path)."""
+    name = "fixed hint"
 
     def __init__(self, text: str):
         self.text = text

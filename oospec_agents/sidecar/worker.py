@@ -19,6 +19,7 @@ import json
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -34,8 +35,9 @@ WaveFn = Callable[[str, list[Row], threading.Event, dict[int, list[str]]], list[
 
 class WaveSidecar:
     def __init__(self, wave: WaveFn, *, device: torch.device | str = "cpu", timeout_s: float = 30.0,
-                 threads: int | None = 1):
+                 threads: int | None = 1, name: str | None = None):
         self.wave = wave
+        self.name = name or "wave"
         self.device = torch.device(device)
         self.timeout_s = timeout_s
         self.threads = threads
@@ -199,5 +201,7 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
         adapter = models.EMBEDDED_SIDECAR_ADAPTER
     model, tok = models.load_model(ref, device=device, dtype=dtype, adapter=adapter)
     wave = Wave(model, tok, max_row_tokens=sidecar_max_row_tokens, prefix_cache_tokens=sidecar_prefix_cache_tokens)
-    return WaveSidecar(wave, device=device,
-                       timeout_s=sidecar_timeout_s, threads=sidecar_threads)
+    name = "embedded:SmolLM2-135M-Instruct" if str(ref) == "embedded" else str(ref)
+    if adapter is not None:
+        name += "+" + Path(adapter).name
+    return WaveSidecar(wave, device=device, timeout_s=sidecar_timeout_s, threads=sidecar_threads, name=name)

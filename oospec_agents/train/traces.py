@@ -17,7 +17,7 @@ def teacher_traces(records: list[dict], teacher, *, max_new_tokens: int = 256, p
     """(traces, stats). `teacher` is an Engine or a model reference for `Engine.from_pretrained`."""
     from tqdm.auto import tqdm
     from ..engine import Engine
-    engine = teacher if isinstance(teacher, Engine) else Engine.from_pretrained(teacher, sidecar=None)
+    engine = teacher if isinstance(teacher, Engine) else Engine.from_pretrained(teacher, sidecar=False)
     kept, stats = [], {"records": len(records), "kept": 0, "no_call": 0, "invalid": 0}
     for rec in tqdm(records, disable=not progress, desc="teacher"):
         gen = engine.generate(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=max_new_tokens,
