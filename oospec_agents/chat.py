@@ -101,8 +101,13 @@ def read_chat_template(template: str | os.PathLike) -> str:
     if not isinstance(template, (str, os.PathLike)):
         raise ChatFormatError(f"chat_template must be a Jinja string or a file path, got {type(template).__name__}")
     path = Path(template).expanduser()
-    if not path.is_file():
-        raise ChatFormatError(f"chat template file {str(template)!r} does not exist (and the value is no Jinja "
+    try:
+        found = path.is_file()
+    except OSError:  # e.g. a name too long to be a path
+        found = False
+    if not found:
+        shown = str(template) if len(str(template)) <= 200 else str(template)[:200] + "..."
+        raise ChatFormatError(f"chat template file {shown!r} does not exist (and the value is no Jinja "
                               "template: it holds no '{{' or '{%')")
     return path.read_text(encoding="utf-8")
 
