@@ -40,14 +40,18 @@ def continuation(text: str, hint: str | None, fmt) -> str:
         stripped = text.rstrip()
         if not stripped:
             return hint
-        if fmt.call_end and stripped.endswith(fmt.call_end.strip()):
+        # a message's calls that share one list end with it; calls wrapped one by one may go on
+        if fmt.call_end and stripped.endswith(fmt.call_end.strip()) and not fmt.calls_in_one_list:
             return fmt.call_sep + hint if not text.endswith(fmt.call_sep) else hint
         return ""
     tag = fmt.call_start.strip()
-    committed = text[text.rfind(tag):] if tag else body
+    start = fmt.calls_start(text)
+    committed = text[start:] if start >= 0 else body
     ref = hint[max(hint.find(tag), 0):] if tag else hint
     if ref.startswith(committed):
         return ref[len(committed):]
+    if body == "" and fmt.calls_in_one_list and hint.startswith(fmt.call_start):
+        return hint[len(fmt.call_start):]  # the list's next call begins: offer the hint's call there
     for k in range(min(len(committed), 48), MIN_ANCHOR - 1, -1):
         at = ref.rfind(committed[-k:])
         if at >= 0:

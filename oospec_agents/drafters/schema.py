@@ -7,6 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from ..formats.base import enum_strings, unique_completion
 from .base import Draft, DraftContext, Drafter, encode_after, separator_variants
 
 MAX_DRAFT_CHARS = 96
@@ -121,11 +122,6 @@ def _end_value(st: JsonState, s: str | None, is_key: bool) -> None:
         top.state = "after"
 
 
-def _unique_completion(prefix: str, options: list[str]) -> str | None:
-    matches = [o for o in options if o.startswith(prefix)]
-    return matches[0][len(prefix):] if len(matches) == 1 else None
-
-
 class SchemaDrafter(Drafter):
     source = "schema"
 
@@ -150,6 +146,9 @@ def forced_text(ctx: DraftContext) -> str:
 
 def _next_forced(ctx: DraftContext, text: str) -> str:
     fmt = ctx.fmt
+    own = fmt.forced_next(text, ctx.tools)
+    if own is not None:  # a format whose calls are not JSON walks its own skeleton
+        return own
     body = fmt.open_call_json(text)
     if body is None:
         # Nothing open. At the very start of a reply with tools on offer, a call is the likely move.
@@ -170,10 +169,10 @@ def _next_forced(ctx: DraftContext, text: str) -> str:
     if depth == 1:  # the call object: {"name": ..., "<args_key>": {...}}
         if st.in_string is not None:
             if st.string_is_key:
-                rest = _unique_completion(st.in_string, [k for k in ("name", fmt.args_key) if k not in top.keys])
+                rest = unique_completion(st.in_string, [k for k in ("name", fmt.args_key) if k not in top.keys])
                 return "" if rest is None else rest + '": ' + ('"' if st.in_string + rest == "name" else "{")
             if top.key == "name":
-                rest = _unique_completion(st.in_string, names)
+                rest = unique_completion(st.in_string, names)
                 return "" if rest is None else rest + '", "' + fmt.args_key + '": {'
             return ""
         if top.state == "key":
@@ -191,10 +190,10 @@ def _next_forced(ctx: DraftContext, text: str) -> str:
         remaining = [k for k in tool.required if k not in top.keys]
         if st.in_string is not None:
             if st.string_is_key:
-                rest = _unique_completion(st.in_string, [k for k in tool.properties if k not in top.keys])
+                rest = unique_completion(st.in_string, [k for k in tool.properties if k not in top.keys])
                 return "" if rest is None else rest + '": '
-            enum = _enum_strings(tool.properties.get(top.key, {}))
-            rest = _unique_completion(st.in_string, enum) if enum else None
+            enum = enum_strings(tool.properties.get(top.key, {}))
+            rest = unique_completion(st.in_string, enum) if enum else None
             return "" if rest is None else rest + '"'
         if st.scalar is not None:
             return ""
@@ -211,11 +210,6 @@ def _next_forced(ctx: DraftContext, text: str) -> str:
         if top.state == "after":
             return ', "' + remaining[0] + '": ' if remaining else "}"
     return ""
-
-
-def _enum_strings(schema: dict) -> list[str]:
-    enum = schema.get("enum")
-    return [e for e in enum if isinstance(e, str)] if isinstance(enum, list) else []
 
 
 def _call_name(body: str) -> str | None:

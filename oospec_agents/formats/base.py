@@ -2,7 +2,8 @@
 
 A format knows three things about its target family: how a call is written as text (render),
 how to read calls back out of generated text (parse), and the fixed skeleton around the JSON
-that the schema drafter walks (`call_start`, `open_call_json`, `call_end`).
+that the schema drafter walks (`call_start`, `open_call_json`, `call_end`). A format whose calls
+are not JSON (pythonic) drafts its own skeleton through `forced_next`.
 """
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from ..tools import Tool
+
+
+UNTERMINATED = ("unterminated tool call: generation stopped inside the call "
+                "(max_new_tokens or a stop sequence reached)")
 
 
 class ToolFormat(ABC):
@@ -23,6 +28,9 @@ class ToolFormat(ABC):
     call_end: str
     #: text between two calls of one message
     call_sep: str
+    #: several calls of one message are items of one list, `call_start` a, `call_sep` b `call_end`
+    #: (mistral, pythonic), rather than each call wrapped on its own (hermes)
+    calls_in_one_list: bool = False
     #: how a tool's result is written back, for chat templates that have no tool role of their own
     tool_result_start: str = "<tool_response>\n"
     tool_result_end: str = "\n</tool_response>"
@@ -30,10 +38,17 @@ class ToolFormat(ABC):
     def call_json(self, name: str, arguments: dict) -> str:
         return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
 
+    def call_text(self, name: str, arguments: dict) -> str:
+        """One call as the format writes it, without the wrapper around it."""
+        return self.call_json(name, arguments)
+
     def render_call(self, name: str, arguments: dict) -> str:
-        return self.call_start + self.call_json(name, arguments) + self.call_end
+        return self.call_start + self.call_text(name, arguments) + self.call_end
 
     def render_calls(self, calls: list[dict]) -> str:
+        if self.calls_in_one_list:
+            return self.call_start + self.call_sep.join(
+                self.call_text(c["name"], _as_dict(c["arguments"])) for c in calls) + self.call_end
         return self.call_sep.join(self.render_call(c["name"], _as_dict(c["arguments"])) for c in calls)
 
     def render_tool_result(self, content: str) -> str:
@@ -73,6 +88,17 @@ class ToolFormat(ABC):
     def system_prompt(self, tools: list[Tool]) -> str:
         """The system prompt that offers `tools`, for chat templates that drop `tools=`."""
 
+    def calls_start(self, text: str) -> int:
+        """Where the wrapper of the call open at the end of `text` begins (a hint rendered by
+        `render_call` is aligned with the text from there), or -1 when there is none to find."""
+        tag = self.call_start.strip()
+        return text.rfind(tag) if tag else -1
+
+    def forced_next(self, text: str, tools: list[Tool]) -> str | None:
+        """The text forced right after `text` (the schema drafter's next stretch), for formats whose
+        calls are not JSON. None, the default, lets the drafter walk the call JSON itself."""
+        return None
+
     def _read_call(self, raw: str) -> dict:
         """Decode one call's JSON text into a call dict (with "error" when it cannot)."""
         try:
@@ -96,6 +122,17 @@ def _as_dict(arguments: Any) -> dict:
     if isinstance(arguments, str):
         return json.loads(arguments) if arguments.strip() else {}
     return dict(arguments or {})
+
+
+def unique_completion(prefix: str, options: list[str]) -> str | None:
+    """The rest of the one option that starts with `prefix`, else None."""
+    matches = [o for o in options if o.startswith(prefix)]
+    return matches[0][len(prefix):] if len(matches) == 1 else None
+
+
+def enum_strings(schema: dict) -> list[str]:
+    enum = schema.get("enum")
+    return [e for e in enum if isinstance(e, str)] if isinstance(enum, list) else []
 
 
 def _guess_name(raw: str) -> str | None:
