@@ -250,6 +250,7 @@ class Engine:
                 pending, logits = self._verify(tree, cache, reply, stats)
             self._sync()
             stats.decode_s = time.perf_counter() - t1
+            stats.host_s = max(0.0, stats.decode_s - stats.forward_s)
             done = True
             if self.payback is not None and method != "ar":  # the call a speculative method takes
                 self.payback.observe(stats.prompt_tokens, stats.cached_prompt_tokens, stats.prefill_s, stats.decode_s)
@@ -277,6 +278,7 @@ class Engine:
         past = len(reply.req.prompt_ids) + len(reply.new) - 1
         path, nxt, logits = self._verifier.verify(tree, cache, past)
         stats.target_forwards += 1
+        stats.forward_s += self._verifier.last_forward_s
         stats.draft_tokens += len(tree.tokens) - 1
         for node in path[1:]:
             stats.accepted_by_source[tree.sources[node]] += 1

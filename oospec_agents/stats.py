@@ -21,6 +21,8 @@ class DecodeStats(Mapping):
     draft_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    forward_s: float = 0.0               # of decode_s: the target's verify forwards
+    host_s: float = 0.0                  # of decode_s: everything else (drafting, trees, commits, events)
     hint_ready_s: float | None = None
     hint_bytes: int | None = None
     sidecar: str | None = None           # the sidecar asked for a hint (method "oospec" with tools), by name

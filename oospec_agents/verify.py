@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -112,6 +113,7 @@ class Verifier:
         self.device = next(model.parameters()).device
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.layout = attention_layout(model)
+        self.last_forward_s = 0.0  # seconds of the latest forward: the model's call alone
         if not self.layout.tree:
             log.warning("%s: drafts are verified as a chain, not a tree: %s", type(model).__name__, self.layout.reason)
 
@@ -139,8 +141,12 @@ class Verifier:
             kw["attention_mask"] = masks[None] if None in masks else masks
         else:
             kw["position_ids"] = torch.arange(past_len, past_len + len(ids), device=self.device)[None]
+        t0 = time.perf_counter()
         with torch.inference_mode():
             logits = self.model(input_ids=inp, **kw).logits[0]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the caller reads the logits next: this wait is no extra
+        self.last_forward_s = time.perf_counter() - t0
         return logits[-1:] if last_only else logits
 
     def _tree_mask(self, tree: Tree, past_len: int, window: int | None = None) -> torch.Tensor:

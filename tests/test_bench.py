@@ -56,6 +56,18 @@ def test_summary_speedups_ties_and_oracle_closeness():
     assert set(s["sources"]) == {"a", "b"} and s["sources"]["a"]["oracle"]["speedup_decode"] == pytest.approx(4.0)
 
 
+
+def test_host_time_per_round_and_its_share_of_decode():
+    rows = [dict(_row(10, 1.0, 5), host_s=0.02), dict(_row(10, 1.0, 6), host_s=0.03)]
+    figs = summarize([{"source": "a", "runs": {"toolspec": r}} for r in rows], ["toolspec"])["methods"]["toolspec"]
+    assert figs["host_ms_per_round"] == pytest.approx(1000 * 0.05 / 9)  # 11 forwards, 2 of them prefills
+    assert figs["host_share"] == pytest.approx(0.025)
+    # a method that does not report host time (assisted, prompt_lookup) gets none, not a partial sum
+    rows[1]["host_s"] = None
+    figs = summarize([{"source": "a", "runs": {"assisted": r}} for r in rows], ["assisted"])["methods"]["assisted"]
+    assert figs["host_ms_per_round"] is None and figs["host_share"] is None
+
+
 # ------------------------------------------------------------------ records
 
 def test_limit_is_spread_round_robin_over_sources():
@@ -142,6 +154,8 @@ def test_small_bench_run_writes_valid_outputs_and_is_lossless(tmp_path, capsys):
     assert results["methods"]["ar"]["speedup_decode"] == pytest.approx(1.0)
     assert results["methods"]["ar"]["mean_accepted_tokens"] == pytest.approx(1.0)
     assert results["methods"]["oracle"]["hint_bytes"] > 0
+    for m in ("ar", "toolspec", "oospec"):  # the engine's methods split decode into forwards and host work
+        assert 0 < results["methods"][m]["host_share"] < 1, m
     assert len(results["sources"]) == 2  # --limit 2 takes one record from each of two sources
     for key in ("target_device_name", "dtype", "torch", "transformers", "torch_threads"):
         assert results["env"][key], key

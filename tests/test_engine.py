@@ -312,6 +312,13 @@ def test_partial_stop_strings_are_held_back():
     assert _partial_stop("Thanks", ["you"]) == 0
 
 
+def test_decode_time_splits_into_target_forwards_and_host_work(tiny_engine):
+    gen = tiny_engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=16, method="toolspec")
+    s = gen.stats
+    assert s.forward_s > 0 and s.host_s > 0
+    assert s.forward_s + s.host_s == pytest.approx(s.decode_s, abs=1e-9)
+
+
 def test_stats_are_typed_and_still_read_as_a_mapping(tiny_engine):
     import json
     stats = tiny_engine.generate(ASK, [WEATHER], max_new_tokens=8, method="toolspec").stats

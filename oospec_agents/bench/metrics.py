@@ -34,6 +34,11 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def _sum(xs):
+    """The sum, or None unless every record has the figure."""
+    return None if not xs or any(x is None for x in xs) else sum(xs)
+
+
 PROFILE_KEYS = ("queued_s", "prefix_tokens", "rows", "prefill_s", "steps", "decode_s", "wave_s")
 
 
@@ -81,6 +86,10 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
                              for r in rows),
         # one decode round = one verify forward plus drafting and bookkeeping
         "round_ms": 1000 * decode / rounds if (rounds := forwards - len(rows)) > 0 else None,
+        # of which host work: everything in a round outside the target's forward (engine methods only)
+        "host_ms_per_round": 1000 * host / rounds if (host := _sum([r.get("host_s") for r in rows])) is not None
+        and rounds > 0 else None,
+        "host_share": host / decode if host is not None and decode else None,
         "accepted_by_source": by_source or None,
         # share of all generated tokens that were accepted from the sidecar's hint
         "hint_share": by_source["hint"] / tokens if tokens and "hint" in by_source else None,

@@ -62,13 +62,15 @@ def markdown(results: dict) -> str:
         lines += [f"| {m} | {a.get('schema', 0)} | {a.get('retrieval', 0)} | {a.get('hint', 0)} |"
                   for m, a in accepted.items()]
     lines += ["", "## Where the time goes", "",
-              "| method | e2e s / record | prefill s | decode s | ms per decode round | hints in time |",
-              "|---|---|---|---|---|---|"]
+              "| method | e2e s / record | prefill s | decode s | ms per decode round | of which host ms "
+              "| host share of decode | hints in time |",
+              "|---|---|---|---|---|---|---|---|"]
     for m, f in methods.items():
         e2e = None if f["prefill_s"] is None else f["prefill_s"] + f["decode_s"]
         hints = f"{f['hints_in_time']}/{f['hints']}" if f["hints"] else "–"
         lines.append(f"| {m} | {_f(e2e, '{:.3f}')} | {_f(f['prefill_s'], '{:.3f}')} | {_f(f['decode_s'], '{:.3f}')} "
-                     f"| {_f(f['round_ms'], '{:.1f}')} | {hints} |")
+                     f"| {_f(f['round_ms'], '{:.1f}')} | {_f(f.get('host_ms_per_round'), '{:.2f}')} "
+                     f"| {_f(f.get('host_share'), '{:.1%}')} | {hints} |")
     waves = {m: (f["sidecar_wave"], f) for m, f in methods.items() if f.get("sidecar_wave")}
     if waves:
         lines += ["", "The sidecar's wave against the target's call (means over the records whose wave finished; "
