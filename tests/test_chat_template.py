@@ -37,7 +37,7 @@ def smollm2_template(smollm2_tokenizer) -> str:
 
 
 def load(path, **kw) -> Engine:
-    return Engine.from_pretrained(str(path), dtype=torch.float32, **kw)
+    return Engine.from_pretrained(str(path), sidecar=False, dtype=torch.float32, **kw)
 
 
 # ---------------------------------------------------------------- no template: an error at load time
