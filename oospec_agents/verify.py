@@ -151,23 +151,18 @@ class Verifier:
 
     def _tree_mask(self, tree: Tree, past_len: int, window: int | None = None) -> torch.Tensor:
         """Node i sees the cached past and its own ancestors; under a sliding `window`, only the
-        keys fewer than `window` positions behind its own (transformers' sliding rule)."""
-        n = len(tree.tokens)
-        allowed = torch.zeros(n, past_len + n, dtype=torch.bool)
-        allowed[:, :past_len] = True
-        for i in range(n):
-            j = i
-            while j >= 0:
-                allowed[i, past_len + j] = True
-                j = tree.parents[j]
+        keys fewer than `window` positions behind its own (transformers' sliding rule). Built with
+        tensor ops on the target's device."""
+        n, dev = len(tree.tokens), self.device
+        allowed = torch.cat([torch.ones(n, past_len, dtype=torch.bool, device=dev),
+                             ancestry(tree.parents, max(tree.depths), dev)], dim=1)
         if window is not None:
-            q_pos = past_len + torch.tensor(tree.depths)
-            k_pos = torch.cat([torch.arange(past_len), q_pos])
+            q_pos = past_len + torch.tensor(tree.depths, device=dev)
+            k_pos = torch.cat([torch.arange(past_len, device=dev), q_pos])
             allowed &= (q_pos[:, None] - k_pos[None, :]) < window
         dtype = self.model.dtype
-        mask = torch.zeros(n, past_len + n, dtype=dtype)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(self.device)
+        mask = torch.zeros(n, past_len + n, dtype=dtype, device=dev)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
     def verify(self, tree: Tree, cache, past_len: int) -> tuple[list[int], int, torch.Tensor]:
         """(accepted node path starting at the root, the target's next token, logits of the path)."""
@@ -181,6 +176,23 @@ class Verifier:
             path.append(nxt)
         keep_cache(cache, past_len, path, len(tree.tokens))
         return path, argmax[path[-1]], logits[path]
+
+
+def ancestry(parents: list[int], max_depth: int, device=None) -> torch.Tensor:
+    """[n, n] bool: (i, j) is True when node j is node i or one of its ancestors (parents[i] < i).
+
+    Start from "itself or its parent" and square the relation until it spans the deepest path:
+    log2(depth) small matmuls instead of a Python walk up from every node."""
+    n = len(parents)
+    reach = torch.eye(n, dtype=torch.bool, device=device)
+    if n > 1:
+        reach[torch.arange(1, n, device=device), torch.tensor(parents[1:], device=device)] = True
+    hops = 1
+    while hops < max_depth:
+        r = reach.to(torch.float32)  # 0/1 sums below 2**24: exact in float32
+        reach = (r @ r) > 0
+        hops *= 2
+    return reach
 
 
 def keep_cache(cache, past_len: int, path: list[int], n_nodes: int) -> None:

@@ -190,3 +190,41 @@ def test_readme_coverage_table_is_current(coverage):
         text = re.sub(f"{start}.*?{end}", f"{start}\n{table}\n{end}", text, flags=re.S)
         README.write_text(text)
     assert f"{start}\n{table}\n{end}" in text, "README's architecture table is stale: rerun with OOSPEC_WRITE_COVERAGE=1"
+
+
+# ---------------------------------------------------------------- the tree mask, built with tensor ops
+
+def _mask_by_walking(tree: Tree, past_len: int, window: int | None) -> torch.Tensor:
+    """The engine's former mask: a Python walk from every node up to the root (the reference)."""
+    n = len(tree.tokens)
+    allowed = torch.zeros(n, past_len + n, dtype=torch.bool)
+    allowed[:, :past_len] = True
+    for i in range(n):
+        j = i
+        while j >= 0:
+            allowed[i, past_len + j] = True
+            j = tree.parents[j]
+    if window is not None:
+        q_pos = past_len + torch.tensor(tree.depths)
+        k_pos = torch.cat([torch.arange(past_len), q_pos])
+        allowed &= (q_pos[:, None] - k_pos[None, :]) < window
+    return allowed
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_tensor_tree_mask_equals_the_walked_one_on_random_trees(seed):
+    import random
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 3, 8, 24, 48])
+    chainy = rng.random() < 0.3  # deep trees too, where the squaring needs its most rounds
+    parents = [-1] + [i - 1 if chainy and rng.random() < 0.9 else rng.randrange(i) for i in range(1, n)]
+    depths = [0] * n
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    tree = Tree(list(range(n)), parents, [None] * n, depths, [{}] * n)
+    verifier = Verifier.__new__(Verifier)
+    verifier.model = type("M", (), {"dtype": torch.float32})()
+    verifier.device = torch.device("cpu")
+    past_len, window = rng.choice([0, 5, 37]), rng.choice([None, 1, 4, 64])
+    got = verifier._tree_mask(tree, past_len, window)[0, 0] == 0
+    assert torch.equal(got, _mask_by_walking(tree, past_len, window))
