@@ -11,6 +11,7 @@ import torch
 
 from oospec_testing import check_events, greedy, tiny_model, trace_stream
 from oospec_agents import Engine, TextDelta, ToolCallDelta
+from oospec_agents.chat import normalize_messages, render_prompt
 from oospec_agents.drafters.base import DraftContext
 from oospec_agents.drafters.hint import continuation
 from oospec_agents.drafters.schema import forced_text
@@ -151,6 +152,20 @@ def test_formats_are_selectable_by_name():
     assert isinstance(get_format("mistral"), MistralFormat) and isinstance(get_format("pythonic"), PythonicFormat)
     with pytest.raises(ValueError, match="known formats"):
         get_format("xml")
+
+
+@BOTH
+def test_a_template_that_drops_tools_gets_the_formats_prompt_calls_and_results(fmt, smollm2_tokenizer):
+    msgs = normalize_messages([
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18C, sunny"},
+    ])
+    prompt = render_prompt(smollm2_tokenizer, fmt, msgs, normalize_tools([WEATHER]), native_tools=False)
+    assert fmt.system_prompt(normalize_tools([WEATHER])) in prompt
+    assert fmt.render_call("get_weather", {"city": "Paris"}) in prompt
+    assert fmt.render_tool_result("18C, sunny") in prompt
 
 
 # ---------------------------------------------------------------- streamed events
@@ -327,14 +342,15 @@ def callers(smollm2_tokenizer) -> dict[str, Engine]:
     ids = torch.tensor([[0] * n + p + t for n, (p, t) in zip(pad, seqs)])
     mask = torch.tensor([[0] * n + [1] * (width - n) for n in pad])
     labels = torch.tensor([[-100] * (keep - len(t)) + t for _, t in seqs])
+    answer = labels != -100
     model.train()
     model.model.embed_tokens.weight.requires_grad_(False)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     torch.manual_seed(0)
     for _ in range(200):
-        # logits only where the answers are predicted: the vocabulary projection is most of the cost
-        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep + 1).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        # logits only where an answer token is predicted: the vocabulary projection is most of the cost
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -keep - 1:-1]
+        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden[answer]), labels[answer])
         opt.zero_grad()
         loss.backward()
         opt.step()
