@@ -59,8 +59,9 @@ class ChatOoOSpec(BaseChatModel):
 
     model: str = "embedded"
     """The target: a Hugging Face id, a local path, a GGUF file or "embedded"."""
-    sidecar: str | None = None
-    """The hint model, a reference like `model`; None lets the engine choose (embedded: its own)."""
+    sidecar: str | bool | None = None
+    """The hint model, a reference like `model`. None: the embedded sidecar, for every target (it
+    posts text in the target's own format); False: none, and `method="oospec"` decodes as ToolSpec."""
     target_device: str | None = None
     sidecar_device: str | None = None
     method: Literal["ar", "toolspec", "oospec"] = "oospec"
@@ -328,4 +329,5 @@ def _response_metadata(gen: Generation, model_name: str) -> dict:
     stats = gen.stats
     return {"model_name": model_name, "finish_reason": gen.finish_reason, "method": stats.method,
             "target_forwards": stats.target_forwards, "accepted_by_source": stats.accepted_by_source,
-            "hint_bytes": stats.hint_bytes, "prefill_s": stats.prefill_s, "decode_s": stats.decode_s}
+            "hint_bytes": stats.hint_bytes, "prefill_s": stats.prefill_s, "decode_s": stats.decode_s,
+            "sidecar": stats.sidecar}

@@ -52,6 +52,7 @@ def test_chat_and_stream_chat_with_tools_return_the_same_call(embedded_llm):
     chunks = list(embedded_llm.stream_chat_with_tools(TOOLS, **kwargs))
     streamed = chunks[-1]
     assert streamed.raw["text"] == plain.raw["text"]
+    assert plain.raw["sidecar"] == plain.raw["stats"]["sidecar"] == "embedded:SmolLM2-135M-Instruct+smollm2-sidecar"
     assert streamed.raw["text"].startswith('<tool_call>\n{"name": "multiply"')
     assert "".join(c.delta for c in chunks) == streamed.message.content == plain.message.content
 

@@ -222,7 +222,8 @@ def test_invoke_returns_calls_with_ids_usage_and_stats(scripted):
     assert message.response_metadata == {"model_name": "scripted-test-double", "finish_reason": "tool_calls",
                                          "method": "oospec", "target_forwards": 3, "hint_bytes": 40,
                                          "accepted_by_source": {"schema": 5, "retrieval": 0, "hint": 2},
-                                         "prefill_s": 0.0, "decode_s": 0.0}  # the double times nothing
+                                         "prefill_s": 0.0, "decode_s": 0.0,  # the double times nothing
+                                         "sidecar": None}  # and asks no sidecar
     request = engine.requests[0]
     assert request["tools"][0]["function"]["name"] == "get_current_weather"
     assert request["messages"] == [{"role": "user", "content": "Weather in Paris?"}]

@@ -60,8 +60,9 @@ class OoOSpec(FunctionCallingLLM):
 
     model: str = Field(default="embedded", description="Target model: a HF id, a local path, a GGUF "
                        'file, or "embedded".')
-    sidecar: Optional[str] = Field(default=None, description="Sidecar model that posts call hints; None "
-                                   "takes the engine's default (the embedded sidecar for the embedded target).")
+    sidecar: Optional[Union[str, bool]] = Field(
+        default=None, description="Sidecar model that posts call hints. None: the embedded sidecar, for every "
+        "target; False: none (method 'oospec' then decodes as ToolSpec).")
     target_device: Optional[str] = Field(default=None, description='e.g. "cuda:0" or "cpu"; None picks one.')
     sidecar_device: Optional[str] = Field(default=None, description='e.g. "cuda:1"; None picks one.')
     method: Literal["ar", "toolspec", "oospec"] = Field(
@@ -81,7 +82,7 @@ class OoOSpec(FunctionCallingLLM):
         self,
         model: Union[str, os.PathLike, None] = None,
         *,
-        sidecar: Optional[str] = None,
+        sidecar: Optional[Union[str, bool]] = None,
         target_device: Optional[str] = None,
         sidecar_device: Optional[str] = None,
         method: Literal["ar", "toolspec", "oospec"] = "oospec",
@@ -235,6 +236,7 @@ class OoOSpec(FunctionCallingLLM):
             "text": generation.text,
             "invalid_tool_calls": generation.invalid_tool_calls,
             "stats": generation.stats.to_dict(),
+            "sidecar": generation.stats.sidecar,
         }
         return ChatResponse(message=assistant_message(generation.content, calls), delta=delta, raw=raw)
 
