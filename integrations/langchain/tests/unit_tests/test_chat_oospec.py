@@ -55,6 +55,19 @@ def test_model_and_sidecar_may_be_paths(tmp_path):
     assert (model.model, model.sidecar) == (str(tmp_path / "target.gguf"), str(tmp_path / "sidecar"))
 
 
+def test_sidecar_false_reaches_the_engine_as_no_sidecar(monkeypatch, scripted):
+    """None is the engine's default (the embedded sidecar, for every target); False loads none."""
+    seen = []
+
+    def shared(cls, model, sidecar, **options):
+        seen.append((model, sidecar))
+        return scripted("hi")
+    monkeypatch.setattr(Engine, "shared", classmethod(shared))
+    for sidecar in (False, None):
+        ChatOoOSpec(model="Qwen/Qwen2.5-7B-Instruct", sidecar=sidecar).invoke("hi")
+    assert seen == [("Qwen/Qwen2.5-7B-Instruct", False), ("Qwen/Qwen2.5-7B-Instruct", None)]
+
+
 @pytest.mark.parametrize("temperature", [0.7, 1.0, -0.1])
 def test_only_greedy_temperature_is_accepted(temperature):
     with pytest.raises(ValueError, match=rf"temperature={temperature} is not supported.*greedily"):
