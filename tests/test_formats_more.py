@@ -51,7 +51,8 @@ def test_the_rendered_text_is_what_the_models_write():
     assert PYTHONIC.render_calls([{"name": "get_weather", "arguments": {"city": "Paris"}},
                                   {"name": "other", "arguments": {"a": 1, "b": [1, 2], "c": {"k": None}}}]) == \
         '[get_weather(city="Paris"), other(a=1, b=[1, 2], c={"k": None})]'
-    assert MISTRAL.forced_prefix("f") == '[TOOL_CALLS] [{"name": "f"' and MISTRAL.forced_prefix() == '[TOOL_CALLS] [{"name": "'
+    assert MISTRAL.forced_prefix("f") == '[TOOL_CALLS] [{"name": "f"'
+    assert MISTRAL.forced_prefix() == '[TOOL_CALLS] [{"name": "'
     assert PYTHONIC.forced_prefix("f") == "[f(" and PYTHONIC.forced_prefix() == "["
 
 
@@ -78,6 +79,8 @@ def test_mistral_reads_the_newer_args_form_and_a_dropped_tag():
     assert MISTRAL.parse('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]noop[ARGS]{}') == \
         ("", [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "noop", "arguments": {}}])
     assert MISTRAL.parse(' [{"name": "noop", "arguments": {}}]') == ("", [{"name": "noop", "arguments": {}}])
+    assert MISTRAL.parse('[TOOL_CALLS] {"name": "noop", "arguments": {}} Done.') == \
+        ("Done.", [{"name": "noop", "arguments": {}}])
 
 
 def test_a_text_reply_is_content():

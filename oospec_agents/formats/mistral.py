@@ -95,11 +95,13 @@ def _read_items(text: str, pos: int) -> tuple[list[str], int | None]:
         if marker < 0:
             return [text[i:]], None
         head = '{"name": ' + json.dumps(text[i:marker].strip(), ensure_ascii=False) + ', "arguments": '
-        end = _json_end(text, marker + len(ARGS))
-        return ([head + text[marker + len(ARGS):]], None) if end is None else ([head + text[marker + len(ARGS):end] + "}"], end)
-    if text[i] == "[":
-        i = _skip_space(text, i + 1)
-    items = []
+        args = marker + len(ARGS)
+        end = _json_end(text, args)
+        return ([head + text[args:]], None) if end is None else ([head + text[args:end] + "}"], end)
+    if text[i] == "{":  # one call with no list around it
+        end = _json_end(text, i)
+        return ([text[i:]], None) if end is None else ([text[i:end]], end)
+    i, items = _skip_space(text, i + 1), []
     while True:
         if i == len(text):
             return items + [""], None
