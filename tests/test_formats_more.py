@@ -373,7 +373,7 @@ _REFERENCES: dict[tuple, list[int]] = {}
 
 def reference(caller, tool_choice="auto", max_new_tokens=80) -> list[int]:
     """Plain greedy decoding's tokens (computed once per engine and tool_choice)."""
-    key = (caller.fmt.name, tool_choice)
+    key = (caller.fmt.name, tool_choice, max_new_tokens)
     if key not in _REFERENCES:
         _REFERENCES[key] = greedy(caller, caller.prompt_ids(ASK, TOOLS, tool_choice=tool_choice), max_new_tokens)
     return _REFERENCES[key]
@@ -395,11 +395,11 @@ def test_a_tiny_model_in_the_format_decodes_losslessly_with_drafts(caller, metho
 
 @pytest.mark.parametrize("tool_choice", ["required", "get_weather"])
 def test_a_forced_call_is_lossless(caller, tool_choice):
-    gen = caller.generate(ASK, TOOLS, tool_choice=tool_choice, max_new_tokens=80, method="toolspec")
+    gen = caller.generate(ASK, TOOLS, tool_choice=tool_choice, max_new_tokens=30, method="toolspec")
     prompt = caller.prompt_ids(ASK, TOOLS, tool_choice=tool_choice)
     forced = caller.fmt.forced_prefix(None if tool_choice == "required" else tool_choice)
     assert caller.tokenizer.decode(prompt).endswith(forced) and gen.text.startswith(forced)
-    assert gen.token_ids == reference(caller, tool_choice)
+    assert gen.token_ids == reference(caller, tool_choice, 30)
     # the forced text, tokenized on its own, need not be how the tiny model learned its answer:
     # whatever follows, the reply is read as a call
     calls = gen.tool_calls + gen.invalid_tool_calls
