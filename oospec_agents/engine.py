@@ -279,6 +279,7 @@ class Engine:
         path, nxt, logits = self._verifier.verify(tree, cache, past)
         stats.target_forwards += 1
         stats.forward_s += self._verifier.last_forward_s
+        stats.rounds.append((len(tree.tokens), len(path) - 1, past))
         stats.draft_tokens += len(tree.tokens) - 1
         for node in path[1:]:
             stats.accepted_by_source[tree.sources[node]] += 1

@@ -33,6 +33,9 @@ class DecodeStats(Mapping):
     call_estimate_s: float | None = None
     sidecar_profile: dict | None = None
     sidecar_cached_prompt_tokens: int | None = None  # of the wave's shared prefix, when its hint arrived
+    #: one (tree nodes, accepted drafts, context tokens before the forward) per verify forward: the
+    #: acceptance trace that `oospec project` prices with a measured cost table
+    rounds: list[tuple[int, int, int]] = field(default_factory=list)
     margins: list[float] | None = None   # top-2 logit margin per new token, when asked for
 
     @property

@@ -156,6 +156,7 @@ def test_small_bench_run_writes_valid_outputs_and_is_lossless(tmp_path, capsys):
     assert results["methods"]["oracle"]["hint_bytes"] > 0
     for m in ("ar", "toolspec", "oospec"):  # the engine's methods split decode into forwards and host work
         assert 0 < results["methods"][m]["host_share"] < 1, m
+        assert all(len(r["runs"][m]["rounds"]) == r["runs"][m]["target_forwards"] - 1 for r in results["records"])
     assert len(results["sources"]) == 2  # --limit 2 takes one record from each of two sources
     for key in ("target_device_name", "dtype", "torch", "transformers", "torch_threads"):
         assert results["env"][key], key

@@ -317,6 +317,10 @@ def test_decode_time_splits_into_target_forwards_and_host_work(tiny_engine):
     s = gen.stats
     assert s.forward_s > 0 and s.host_s > 0
     assert s.forward_s + s.host_s == pytest.approx(s.decode_s, abs=1e-9)
+    # the acceptance trace: one (nodes, accepted, context) per verify forward, adding up to the reply
+    assert len(s.rounds) == s.target_forwards - 1
+    assert sum(acc + 1 for _, acc, _ in s.rounds) + 1 == len(gen.token_ids)
+    assert s.rounds[0][2] == s.prompt_tokens and all(n >= acc + 1 for n, acc, _ in s.rounds)
 
 
 def test_stats_are_typed_and_still_read_as_a_mapping(tiny_engine):

@@ -99,7 +99,7 @@ def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
            "cached_prompt_tokens": r.cached_prompt_tokens,
            "sidecar_cached_prompt_tokens": r.sidecar_cached_prompt_tokens, "sidecar_skipped": r.sidecar_skipped,
            "wave_estimate_s": r.wave_estimate_s, "call_estimate_s": r.call_estimate_s, "host_s": r.host_s,
-           "check": check}
+           "rounds": r.rounds, "check": check}
     if m == "ar" or check["verdict"] != "exact":
         row["text"] = r.text
     return row

@@ -17,7 +17,7 @@ from ..engine import METHODS
 from ..frontend import CallsSoFar, Usage
 
 #: stats not worth a line in every response
-_HIDDEN_STATS = ("margins", "sidecar_profile")
+_HIDDEN_STATS = ("margins", "sidecar_profile", "rounds")
 
 
 class StreamOptions(BaseModel):
