@@ -94,6 +94,7 @@ class Engine:
         self.payback = None if wave_payback is None else PayBack(wave_payback)
         self.eos_ids = eos_ids(target)
         self._verifier = Verifier(target)
+        self._reply_text = ReplyText(tokenizer, self.fmt)
         self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter()}
         # One request at a time owns the target: requests from several threads are serialised.
         self._lock = threading.Lock()
@@ -224,7 +225,7 @@ class Engine:
                 cancel: threading.Event | None):
         stats = DecodeStats(method, prompt_tokens=len(req.prompt_ids), margins=[] if record_margins else None)
         ids = "call_" + uuid.uuid4().hex[:12]
-        reply = _Reply(req, self.tokenizer, self.eos_ids, ReplyEvents(self.fmt, lambda i: f"{ids}_{i}"))
+        reply = _Reply(req, self._reply_text, self.eos_ids, ReplyEvents(self.fmt, lambda i: f"{ids}_{i}"))
         hints = self._open_hints(req, method, hint_text, stats)
         ctx = DraftContext(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix,
                            tools=req.tools, fmt=self.fmt, tokenizer=self.tokenizer,
@@ -335,11 +336,38 @@ def _wave_estimate(sidecar, request: HintRequest) -> float | None:
         return None
 
 
+class ReplyText:
+    """A reply's text from its tokens: special tokens dropped, except the format's call markers.
+
+    Mistral's `[TOOL_CALLS]` (and Llama 3's `<|python_tag|>`) are special tokens in their
+    tokenizers, so `decode(skip_special_tokens=True)` alone would cut them out of the text that the
+    format parses; a marker that is plain text in a tokenizer is left to the plain decode."""
+
+    def __init__(self, tokenizer, fmt: ToolFormat):
+        self.tokenizer = tokenizer
+        self.keep: dict[int, str] = {}
+        for marker in fmt.markers:
+            ids = tokenizer.encode(marker, add_special_tokens=False)
+            if len(ids) == 1 and not tokenizer.decode(ids, skip_special_tokens=True):
+                self.keep[ids[0]] = marker
+
+    def __call__(self, ids: list[int]) -> str:
+        decode = self.tokenizer.decode
+        cuts = [i for i, t in enumerate(ids) if t in self.keep] if self.keep else []
+        if not cuts:
+            return decode(ids, skip_special_tokens=True)
+        parts, start = [], 0
+        for i in cuts:
+            parts += [decode(ids[start:i], skip_special_tokens=True), self.keep[ids[i]]]
+            start = i + 1
+        return "".join(parts) + decode(ids[start:], skip_special_tokens=True)
+
+
 class _Reply:
     """The committed side of one reply: tokens, text, stop conditions, and the events they make."""
 
-    def __init__(self, req: Prepared, tokenizer, eos: set[int], events: ReplyEvents):
-        self.req, self.tokenizer, self.eos, self.events = req, tokenizer, eos, events
+    def __init__(self, req: Prepared, decode: ReplyText, eos: set[int], events: ReplyEvents):
+        self.req, self.decode, self.eos, self.events = req, decode, eos, events
         self.new: list[int] = []
         self.text = req.prefix          # committed text, cut at a stop string once one appears
         self.finish: str | None = None  # "stop" | "length" once the reply is over
@@ -354,7 +382,7 @@ class _Reply:
             if t in self.eos:
                 self.finish = "stop"
                 break
-        text = self.req.prefix + self.tokenizer.decode(self.new, skip_special_tokens=True)
+        text = self.req.prefix + self.decode(self.new)
         cut = _stop_at(text, self.req.stop, len(self.req.prefix))
         if cut is not None:
             self.text, self.finish = text[:cut], "stop"

@@ -396,3 +396,25 @@ def test_cancel_ends_a_reply_after_the_round_in_progress_even_without_an_event(t
     assert len(forwards) - done_at <= 1
     assert not any(isinstance(e, Generation) for e in rest)
     assert not tiny_engine._lock.locked()
+
+
+def test_reply_text_keeps_a_formats_special_markers(smollm2_tokenizer):
+    """Mistral's [TOOL_CALLS] is a special token in its tokenizer: plain decode drops it, and the
+    call parser needs it."""
+    import copy
+
+    from oospec_agents.engine import ReplyText
+    from oospec_agents.formats import get_format
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    call = '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]'
+    ids = tok.encode("Sure. " + call, add_special_tokens=False) + [tok.eos_token_id]
+    assert "[TOOL_CALLS]" not in tok.decode(ids, skip_special_tokens=True)
+    text = ReplyText(tok, get_format("mistral"))(ids)
+    assert text == "Sure. " + call
+    assert get_format("mistral").parse(text)[1] == [{"name": "f", "arguments": {"a": 1}}]
+    # where the markup is plain text (hermes' tags in SmolLM2's vocabulary) the plain decode stands
+    plain = ReplyText(smollm2_tokenizer, HermesFormat())
+    assert plain.keep == {}
+    hermes_ids = smollm2_tokenizer.encode('<tool_call>\n{"name": "f"}\n</tool_call>', add_special_tokens=False)
+    assert plain(hermes_ids) == smollm2_tokenizer.decode(hermes_ids, skip_special_tokens=True)

@@ -31,6 +31,9 @@ class ToolFormat(ABC):
     #: several calls of one message are items of one list, `call_start` a, `call_sep` b `call_end`
     #: (mistral, pythonic), rather than each call wrapped on its own (hermes)
     calls_in_one_list: bool = False
+    #: markup tokens that tokenizers often hold as *special* tokens, which `decode(skip_special_tokens=
+    #: True)` would drop from the reply's text: the engine keeps them (engine.ReplyText)
+    markers: tuple[str, ...] = ()
     #: how a tool's result is written back, for chat templates that have no tool role of their own
     tool_result_start: str = "<tool_response>\n"
     tool_result_end: str = "\n</tool_response>"

@@ -12,6 +12,7 @@ class HermesFormat(ToolFormat):
     call_start = OPEN + "\n"
     call_end = "\n" + CLOSE
     call_sep = "\n"
+    markers = (OPEN, CLOSE)
 
     def parse(self, text):
         content, calls, segs = [], [], self.segments(text)

@@ -15,6 +15,7 @@ class Llama3JsonFormat(ToolFormat):
     call_start = ""
     call_end = ""
     call_sep = "; "
+    markers = (PYTHON_TAG,)
 
     def parse(self, text):
         segs = self.segments(text)

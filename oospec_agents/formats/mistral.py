@@ -23,6 +23,7 @@ class MistralFormat(ToolFormat):
     call_end = "]"
     call_sep = ", "
     calls_in_one_list = True
+    markers = (TAG, ARGS)
     tool_result_start = "[TOOL_RESULTS] "
     tool_result_end = "[/TOOL_RESULTS]"
 
