@@ -135,19 +135,40 @@ GEMMA3_PYTHONIC = ('{{- "Tools (functions) are available. If you decide to invok
                    "{{ '<start_of_turn>' + role + '\\n' -}}")
 
 
-@pytest.mark.parametrize("template,name", [
-    (MISTRAL_V03, "mistral"),
-    ("{%- if tools %}[AVAILABLE_TOOLS] {{ tools }}[/AVAILABLE_TOOLS]{% endif %}[INST] {{ c }}[/INST]", "mistral"),
-    (LLAMA32_PYTHONIC, "pythonic"),
-    (LLAMA4_PYTHONIC, "pythonic"),
-    (GEMMA3_PYTHONIC, "pythonic"),
-    ("<|start_header_id|>ipython<|end_header_id|><|eot_id|>", "llama3_json"),
-    ("{% if tools %}<tool_call>{% endif %}<|im_start|>", "hermes"),
-    ("[INST] {{ content }} [/INST]", "hermes"),  # Mistral v0.1: no tool calls of its own
-    (None, "hermes"),
-])
-def test_format_detection_from_chat_templates(template, name):
+#: (template family, an excerpt of its chat template, the format detected): also README's table
+DETECTION = [
+    ("Mistral 7B Instruct v0.3", MISTRAL_V03, "mistral"),
+    ("Mistral Nemo / Small (`[AVAILABLE_TOOLS]`)",
+     "{%- if tools %}[AVAILABLE_TOOLS] {{ tools }}[/AVAILABLE_TOOLS]{% endif %}[INST] {{ c }}[/INST]", "mistral"),
+    ("Llama 3.2 (pythonic)", LLAMA32_PYTHONIC, "pythonic"),
+    ("Llama 4 (pythonic)", LLAMA4_PYTHONIC, "pythonic"),
+    ("Gemma 3 (pythonic tool prompt)", GEMMA3_PYTHONIC, "pythonic"),
+    ("Llama 3.1 (JSON, ipython role)", "<|start_header_id|>ipython<|end_header_id|><|eot_id|>", "llama3_json"),
+    ("Qwen2.5 / Qwen3 / Hermes (`<tool_call>`)", "{% if tools %}<tool_call>{% endif %}<|im_start|>", "hermes"),
+    ("Mistral v0.1 (no tool calls of its own)", "[INST] {{ content }} [/INST]", "hermes"),
+    ("no template at all", None, "hermes"),
+]
+
+
+@pytest.mark.parametrize("family,template,name", DETECTION, ids=[d[0] for d in DETECTION])
+def test_format_detection_from_chat_templates(family, template, name):
     assert detect_format(template).name == name
+
+
+def test_readme_format_table_is_current():
+    """README's format table is written from DETECTION (OOSPEC_WRITE_COVERAGE=1 rewrites it)."""
+    import os
+    import re
+    from pathlib import Path
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    lines = ["| chat template of | detected format |", "|---|---|"]
+    lines += [f"| {family} | `{detect_format(template).name}` |" for family, template, _ in DETECTION]
+    start, end, table = "<!-- formats:start -->", "<!-- formats:end -->", "\n".join(lines)
+    text = readme.read_text()
+    if os.environ.get("OOSPEC_WRITE_COVERAGE"):
+        text = re.sub(f"{start}.*?{end}", lambda _: f"{start}\n{table}\n{end}", text, flags=re.S)
+        readme.write_text(text)
+    assert f"{start}\n{table}\n{end}" in text, "README's format table is stale: rerun with OOSPEC_WRITE_COVERAGE=1"
 
 
 def test_formats_are_selectable_by_name():
