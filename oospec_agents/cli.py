@@ -1,4 +1,4 @@
-"""`oospec demo | bench | serve | train-sidecar | train-target | average-adapters`.
+"""`oospec demo | bench | profile | project | serve | train-sidecar | train-target | average-adapters`.
 
 Each subcommand lives next to the code it drives and registers itself through `add_parser`.
 """
@@ -13,6 +13,8 @@ import sys
 COMMANDS = {
     "demo": "oospec_agents.demo",
     "bench": "oospec_agents.bench.cli",
+    "profile": "oospec_agents.costmodel.profile",
+    "project": "oospec_agents.costmodel.project",
     "serve": "oospec_agents.serve.cli",
     "train-sidecar": "oospec_agents.train.cli",
     "train-target": "oospec_agents.train.cli",

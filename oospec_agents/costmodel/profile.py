@@ -1,0 +1,202 @@
+"""`oospec profile`: time the target's verify forwards on a device, with random weights, into cost.json.
+
+The model is built from a config alone (no weights, no hub): a shipped config by name
+(oospec_agents/configs/), "embedded" (the embedded SmolLM2-135M's config), or a config.json file or a directory
+holding one. Every forward goes through the engine's own `Verifier`, so the tree mask, the position ids
+and the KV cache are exactly the engine's; the time kept is `Verifier.last_forward_s`, the model call
+alone (synchronised on CUDA), which is what the engine's `stats.forward_s` counts. The rest of a round
+(drafting, the mask, commits) is host time, which `oospec project` takes from the bench run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import DeviceError, ModelLoadError
+from .table import KIND
+
+log = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+ALIASES = {"embedded": "smollm2-135m"}
+
+
+def shipped_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json")) + sorted(ALIASES)
+
+
+def load_config(ref: str) -> tuple[str, dict]:
+    """(name, config dict without our "_source" note) for a shipped name, a config.json, or a model dir."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{ref!r} is a directory without a config.json")
+    elif not path.is_file():
+        name = ALIASES.get(ref, ref)
+        path = CONFIG_DIR / f"{name}.json"
+        if not path.is_file():
+            raise ModelLoadError(f"unknown config {ref!r}: expected one of {', '.join(shipped_configs())}, "
+                                 "a config.json file, or a directory holding one")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{str(path)!r} is not valid JSON: {e}") from None
+    if "model_type" not in config:
+        raise ModelLoadError(f"{str(path)!r} has no model_type: not a transformers config.json")
+    source = config.pop("_source", None)
+    name = ref if path.parent != CONFIG_DIR else path.stem
+    return name, config | ({"_source": source} if source else {})
+
+
+def build_model(config: dict, device: torch.device, dtype: torch.dtype):
+    """A randomly initialised causal LM of `config`'s shape, created directly on `device`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "_source"})
+    with torch.device(device):  # initialise on the device: a 32B model's random init on the CPU takes minutes
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.eval()
+
+
+def bushy_tree(k: int, vocab: int, rng: random.Random):
+    """A tree of `k` nodes like the engine's: a main chain of depth ceil(k/2) (the first draft) and the
+    other nodes as branches off random chain nodes (the later drafts). k <= 2 is a chain."""
+    from ..verify import Tree
+    depth = max(1, (k + 1) // 2) if k > 2 else k - 1
+    parents = [-1] + list(range(depth))
+    while len(parents) < k:  # never below the newest node: that would only lengthen a chain
+        parents.append(rng.randrange(len(parents) - 1))
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    children: list[dict[int, int]] = [{} for _ in parents]
+    tokens = [rng.randrange(vocab) for _ in parents]
+    for i, p in enumerate(parents[1:], 1):
+        while tokens[i] in children[p]:  # siblings carry distinct tokens, as in a trie
+            tokens[i] = rng.randrange(vocab)
+        children[p][tokens[i]] = i
+    return Tree(tokens, parents, [None] * k, depths, children)
+
+
+def _median_s(fn, warmup: int, repeats: int) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    runs = [fn() for _ in range(repeats)]
+    return statistics.median(runs), runs
+
+
+def profile(model, ks: list[int], contexts: list[int], *, warmup: int = 2, repeats: int = 7,
+            prefill_repeats: int = 3, seed: int = 0, progress=None) -> dict:
+    """{"k", "context", "verify_s" [k][context], "prefill_s" [context], "runs"}: medians in seconds."""
+    from ..verify import Verifier
+    verifier = Verifier(model)
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    rng = random.Random(seed)
+    verify_s = [[0.0] * len(contexts) for _ in ks]
+    prefill_s, runs = [], {}
+
+    def sync():
+        if verifier.device.type == "cuda":
+            torch.cuda.synchronize(verifier.device)
+
+    for j, ctx in enumerate(contexts):
+        ids = [rng.randrange(vocab) for _ in range(ctx)]
+
+        def prefill():
+            cache = verifier.new_cache()
+            sync()
+            t0 = time.perf_counter()
+            verifier.forward(ids, cache, 0, last_only=True)
+            sync()
+            prefill.cache = cache
+            return time.perf_counter() - t0
+
+        med, raw = _median_s(prefill, 1, prefill_repeats)
+        prefill_s.append(med)
+        runs[f"prefill/{ctx}"] = raw
+        cache = prefill.cache
+        for i, k in enumerate(ks):
+            tree = bushy_tree(k, vocab, rng)
+
+            def verify():
+                verifier.forward(tree.tokens, cache, ctx, tree)
+                cache.crop(-k)  # back to the filled context (transformers 5.x crops by a negative count)
+                assert cache.get_seq_length() == ctx
+                return verifier.last_forward_s
+
+            verify_s[i][j], runs[f"verify/{k}/{ctx}"] = _median_s(verify, warmup, repeats)
+            if progress:
+                progress(f"k={k:<3} context={ctx:<6} {1000 * verify_s[i][j]:8.2f} ms")
+        if progress:
+            progress(f"prefill context={ctx:<6} {1000 * prefill_s[-1]:8.2f} ms")
+        del cache, prefill.cache
+    return {"k": ks, "context": contexts, "verify_s": verify_s, "prefill_s": prefill_s, "runs": runs}
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        import argparse
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="time verify forwards of a config (random weights) on a device: cost.json",
+                       description=__doc__)
+    p.add_argument("--config", required=True,
+                   help=f"a shipped config ({', '.join(shipped_configs())}), a config.json, or a directory")
+    p.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 | float16 | float32")
+    p.add_argument("--k", type=_ints, default=_ints("1,2,4,8,16,32,48,64"), help="tree sizes, root included")
+    p.add_argument("--context", type=_ints, default=_ints("256,1024,4096"), help="cached tokens before a forward")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs per point (the median is kept)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--out", default="cost.json")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args):
+    import transformers
+
+    from ..bench.env import device_name
+    from ..models import resolve_dtype
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name, config = load_config(args.config)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"--device {args.device}: no CUDA device is visible to torch")
+    dtype = resolve_dtype(args.dtype, device)
+    say = None if args.quiet else (lambda line: print(line, flush=True))
+    t0 = time.perf_counter()
+    model = build_model(config, device, dtype)
+    if say:
+        params = sum(p.numel() for p in model.parameters())
+        say(f"{name}: {params / 1e9:.2f}B parameters (random) on {device} in {dtype}, "
+            f"built in {time.perf_counter() - t0:.1f} s")
+    table = profile(model, args.k, args.context, warmup=args.warmup, repeats=args.repeats, progress=say)
+    out = {"kind": KIND, "config": name, "config_source": config.get("_source"),
+           "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
+           "torch": torch.__version__, "transformers": transformers.__version__,
+           "torch_threads": torch.get_num_threads() if device.type == "cpu" else None,
+           "tree": "k=1: the root alone; k=2: a chain; k>2: a random tree, main chain of depth ceil(k/2), "
+                   "the rest branching off it (tree mask and position ids from the engine's Verifier)",
+           "timing": f"median of {args.repeats} after {args.warmup} warm-up runs; the model call alone "
+                     "(Verifier.last_forward_s); prefill: median of 3 from an empty cache",
+           "weights": "random (AutoModelForCausalLM.from_config): a cost table, not a model"} | table
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
