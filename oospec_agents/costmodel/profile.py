@@ -65,10 +65,10 @@ def build_model(config: dict, device: torch.device, dtype: torch.dtype):
 
 
 def bushy_tree(k: int, vocab: int, rng: random.Random):
-    """A tree of `k` nodes like the engine's: a main chain of depth ceil(k/2) (the first draft) and the
+    """A tree of `k` nodes like the engine's: a main chain of depth k // 2 (the first draft) and the
     other nodes as branches off random chain nodes (the later drafts). k <= 2 is a chain."""
     from ..verify import Tree
-    depth = max(1, (k + 1) // 2) if k > 2 else k - 1
+    depth = k // 2 if k > 2 else k - 1
     parents = [-1] + list(range(depth))
     while len(parents) < k:  # never below the newest node: that would only lengthen a chain
         parents.append(rng.randrange(len(parents) - 1))
@@ -191,7 +191,7 @@ def run(args):
            "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
            "torch": torch.__version__, "transformers": transformers.__version__,
            "torch_threads": torch.get_num_threads() if device.type == "cpu" else None,
-           "tree": "k=1: the root alone; k=2: a chain; k>2: a random tree, main chain of depth ceil(k/2), "
+           "tree": "k=1: the root alone; k=2: a chain; k>2: a random tree, main chain of depth k // 2, "
                    "the rest branching off it (tree mask and position ids from the engine's Verifier)",
            "timing": f"median of {args.repeats} after {args.warmup} warm-up runs; the model call alone "
                      "(Verifier.last_forward_s); prefill: median of 3 from an empty cache",
