@@ -14,7 +14,7 @@ class UnknownToolError(OoOSpecError):
 
 
 class ChatFormatError(OoOSpecError):
-    """The messages are not a valid chat."""
+    """The messages are not a valid chat, or there is no usable chat template to render them."""
 
 
 class ContextLengthError(OoOSpecError):
