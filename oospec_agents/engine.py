@@ -110,7 +110,8 @@ class Engine:
         `sidecar` is a model reference like `target` or an object implementing the Sidecar protocol.
         None (the default) is the embedded sidecar, for every target: it only posts text, rendered in
         the target's own format, so any target can verify its hints. `sidecar=False` loads none.
-        `sidecar_*` keywords (`sidecar_timeout_s`, `sidecar_threads`, ...) configure a loaded sidecar; `chat_template`
+        `sidecar_*` keywords (`sidecar_timeout_s`, `sidecar_threads`, `sidecar_placement` = "auto" | "thread" |
+        "process", ...) configure a loaded sidecar; `chat_template`
         (a Jinja string, or the path of a file holding one) replaces the target tokenizer's own; the
         rest go to `Engine(...)`.
         """
@@ -210,6 +211,18 @@ class Engine:
         sidecar_clear = getattr(self.sidecar, "clear_prefix_cache", None)  # optional in the Sidecar protocol
         if sidecar_clear is not None:
             sidecar_clear()
+
+    def close(self) -> None:
+        """Stop the sidecar: a worker process ends (none is left behind). A later request starts another."""
+        close = getattr(self.sidecar, "close", None)  # optional in the Sidecar protocol
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def clear_call_memory(self) -> None:
         """Forget the earlier replies that retrieval drafts from (for every tool set)."""

@@ -79,39 +79,18 @@ class WaveSidecar:
             _LIVE.pop(threading.current_thread(), None)
 
     def _wave_and_post(self, request: HintRequest, ticket: "Ticket") -> None:
+        if not self._one_wave.acquire(timeout=self.timeout_s):
+            ticket.post(error=f"sidecar timeout: an earlier wave has held the sidecar for over {self.timeout_s:g}s")
+            return
         try:
-            rows, prefix, choices = wave_rows(request)
-            if not self._one_wave.acquire(timeout=self.timeout_s):
-                ticket.post(error=f"sidecar timeout: an earlier wave has held the sidecar for over {self.timeout_s:g}s")
-                return
-            try:
-                if ticket.cancelled.is_set():
-                    return
-                start = time.perf_counter()
-                with self._placement():
-                    texts = self.wave(prefix, rows, ticket.cancelled, choices)
-                    if self.stream is not None:
-                        self.stream.synchronize()
-                profile = {"queued_s": start - request.arrived, "wave_s": time.perf_counter() - start,
-                           **(getattr(self.wave, "profile", None) or {})}
-            finally:
-                self._one_wave.release()
             if ticket.cancelled.is_set():
                 return
-            try:
-                call = join(rows, texts, request.tools, request.tool_choice)
-            except NoCall:
-                ticket.post(declined=True, profile=profile)
-                return
-            ticket.post(payload=encode_payload(call), profile=profile)
-        except JoinError as e:
-            ticket.post(error=f"sidecar gave no usable call: {e}")
-        except torch.OutOfMemoryError as e:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            ticket.post(error=f"sidecar out of memory on {self.device}: {str(e).splitlines()[0] if str(e) else ''}")
-        except Exception as e:
-            ticket.post(error=f"sidecar failed: {type(e).__name__}: {e}")
+            with self._placement():
+                outcome = run_wave(self.wave, request, ticket.cancelled, device=self.device, stream=self.stream)
+        finally:
+            self._one_wave.release()
+        if outcome is not None:
+            ticket.post(**outcome)
 
     def _placement(self):
         if self.stream is not None:
@@ -131,6 +110,36 @@ def _stop_waves(timeout_s: float = 5.0) -> None:
     for thread, ticket in list(_LIVE.items()):
         ticket.cancelled.set()
         thread.join(timeout_s)
+
+
+def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.device,
+             stream: torch.cuda.Stream | None = None) -> dict | None:
+    """rows -> wave -> join -> payload for one request, wherever the wave runs (a thread here, a worker
+    process in process.py). Returns `Ticket.post`'s keywords: the payload, a decline or the error,
+    with the wave's profile; None once the request is cancelled. Every fault becomes an error."""
+    try:
+        rows, prefix, choices = wave_rows(request)
+        start = time.perf_counter()
+        texts = wave(prefix, rows, cancelled, choices)
+        if stream is not None:
+            stream.synchronize()
+        profile = {"queued_s": start - request.arrived, "wave_s": time.perf_counter() - start,
+                   **(getattr(wave, "profile", None) or {})}
+        if cancelled.is_set():
+            return None
+        try:
+            call = join(rows, texts, request.tools, request.tool_choice)
+        except NoCall:
+            return {"declined": True, "profile": profile}
+        return {"payload": encode_payload(call), "profile": profile}
+    except JoinError as e:
+        return {"error": f"sidecar gave no usable call: {e}"}
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": f"sidecar out of memory on {device}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"}
+    except Exception as e:
+        return {"error": f"sidecar failed: {type(e).__name__}: {e}"}
 
 
 def wave_rows(request: HintRequest) -> tuple[list[Row], str, dict[int, list[str]]]:
@@ -168,8 +177,7 @@ class Ticket:
             payload, ready_s, error, profile, declined = self._mailbox.get_nowait()
         except queue.Empty:
             if time.perf_counter() > self._deadline:
-                self.error = f"sidecar timeout: no hint after {self._timeout_s:g}s; the wave is abandoned"
-                self.cancelled.set()
+                self._expire()
             return None
         if error is not None:
             self.error = error
@@ -186,22 +194,42 @@ class Ticket:
     def cancel(self) -> None:
         self.cancelled.set()
 
+    def _expire(self) -> None:
+        """The deadline passed with no hint."""
+        self.error = f"sidecar timeout: no hint after {self._timeout_s:g}s; the wave is abandoned"
+        self.cancelled.set()
+
 
 def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s: float = 30.0,
                  sidecar_threads: int | None = 1, sidecar_max_row_tokens: int = 32,
-                 sidecar_prefix_cache_tokens: int = DEFAULT_TOKENS) -> WaveSidecar:
-    """Load a sidecar model (HF id, path, GGUF, or "embedded") behind a `WaveSidecar`.
+                 sidecar_prefix_cache_tokens: int = DEFAULT_TOKENS, sidecar_placement: str = "auto"):
+    """Load a sidecar model (HF id, path, GGUF, or "embedded") behind a `WaveSidecar` (its waves in
+    threads of this process) or a `ProcessSidecar` (a worker process that loads the model itself):
+    `sidecar_placement` is "thread", "process" or "auto" (process.auto_placement).
 
     "embedded" is SmolLM2-135M-Instruct plus the slot-prediction LoRA adapter when it is present.
     """
     from .. import models
-    from .wave import Wave
+    from .process import ProcessSidecar, WorkerSpec, resolve_placement
+    placement = resolve_placement(sidecar_placement, torch.device(device))
     adapter = sidecar_adapter
     if str(ref) == "embedded" and adapter is None and models.EMBEDDED_SIDECAR_ADAPTER.exists():
         adapter = models.EMBEDDED_SIDECAR_ADAPTER
-    model, tok = models.load_model(ref, device=device, dtype=dtype, adapter=adapter)
-    wave = Wave(model, tok, max_row_tokens=sidecar_max_row_tokens, prefix_cache_tokens=sidecar_prefix_cache_tokens)
     name = "embedded:SmolLM2-135M-Instruct" if str(ref) == "embedded" else str(ref)
     if adapter is not None:
         name += "+" + Path(adapter).name
-    return WaveSidecar(wave, device=device, timeout_s=sidecar_timeout_s, threads=sidecar_threads, name=name)
+    spec = WorkerSpec(str(ref), str(device), dtype, None if adapter is None else str(adapter),
+                      sidecar_max_row_tokens, sidecar_prefix_cache_tokens, sidecar_threads)
+    if placement == "process":
+        sidecar = ProcessSidecar(spec, timeout_s=sidecar_timeout_s, name=name)
+        sidecar.wait_ready()  # a model that cannot load fails here, as in a thread
+        return sidecar
+    return WaveSidecar(load_wave(spec), device=device, timeout_s=sidecar_timeout_s, threads=sidecar_threads, name=name)
+
+
+def load_wave(spec) -> "Wave":
+    """The sidecar model and its `Wave`, loaded from a `process.WorkerSpec` (here, or in a worker process)."""
+    from .. import models
+    from .wave import Wave
+    model, tok = models.load_model(spec.ref, device=torch.device(spec.device), dtype=spec.dtype, adapter=spec.adapter)
+    return Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens)

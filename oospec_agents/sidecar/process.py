@@ -1,0 +1,437 @@
+"""The sidecar in a worker process of its own (`sidecar_placement="process"`).
+
+    parent (the engine's process)                      worker (torch.multiprocessing, "spawn")
+    submit(request) -> ticket   -- ("wave", id, request as plain data) -->   loads the model itself, then
+    ticket.poll()   <- mailbox  <-- ("done", id, payload | error) --------   rows -> wave -> join -> payload
+    ticket.cancel()             -- ("cancel", id) -------------------------> the wave stops at its next step
+
+One duplex pipe carries everything. A reader thread on each side takes messages off it, so a cancel
+reaches a wave that is running, and the target's `poll()` only reads a queue (it never blocks). The
+worker returns the compact payload; the parent renders it in the target's format (`Ticket.poll`).
+
+Faults stay faults: the worker dying (even `kill -9`), hanging past `timeout_s`, running out of
+memory, or still starting when a hint is due become `ticket.error`. A dead worker, and one whose wave
+hangs past its deadline (it is killed), is restarted by the next request; a worker that cannot load
+its model is not (the error is kept). `close()`, interpreter exit (atexit) and the parent's death
+(the worker reads end-of-file on its pipe) all end the worker.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import queue
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+
+from ..errors import ModelLoadError
+from ..tools import Tool
+from .base import HintRequest
+from .worker import Ticket, load_wave, run_wave, wave_rows
+
+PLACEMENTS = ("auto", "thread", "process")
+#: test hooks (`ProcessSidecar.inject`): how the next wave fails, or how the next worker starts
+WAVE_FAULTS = ("hang", "oom", "memory_error")
+START_FAULTS = ("slow_start",)
+SLOW_START_S = 4.0
+#: how long `estimate()` waits for the worker's answer before it gives no estimate
+ESTIMATE_WAIT_S = 0.5
+
+
+def auto_placement(device: torch.device) -> str:
+    """What "auto" means: a process for a CUDA sidecar (its own CUDA context, and its host work off
+    the target's GIL); a thread on the CPU, for now (to be measured: a process there costs a second
+    copy of torch, and the target lends the wave its cores either way)."""
+    return "process" if device.type == "cuda" else "thread"
+
+
+def resolve_placement(placement: str, device: torch.device) -> str:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"sidecar_placement must be one of {PLACEMENTS}, got {placement!r}")
+    return auto_placement(device) if placement == "auto" else placement
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What the worker needs to load the sidecar model: the arguments `load_sidecar` got, as plain data."""
+    ref: str
+    device: str
+    dtype: torch.dtype
+    adapter: str | None
+    max_row_tokens: int
+    prefix_cache_tokens: int
+    threads: int | None
+
+
+class ProcessSidecar:
+    """The `Sidecar` contract, with the model in a worker process that this object starts (at once,
+    and again after a death) and stops (`close()`)."""
+
+    def __init__(self, spec: WorkerSpec, *, timeout_s: float = 30.0, name: str | None = None):
+        self.spec = spec
+        self.name = name or spec.ref
+        self.device = torch.device(spec.device)
+        self.threads = spec.threads   # session.py lends a CPU wave the target's cores, as for a thread
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()  # guards `_worker`, `_failed` and `_fault`
+        self._worker: _Worker | None = None
+        self._failed: str | None = None   # the worker could not load its model: no restarts
+        self._fault: str | None = None
+        self._workers: list[_Worker] = []  # the current worker, for the finalizer (which must not hold self)
+        weakref.finalize(self, _stop_all, self._workers)
+        self._restart()
+
+    @property
+    def pid(self) -> int | None:
+        worker = self._worker
+        return None if worker is None else worker.process.pid
+
+    def inject(self, fault: str) -> None:
+        """TEST HOOK: the next wave fails (`WAVE_FAULTS`), or the next worker starts slowly (`START_FAULTS`)."""
+        if fault not in WAVE_FAULTS + START_FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; expected one of {WAVE_FAULTS + START_FAULTS}")
+        self._fault = fault
+
+    # ------------------------------------------------------------------ the Sidecar contract
+
+    def submit(self, request: HintRequest) -> "ProcessTicket":
+        with self._lock:
+            worker = self._worker
+            if worker is None or not worker.alive() or worker.stuck(self.timeout_s):
+                worker = self._restart()
+            ticket = ProcessTicket(request, self.timeout_s, worker)
+            if worker is None:
+                ticket.post(error=f"sidecar worker failed to start: {self._failed}")
+                return ticket
+            fault, self._fault = (self._fault, None) if self._fault in WAVE_FAULTS else (None, self._fault)
+        worker.tickets[ticket.id] = ticket
+        if not worker.send(("wave", ticket.id, _plain(request), fault)):
+            worker.tickets.pop(ticket.id, None)
+            ticket.post(error=f"sidecar worker died: {worker.end_reason()}")
+        return ticket
+
+    def estimate(self, request: HintRequest) -> float | None:
+        """The worker's estimate of this request's wave (see payback.py); None while it starts, or
+        when it does not answer within ESTIMATE_WAIT_S."""
+        worker = self._worker
+        if worker is None or not worker.ready.is_set() or not worker.alive():
+            return None
+        return worker.ask_estimate(_plain(request), ESTIMATE_WAIT_S)
+
+    def clear_prefix_cache(self) -> None:
+        worker = self._worker
+        if worker is not None:
+            worker.send(("clear",))  # queued in order: the next wave starts cold
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Start a worker if none runs, and wait until it has loaded its model; False on timeout.
+        Raises ModelLoadError when the model cannot load (or the worker dies while loading)."""
+        with self._lock:
+            worker = self._worker if self._worker is not None and self._worker.alive() else self._restart()
+        if worker is None:
+            raise ModelLoadError(f"the sidecar worker cannot load {self.spec.ref!r}: {self._failed}")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not worker.ready.wait(0.05):
+            if not worker.alive() or worker.ended.is_set():
+                worker.ended.wait(5)
+                raise ModelLoadError(f"the sidecar worker for {self.spec.ref!r} ended while loading: "
+                                     f"{worker.end_reason()}")
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+
+    def wait_idle(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the worker has started and runs no wave (a cancelled one ends at its next step)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            worker = self._worker
+            if worker is None or not worker.alive() or (worker.ready.is_set() and not worker.tickets):
+                return True
+            time.sleep(0.01)
+        return False
+
+    def close(self) -> None:
+        """Stop the worker process and wait for it to end. A later request starts a new one."""
+        with self._lock:
+            worker, self._worker = self._worker, None
+            self._workers.clear()
+        if worker is not None:
+            worker.stop()
+
+    # ------------------------------------------------------------------ the worker's life
+
+    def _restart(self) -> "_Worker | None":
+        """Under `_lock`: end the current worker, and start another unless the model cannot load."""
+        old = self._worker
+        if old is not None:
+            if old.failure is not None:
+                self._failed = old.failure
+            old.kill()
+        self._worker = None
+        self._workers.clear()
+        if self._failed is not None:
+            return None
+        fault, self._fault = (self._fault, None) if self._fault in START_FAULTS else (None, self._fault)
+        self._worker = _Worker(self.spec, fault)
+        self._workers.append(self._worker)
+        return self._worker
+
+
+class ProcessTicket(Ticket):
+    """A request's mailbox, filled by the parent's reader thread."""
+    _ids = itertools.count()
+
+    def __init__(self, request: HintRequest, timeout_s: float, worker: "_Worker | None"):
+        super().__init__(request, timeout_s)
+        self.id = next(self._ids)
+        self._worker = worker
+
+    def cancel(self) -> None:
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            if self._worker is not None:
+                self._worker.send(("cancel", self.id))
+
+    def _expire(self) -> None:
+        """The deadline passed. A worker still loading is left to finish. A worker whose wave is this
+        request's, or one that has run past the timeout, is hung: it is killed (without waiting),
+        and the next request starts another."""
+        worker = self._worker
+        self.cancel()
+        if worker is None:
+            return super()._expire()
+        if worker.alive() and not worker.ready.is_set():
+            self.error = (f"sidecar timeout: no hint after {self._timeout_s:g}s; the worker process is still "
+                          f"starting ({time.monotonic() - worker.started:.1f}s so far)")
+        elif (running := worker.running) is not None and (running[0] == self.id or worker.stuck(self._timeout_s)):
+            worker.kill()
+            self.error = (f"sidecar timeout: no hint after {self._timeout_s:g}s; the worker process is killed "
+                          "and the next request starts another")
+        else:
+            super()._expire()
+
+
+class _Worker:
+    """One worker process, its pipe, and the parent's reader thread that posts its answers."""
+
+    def __init__(self, spec: WorkerSpec, fault: str | None):
+        ctx = mp.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_serve, args=(child_conn, spec, fault), name="oospec-sidecar", daemon=True)
+        self.started = time.monotonic()
+        self.process.start()
+        child_conn.close()  # so that the worker's death reads as end-of-file here
+        self.ready = threading.Event()
+        self.ended = threading.Event()
+        self.failure: str | None = None       # the worker's own report of why it could not load
+        self.tickets: dict[int, ProcessTicket] = {}
+        self.running: tuple[int, float] | None = None   # the wave the worker runs: (ticket id, since)
+        self._estimates: dict[int, list] = {}
+        self._estimate_ids = itertools.count()
+        self._send_lock = threading.Lock()
+        _LIVE.add(self)
+        threading.Thread(target=self._read, name="oospec-sidecar-reader", daemon=True).start()
+
+    def alive(self) -> bool:
+        return not self.ended.is_set() and self.process.is_alive()
+
+    def stuck(self, timeout_s: float) -> bool:
+        """A wave has run for over `timeout_s`: the worker hangs (a cancel did not stop it)."""
+        running = self.running
+        return running is not None and time.monotonic() - running[1] > timeout_s
+
+    def send(self, message) -> bool:
+        try:
+            with self._send_lock:
+                self.conn.send(message)
+            return True
+        except (OSError, ValueError):  # the worker is gone (or the pipe closed): its reader reports it
+            return False
+
+    def ask_estimate(self, request: dict, wait_s: float) -> float | None:
+        eid = next(self._estimate_ids)
+        box = self._estimates[eid] = [threading.Event(), None]
+        if self.send(("estimate", eid, request)):
+            box[0].wait(wait_s)
+        self._estimates.pop(eid, None)
+        return box[1]
+
+    def end_reason(self) -> str:
+        if self.failure is not None:
+            return self.failure
+        code = self.process.exitcode
+        if code is None:
+            return "its pipe closed"
+        return f"exit code {code}" + (f" (signal {-code})" if code < 0 else "")
+
+    def kill(self) -> None:
+        """SIGKILL, without waiting: the reader thread reaps it and fails its tickets."""
+        try:
+            self.process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Ask the worker to end (its wave is cancelled), kill it after `grace_s`, and wait for it."""
+        self.send(("stop",))
+        self.process.join(grace_s)
+        if self.process.is_alive():
+            self.kill()
+            self.process.join(5)
+        self.ended.wait(5)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self.conn.recv()
+                kind = message[0]
+                if kind == "ready":
+                    self.ready.set()
+                elif kind == "failed":
+                    self.failure = message[1]
+                elif kind == "started":
+                    self.running = (message[1], time.monotonic())
+                elif kind == "done":
+                    self.running = None
+                    ticket = self.tickets.pop(message[1], None)
+                    if ticket is not None and message[2] is not None:
+                        ticket.post(**message[2])
+                elif kind == "estimate":
+                    box = self._estimates.get(message[1])
+                    if box is not None:
+                        box[1] = message[2]
+                        box[0].set()
+        except (EOFError, OSError):
+            pass
+        self.process.join(5)
+        if self.process.is_alive():  # the pipe closed but the process lingers
+            self.kill()
+            self.process.join(5)
+        self.ended.set()
+        _LIVE.discard(self)
+        self.conn.close()
+        error = (f"sidecar worker failed to start: {self.failure}" if self.failure is not None else
+                 f"sidecar worker died: {self.end_reason()}; the next request starts another")
+        for ticket in list(self.tickets.values()):
+            ticket.post(error=error)
+        self.tickets.clear()
+
+
+#: workers not yet ended: stopped at interpreter exit
+_LIVE: set[_Worker] = set()
+
+
+def _stop_all(workers) -> None:
+    for worker in list(workers):
+        worker.stop()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    _stop_all(_LIVE)
+
+
+def _plain(request: HintRequest) -> dict:
+    """The request as picklable data: the worker needs no ToolFormat (the parent renders the hint)."""
+    return {"messages": request.messages, "tools": [(t.name, t.description, t.parameters) for t in request.tools],
+            "tool_choice": request.tool_choice, "arrived": request.arrived}
+
+
+def _request(plain: dict) -> HintRequest:
+    return HintRequest(plain["messages"], [Tool(*t) for t in plain["tools"]], None, plain["tool_choice"],
+                       plain["arrived"])
+
+
+# ---------------------------------------------------------------------- in the worker process
+
+def _serve(conn, spec: WorkerSpec, fault: str | None) -> None:
+    """The worker's main: load the model, then run waves in order until "stop" or the parent's death.
+    A reader thread takes cancels and estimates off the pipe while a wave runs."""
+    if fault == "slow_start":
+        time.sleep(SLOW_START_S)
+    device = torch.device(spec.device)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    try:
+        wave = load_wave(spec)
+    except BaseException as e:
+        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    send_lock = threading.Lock()
+
+    def send(message) -> None:
+        with send_lock:
+            conn.send(message)
+
+    work: queue.SimpleQueue = queue.SimpleQueue()
+    cancels: dict[int, threading.Event] = {}
+
+    def read() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                os._exit(0)  # the parent is gone: nobody is left to answer
+            kind = message[0]
+            if kind == "wave":
+                cancels[message[1]] = threading.Event()
+                work.put(message)
+            elif kind == "cancel":
+                if (event := cancels.get(message[1])) is not None:
+                    event.set()
+            elif kind == "estimate":
+                send(("estimate", message[1], _estimate(wave, message[2])))
+            else:  # "clear", "stop": in order, between waves
+                if kind == "stop":
+                    for event in list(cancels.values()):
+                        event.set()
+                work.put(message)
+
+    threading.Thread(target=read, name="oospec-sidecar-reader", daemon=True).start()
+    send(("ready",))
+    while True:
+        message = work.get()
+        if message[0] == "stop":
+            break
+        if message[0] == "clear":
+            wave.prefix_cache.clear()
+            continue
+        _, tid, plain, wave_fault = message
+        cancelled = cancels[tid]
+        outcome = None
+        if not cancelled.is_set():
+            fn = _FAULTY[wave_fault] if wave_fault else wave
+            send(("started", tid))
+            outcome = run_wave(fn, _request(plain), cancelled, device=device)
+        cancels.pop(tid, None)
+        send(("done", tid, outcome))
+    conn.close()
+
+
+def _estimate(wave, plain: dict) -> float | None:
+    try:
+        rows, prefix, _ = wave_rows(_request(plain))
+        return wave.estimate(prefix, rows)
+    except Exception:  # no estimate: the wave runs
+        return None
+
+
+def _hang(*args):
+    while True:  # ignores its cancel, as a wave stuck in a kernel would
+        time.sleep(1)
+
+
+def _oom(*args):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test hook)")
+
+
+def _memory_error(*args):
+    raise MemoryError("test hook")
+
+
+_FAULTY = {"hang": _hang, "oom": _oom, "memory_error": _memory_error}
