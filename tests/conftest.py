@@ -41,6 +41,14 @@ def embedded_fp32():
 
 
 @pytest.fixture(scope="session")
+def embedded_greedy48(embedded_fp32, dev_records20) -> list[list[int]]:
+    """Per record of `dev_records20`: transformers' greedy 48 tokens under tool_choice="required" --
+    the reference every embedded method must reproduce (its first n tokens are greedy's n tokens)."""
+    return [greedy(embedded_fp32, embedded_fp32.prompt_ids(r["messages"], r["tools"], tool_choice="required"), 48)
+            for r in dev_records20]
+
+
+@pytest.fixture(scope="session")
 def embedded_server():
     """`oospec serve` on the embedded default (the shared engine), on 127.0.0.1: its base URL."""
     from oospec_agents import Engine

@@ -244,12 +244,11 @@ def embedded_traces(embedded_fp32, dev_records20):
 
 
 @pytest.fixture(scope="module")
-def embedded_runs(embedded_fp32, dev_records20, embedded_traces):
+def embedded_runs(dev_records20, embedded_traces, embedded_greedy48):
     runs = []
-    for rec, traces in zip(dev_records20, embedded_traces):
-        ids = embedded_fp32.prompt_ids(rec["messages"], rec["tools"], tool_choice="required")
+    for rec, traces, reference in zip(dev_records20, embedded_traces, embedded_greedy48):
         out = {m: events[-1][1] for m, (events, _) in traces.items()}
-        runs.append((rec, greedy(embedded_fp32, ids, 48), out))
+        runs.append((rec, reference, out))
     return runs
 
 
