@@ -142,6 +142,41 @@ def test_bad_input_gets_a_clear_error(tmp_path):
         load_base(str(tmp_path / "no-such-model"))
 
 
+def test_several_training_files_globs_and_held_out_sources(tmp_path):
+    from oospec_agents.train.data import expand_paths, load_many, source_counts
+
+    def write(name, sources):
+        (tmp_path / name).write_text("".join(json.dumps(
+            {"id": f"{name}-{i}", "source": s, "messages": [{"role": "user", "content": "hi"}], "tools": [],
+             "expected": [] if s == "none" else [{"name": "f", "arguments": {}}]}) + "\n"
+            for i, s in enumerate(sources)))
+    write("a.jsonl", ["x", "x", "none"])
+    write("b-1.jsonl", ["y", "tooltalk"])
+    write("b-2.jsonl", ["nestful"])
+    assert expand_paths([tmp_path / "a.jsonl", str(tmp_path / "b-*.jsonl")]) == \
+        [str(tmp_path / n) for n in ("a.jsonl", "b-1.jsonl", "b-2.jsonl")]
+    records = load_many([tmp_path / "a.jsonl", str(tmp_path / "b-*.jsonl")], exclude_sources=["tooltalk", "nestful"])
+    assert source_counts(records) == {"none": {"records": 1, "no_call": 1}, "x": {"records": 2, "no_call": 0},
+                                      "y": {"records": 1, "no_call": 0}}
+    assert [r["source"] for r in load_many(str(tmp_path / "*.jsonl"), sources=["nestful", "y"])] == ["y", "nestful"]
+    with pytest.raises(TrainDataError, match="no data file matches"):
+        load_many(str(tmp_path / "c-*.jsonl"))
+    with pytest.raises(TrainDataError, match=r"no record of source\(s\) \['nope'\]"):
+        load_many(tmp_path / "a.jsonl", sources=["nope"])
+    with pytest.raises(TrainDataError, match="no records left"):
+        load_many(tmp_path / "b-2.jsonl", exclude_sources=["nestful"])
+
+
+def test_evaluation_prints_a_per_source_table():
+    from oospec_agents.train.evaluate import source_table
+    res = {"overall": {"n": 3, "function_index_acc": 0.6667, "arg_exact_match": 0.5},
+           "by_source": {"a": {"n": 1, "function_index_acc": 1.0, "arg_exact_match": 0.5},
+                         "b": {"n": 2, "function_index_acc": 0.5, "arg_exact_match": 0.5}}}
+    assert source_table(res).splitlines() == [
+        "| source | n | function_index_acc | arg_exact_match |", "|---|---|---|---|",
+        "| a | 1 | 100.0% | 50.0% |", "| b | 2 | 50.0% | 50.0% |", "| **all** | 3 | 66.7% | 50.0% |"]
+
+
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     from oospec_agents.cli import main
     rc = main(["train-target", "--train", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")])

@@ -21,8 +21,13 @@ def add_parser(sub, name):
              if kind == "target" else "train the sidecar's slot-prediction LoRA on expanded wave rows")
     p = sub.add_parser(name, help=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--base", default="smollm2", help='base model: HF id, path, GGUF file; "smollm2" = embedded')
-    p.add_argument("--train", required=True, help="training JSONL in the shared tool-call format")
-    p.add_argument("--dev", default=None, help="dev JSONL for the metrics file")
+    p.add_argument("--train", required=True, nargs="+", action="extend", metavar="FILE_OR_GLOB",
+                   help="training JSONL in the shared tool-call format: several files or globs (repeatable); "
+                        "the records per source are reported")
+    p.add_argument("--exclude-sources", default=None, metavar="A,B",
+                   help="hold these whole sources out of training (an unseen-tools dev set, e.g. tooltalk,nestful)")
+    p.add_argument("--dev", default=None, nargs="+", action="extend", metavar="FILE_OR_GLOB",
+                   help="dev JSONL for the metrics file (several files or globs)")
     p.add_argument("--out", required=True, help="output directory for the adapter and metrics.json")
     p.add_argument("--teacher", default=None, help="teacher model; its greedy valid calls replace the ground truth")
     p.add_argument("--r", type=int, default=16)
@@ -71,7 +76,8 @@ def _run(args, kind):
     common = dict(base=args.base, train=args.train, dev=args.dev, out=args.out, teacher=args.teacher, cfg=cfg,
                   max_len=args.max_len, limit=args.limit, subsample=args.subsample, dev_limit=args.dev_limit,
                   dtype=args.dtype, resume=args.resume, progress=not args.no_progress, init_adapter=args.init_adapter,
-                  stop_after=args.stop_after)
+                  stop_after=args.stop_after,
+                  exclude_sources=args.exclude_sources.split(",") if args.exclude_sources else None)
     if kind == "sidecar":
         common["max_null_rows"] = args.max_null_rows
     if kind == "target":

@@ -13,6 +13,49 @@ def load_records(path, *, limit: int | None = None) -> list[dict]:
     return data.load_records(path, limit=limit, kind="training")
 
 
+def expand_paths(paths) -> list[str]:
+    """Files named by one path or several, each a path or a glob (sorted); a glob that matches
+    nothing is an error that names it."""
+    import glob
+    out = []
+    for p in [paths] if isinstance(paths, (str, bytes)) or not hasattr(paths, "__iter__") else paths:
+        p = str(p)
+        if any(c in p for c in "*?["):
+            found = sorted(glob.glob(p))
+            if not found:
+                raise data.DataError(f"no data file matches {p!r}")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
+def load_many(paths, *, limit: int | None = None, sources=None, exclude_sources=None) -> list[dict]:
+    """The records of every file `paths` names (see expand_paths), in order; only `sources` when
+    given, never `exclude_sources` (whole held-out sources); then the first `limit` of them."""
+    records = [r for path in expand_paths(paths) for r in load_records(path)]
+    if sources:
+        unknown = set(sources) - {r.get("source") for r in records}
+        if unknown:
+            raise data.DataError(f"no record of source(s) {sorted(unknown)} in {list(expand_paths(paths))}")
+        records = [r for r in records if r.get("source") in set(sources)]
+    if exclude_sources:
+        records = [r for r in records if r.get("source") not in set(exclude_sources)]
+    if not records:
+        raise data.DataError(f"no records left in {list(expand_paths(paths))} after the source filters")
+    return records[:limit] if limit is not None else records
+
+
+def source_counts(records: list[dict]) -> dict[str, dict[str, int]]:
+    """Per source: records, and how many of them are "no call" records (`expected` empty)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        c = out.setdefault(r.get("source") or "?", {"records": 0, "no_call": 0})
+        c["records"] += 1
+        c["no_call"] += not r.get("expected")
+    return dict(sorted(out.items()))
+
+
 def tool_name(t: dict) -> str:
     return (t.get("function") or t).get("name")
 

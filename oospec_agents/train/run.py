@@ -6,13 +6,14 @@ import json
 import logging
 import platform
 import random
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from .data import TrainDataError, load_records, select
+from .data import TrainDataError, load_many, select, source_counts
 from .lora import LoraConfigArgs, train_lora
 from .traces import build_traces
 
@@ -51,11 +52,20 @@ def write_metrics(out: Path, metrics: dict) -> None:
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
-def prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress):
-    """What both training commands start from: checked records, traces, threads, the base model."""
-    records = load_records(train, limit=limit)
-    dev_records = load_records(dev) if dev else None
+def prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress, exclude_sources=None):
+    """What both training commands start from: checked records, traces, threads, the base model.
+
+    `train` and `dev` are a file, a glob, or a list of them; `exclude_sources` holds whole sources
+    out of training (an unseen-tools dev set). Per-source counts go to stderr and the metrics."""
+    records = load_many(train, limit=limit, exclude_sources=exclude_sources)
+    dev_records = load_many(dev) if dev else None
+    counts = source_counts(records)
+    print("training records per source: " + ", ".join(f"{k} {v['records']}" + (f" ({v['no_call']} no call)"
+                                                                                if v["no_call"] else "")
+                                                       for k, v in counts.items()), file=sys.stderr)
     traces, trace_stats = build_traces(records, teacher, progress=progress)
+    trace_stats["sources"] = counts
+    trace_stats["excluded_sources"] = sorted(exclude_sources or [])
     if not traces:
         raise TrainDataError("the training set is empty: the teacher wrote no valid call on any record")
     if cfg.threads:
@@ -67,7 +77,7 @@ def prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress):
 def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                  max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
                  progress=True, eval_sources=("bfcl_simple", "bfcl_multiple"), init_adapter=None,
-                 stop_after=None, trim_tools=False, revalue=0, distract=0) -> dict:
+                 stop_after=None, trim_tools=False, revalue=0, distract=0, exclude_sources=None) -> dict:
     """Train the tool-calling target adapter; evaluate on `dev` (tool_choice="auto").
 
     `trim_tools` / `revalue` / `distract`: more call examples from the same records (see `train.augment`)."""
@@ -75,7 +85,8 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
     from .target import build_target_examples
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
-    dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress)
+    dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress,
+                                                               exclude_sources)
     engine = Engine(model, tok, None)
     examples, counts = build_target_examples(engine, traces, seed=cfg.seed, max_len=max_len, trim=trim_tools,
                                              revalued=revalue, distracted=distract)
@@ -85,7 +96,8 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
     _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress, init_adapter=init_adapter,
                            stop_after=stop_after,
                            log_file=out.with_name(out.name + "-train.log"))
-    metrics = {"kind": "target", "base": base, "train": str(train), "traces": trace_stats,
+    metrics = {"kind": "target", "base": base, "train": train if isinstance(train, list) else str(train),
+               "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len,
                "augment": {"trim_tools": trim_tools, "revalue": revalue, "distract": distract},
                "init_adapter": None if init_adapter is None else str(init_adapter), "config": asdict(cfg),
@@ -97,7 +109,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
     if dev_records:
         metrics["dev"] = evaluate_adapter(base, out, dev_records, sources=eval_sources, limit=dev_limit,
                                           progress=progress)
-        metrics["dev"]["file"] = str(dev)
+        metrics["dev"]["file"] = dev if isinstance(dev, list) else str(dev)
         write_metrics(out, metrics)
     return metrics
 

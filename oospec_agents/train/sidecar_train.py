@@ -98,12 +98,13 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
 def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                   max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
                   progress=True, max_null_rows=6, eval_sources=None, init_adapter=None,
-                  stop_after=None) -> dict:
+                  stop_after=None, exclude_sources=None) -> dict:
     """Train the sidecar's slot-prediction adapter on packed wave rows; evaluate it on `dev`."""
     from .. import models
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
-    dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress)
+    dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress,
+                                                               exclude_sources)
     examples, counts = build_sidecar_examples(tok, traces, seed=cfg.seed, max_len=max_len,
                                               max_null_rows=max_null_rows)
     if subsample and subsample < len(examples):
@@ -112,7 +113,8 @@ def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lo
                            stop_after=stop_after,
                            log_file=out.with_name(out.name + "-train.log"))
     label_base(out, base)
-    metrics = {"kind": "sidecar", "base": base, "train": str(train), "traces": trace_stats,
+    metrics = {"kind": "sidecar", "base": base, "train": train if isinstance(train, list) else str(train),
+               "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len, "max_null_rows": max_null_rows,
                "init_adapter": str(init_adapter) if init_adapter else None,
                "config": asdict(cfg), "train_seconds": round(result.seconds, 1), "steps": result.steps,
@@ -123,6 +125,6 @@ def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lo
         m, t = models.load_model(base, device=dev_t, dtype=models.resolve_dtype(None, dev_t), adapter=out)
         metrics["dev"] = evaluate_sidecar(m, t, dev_records, sources=eval_sources, limit_per_source=dev_limit,
                                           progress=progress)
-        metrics["dev"]["file"] = str(dev)
+        metrics["dev"]["file"] = dev if isinstance(dev, list) else str(dev)
         write_metrics(out, metrics)
     return metrics
