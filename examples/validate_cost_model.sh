@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Validate the cost model on this CPU (#17): profile the embedded SmolLM2 config here, bench the embedded
+# pair here, price the bench's acceptance traces with the profile, and compare with the measured speedups.
+# Run it on an otherwise idle machine: other work on the cores skews both the profile and the bench.
+#
+#   examples/validate_cost_model.sh                      # 60 dev records, about 10-15 minutes on 2 cores
+#   LIMIT=3 K=1,4,16 CONTEXT=256,512 examples/validate_cost_model.sh   # a quick look that it works
+#
+# Environment (all optional): LIMIT=60  OUT=bench-out/validate  K=1,2,4,8,16,32,48  CONTEXT=128,256,512,1024
+#   DATA=../shared/data/toolcalls/dev.jsonl  RESULTS=FILE (skip the bench; project this results.json instead)
+# Writes OUT/cost-cpu.json, OUT/results.json (+ report.md), OUT/projection.md/.json and OUT/validation.md:
+# projected against measured decode speedup per method; the issue asks for every one within 10%.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}
+OUT=${OUT:-bench-out/validate}
+mkdir -p "$OUT"
+
+# The engine's trees have at most 48 nodes (Engine max_draft_nodes); dev prompts are 300-700 tokens.
+"$PYTHON" -m oospec_agents.cli profile --config embedded --device cpu --dtype float32 \
+  --k "${K:-1,2,4,8,16,32,48}" --context "${CONTEXT:-128,256,512,1024}" --out "$OUT/cost-cpu.json"
+
+RESULTS=${RESULTS:-}
+if [[ -z "$RESULTS" ]]; then
+  "$PYTHON" -m oospec_agents.cli bench --data "${DATA:-../shared/data/toolcalls/dev.jsonl}" --limit "${LIMIT:-60}" \
+    --methods ar,toolspec,oospec --target-device cpu --sidecar-device cpu --dtype float32 --out "$OUT" --quiet
+  RESULTS=$OUT/results.json
+fi
+
+# The sidecar is the embedded model on the same CPU: the same table prices its waves.
+"$PYTHON" -m oospec_agents.cli project --results "$RESULTS" --cost "$OUT/cost-cpu.json" \
+  --sidecar-cost "$OUT/cost-cpu.json" --out "$OUT/projection.md" --quiet
+
+"$PYTHON" - "$OUT/projection.json" "$OUT/validation.md" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+rows = ["| method | projected decode speedup | measured decode speedup | projected / measured - 1 | within 10% "
+        "| projected forwards s | measured forwards s | host s | projected e2e | measured e2e |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+ok = True
+for m, f in p["methods"].items():
+    err = f["speedup_decode"] / f["measured_speedup_decode"] - 1
+    ok &= abs(err) <= 0.10
+    rows.append(f"| {m} | {f['speedup_decode']:.3f}x | {f['measured_speedup_decode']:.3f}x | {100 * err:+.1f}% | "
+                f"{'yes' if abs(err) <= 0.10 else '**no**'} | {f['forward_s']:.3f} | {f['measured_forward_s']:.3f} | "
+                f"{f['host_s']:.3f} | {f['speedup_e2e']:.3f}x | {f['measured_speedup_e2e']:.3f}x |")
+b, c = p["bench"], p["cost"]
+head = [f"Cost model validation on {c['device_name']} ({c['dtype']}, {c['torch_threads']} threads): the embedded "
+        f"SmolLM2's cost table profiled here prices the acceptance traces of a bench run here "
+        f"(target {b['target']}, {p['methods']['ar']['n']} records, commit {b['git_commit']}). "
+        "Projected seconds are per record; measured forwards = decode_s - host_s.", ""]
+s = p.get("sidecar")
+tail = ["", f"Sidecar waves projected in time: {s['in_time']} of {s['waves']}." if s else "",
+        f"Every method within 10%: {'yes' if ok else 'NO'}."]
+open(sys.argv[2], "w").write("\n".join(head + rows + tail) + "\n")
+print("\n".join(head + rows + tail))
+PY
+echo "wrote $OUT/validation.md"
