@@ -6,6 +6,7 @@ import os
 
 from ..chat import read_chat_template
 from ..engine import METHODS
+from ..sidecar.process import PLACEMENTS
 from .app import DEFAULT_MAX_BODY_BYTES
 
 
@@ -20,6 +21,9 @@ def add_parser(sub, name):
                    help="the id clients pass as `model` (default: the --model value)")
     p.add_argument("--target-device", default=None)
     p.add_argument("--sidecar-device", default=None)
+    p.add_argument("--sidecar-placement", default=None, choices=PLACEMENTS,
+                   help="where the sidecar's waves run: a thread, a worker process of its own, or auto "
+                        "(a process for a CUDA sidecar, a thread on the CPU; the default)")
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
     p.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help="KV of recent prompts kept for reuse, in tokens (0 turns it off; default: the engine's)")
@@ -60,6 +64,8 @@ def run(args):
             "sidecar_device": args.sidecar_device, "dtype": args.dtype}
     if args.prefix_cache_tokens is not None:
         load["prefix_cache_tokens"] = args.prefix_cache_tokens
+    if args.sidecar_placement is not None:
+        load["sidecar_placement"] = args.sidecar_placement
     if args.chat_template is not None:
         text = read_chat_template(args.chat_template)  # a bad path fails before the server starts
         # Ray replicas may run where this machine's files are not: they get the text itself

@@ -38,7 +38,7 @@ PLACEMENTS = ("auto", "thread", "process")
 #: test hooks (`ProcessSidecar.inject`): how the next wave fails, or how the next worker starts
 WAVE_FAULTS = ("hang", "oom", "memory_error")
 START_FAULTS = ("slow_start",)
-SLOW_START_S = 4.0
+SLOW_START_S = 2.0
 #: how long `estimate()` waits for the worker's answer before it gives no estimate
 ESTIMATE_WAIT_S = 0.5
 
@@ -224,6 +224,7 @@ class _Worker:
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=_serve, args=(child_conn, spec, fault), name="oospec-sidecar", daemon=True)
         self.started = time.monotonic()
+        self.owner = os.getpid()  # a forked copy of this process must not stop the worker (atexit runs there too)
         self.process.start()
         child_conn.close()  # so that the worker's death reads as end-of-file here
         self.ready = threading.Event()
@@ -271,6 +272,8 @@ class _Worker:
 
     def kill(self) -> None:
         """SIGKILL, without waiting: the reader thread reaps it and fails its tickets."""
+        if os.getpid() != self.owner:
+            return
         try:
             self.process.kill()
         except (OSError, ValueError, AttributeError):
@@ -278,6 +281,8 @@ class _Worker:
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Ask the worker to end (its wave is cancelled), kill it after `grace_s`, and wait for it."""
+        if os.getpid() != self.owner:
+            return
         self.send(("stop",))
         self.process.join(grace_s)
         if self.process.is_alive():

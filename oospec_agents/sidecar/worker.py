@@ -10,6 +10,8 @@ target, its wave runs on its own CUDA stream. On the CPU its thread sets its own
 
 Faults never reach the target: an exception, CUDA OOM, a hang past `timeout_s`, or output that does
 not join into a call become `ticket.error` and no hint.
+
+`sidecar_placement="process"` runs the same `run_wave` in a worker process instead (process.py).
 """
 from __future__ import annotations
 
@@ -227,7 +229,7 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     return WaveSidecar(load_wave(spec), device=device, timeout_s=sidecar_timeout_s, threads=sidecar_threads, name=name)
 
 
-def load_wave(spec) -> "Wave":
+def load_wave(spec):
     """The sidecar model and its `Wave`, loaded from a `process.WorkerSpec` (here, or in a worker process)."""
     from .. import models
     from .wave import Wave

@@ -73,6 +73,9 @@ class ChatOoOSpec(BaseChatModel):
     prefix_cache_tokens: int | None = None
     """KV of recent prompts the engine keeps for reuse, in tokens (0 turns it off; None: the engine's
     default). An agent resends its system prompt and tools every turn: only the new tail is prefilled."""
+    sidecar_placement: Literal["auto", "thread", "process"] | None = None
+    """Where the sidecar's waves run: "thread", "process" (a worker process of its own), or "auto"
+    (a process for a CUDA sidecar, a thread on the CPU). None: the engine's default ("auto")."""
     chat_template: str | None = None
     """A Jinja chat template, or the path of a file holding one, replacing the target tokenizer's own
     (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja)."""
@@ -97,7 +100,8 @@ class ChatOoOSpec(BaseChatModel):
         if self.engine is not None and "model" not in self.model_fields_set:
             self.model = self.engine.model_name
         options = {"target_device": self.target_device, "sidecar_device": self.sidecar_device,
-                   "prefix_cache_tokens": self.prefix_cache_tokens, "chat_template": self.chat_template}
+                   "prefix_cache_tokens": self.prefix_cache_tokens, "chat_template": self.chat_template,
+                   "sidecar_placement": self.sidecar_placement}
         self._engines = LazyEngine(self.model, self.sidecar, options=options, engine=self.engine)
         return self
 

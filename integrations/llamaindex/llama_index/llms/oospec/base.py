@@ -72,6 +72,9 @@ class OoOSpec(FunctionCallingLLM):
     prefix_cache_tokens: Optional[int] = Field(
         default=None, ge=0, description="KV of recent prompts kept for reuse, in tokens (0 turns it off; "
         "None: the engine's default), so each agent turn prefills only what is new.")
+    sidecar_placement: Optional[Literal["auto", "thread", "process"]] = Field(
+        default=None, description='Where the sidecar\'s waves run: "thread", "process" (a worker process of its '
+        'own), or "auto" (a process for a CUDA sidecar, a thread on the CPU). None: the engine\'s default ("auto").')
     chat_template: Optional[str] = Field(
         default=None, description="A Jinja chat template, or the path of a file holding one, replacing the "
         "target tokenizer's own (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja).")
@@ -89,6 +92,7 @@ class OoOSpec(FunctionCallingLLM):
         max_new_tokens: int = 256,
         prefix_cache_tokens: Optional[int] = None,
         chat_template: Union[str, os.PathLike, None] = None,
+        sidecar_placement: Optional[Literal["auto", "thread", "process"]] = None,
         engine: Optional[Engine] = None,
         **kwargs: Any,
     ) -> None:
@@ -104,11 +108,12 @@ class OoOSpec(FunctionCallingLLM):
         chat_template = None if chat_template is None else os.fspath(chat_template)
         super().__init__(model="embedded" if model is None else os.fspath(model), method=method,
                          max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens,
-                         chat_template=chat_template, **placement, **kwargs)
+                         chat_template=chat_template, sidecar_placement=sidecar_placement, **placement, **kwargs)
         # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
         self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device, "sidecar_device": sidecar_device,
                                                         "prefix_cache_tokens": prefix_cache_tokens,
-                                                        "chat_template": chat_template}, engine)
+                                                        "chat_template": chat_template,
+                                                        "sidecar_placement": sidecar_placement}, engine)
 
     @classmethod
     def class_name(cls) -> str:
