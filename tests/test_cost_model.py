@@ -126,6 +126,8 @@ def test_bad_input_gets_a_clear_error(tmp_path, capsys, argv, message):
 
 def test_shipped_configs_build_and_name_their_source():
     from transformers import AutoConfig
+
+    from oospec_agents.verify import Verifier
     names = [n for n in shipped_configs() if n != "embedded"]
     assert {"qwen3-8b", "llama-3.1-8b", "qwen2.5-7b", "qwen3-32b", "smollm2-135m"} <= set(names)
     for name in names:
@@ -135,6 +137,7 @@ def test_shipped_configs_build_and_name_their_source():
         with torch.device("meta"):  # shapes only: nothing allocated
             model = build_model(small, torch.device("meta"), torch.bfloat16)
         assert model.config.hidden_size == config["hidden_size"]
+        assert Verifier(model).layout.tree, name  # verified as trees, as the profile assumes
         assert AutoConfig.for_model(**small).num_key_value_heads == config["num_key_value_heads"]
 
 
