@@ -48,7 +48,9 @@ b, c = p["bench"], p["cost"]
 head = [f"Cost model validation on {c['device_name']} ({c['dtype']}, {c['torch_threads']} threads): the embedded "
         f"SmolLM2's cost table profiled here prices the acceptance traces of a bench run here "
         f"(target {b['target']}, {p['methods']['ar']['n']} records, commit {b['git_commit']}). "
-        "Projected seconds are per record; measured forwards = decode_s - host_s.", ""]
+        "Projected seconds are per record; measured forwards = decode_s - host_s."
+        + (f" **{c['noisy_points']} points of the cost table were noisy: was the machine idle?**" if c["noisy_points"] else ""),
+        ""]
 s = p.get("sidecar")
 tail = ["", f"Sidecar waves projected in time: {s['in_time']} of {s['waves']}." if s else "",
         f"Every method within 10%: {'yes' if ok else 'NO'}."]

@@ -84,6 +84,17 @@ def bushy_tree(k: int, vocab: int, rng: random.Random):
     return Tree(tokens, parents, [None] * k, depths, children)
 
 
+#: a point whose runs spread more than this (interquartile range / median) is listed as noisy
+NOISY = 0.10
+
+
+def spread(runs: list[float]) -> float:
+    if len(runs) < 3:
+        return 0.0
+    q1, q2, q3 = statistics.quantiles(runs, n=4)
+    return (q3 - q1) / q2 if q2 else 0.0
+
+
 def _median_s(fn, warmup: int, repeats: int) -> tuple[float, list[float]]:
     for _ in range(warmup):
         fn()
@@ -136,7 +147,12 @@ def profile(model, ks: list[int], contexts: list[int], *, warmup: int = 2, repea
         if progress:
             progress(f"prefill context={ctx:<6} {1000 * prefill_s[-1]:8.2f} ms")
         del cache, prefill.cache
-    return {"k": ks, "context": contexts, "verify_s": verify_s, "prefill_s": prefill_s, "runs": runs}
+    noisy = [key for key, raw in runs.items() if spread(raw) > NOISY]
+    if noisy and progress:
+        progress(f"warning: {len(noisy)} of {len(runs)} points vary by more than {NOISY:.0%} between runs "
+                 "(interquartile range / median): is something else running on this device?")
+    return {"k": ks, "context": contexts, "verify_s": verify_s, "prefill_s": prefill_s, "noisy": noisy, "runs": runs}
+
 
 
 def _ints(text: str) -> list[int]:
@@ -194,7 +210,8 @@ def run(args):
            "tree": "k=1: the root alone; k=2: a chain; k>2: a random tree, main chain of depth k // 2, "
                    "the rest branching off it (tree mask and position ids from the engine's Verifier)",
            "timing": f"median of {args.repeats} after {args.warmup} warm-up runs; the model call alone "
-                     "(Verifier.last_forward_s); prefill: median of 3 from an empty cache",
+                     "(Verifier.last_forward_s); prefill: median of 3 from an empty cache; `noisy`: the points "
+                     f"whose runs spread more than {NOISY:.0%} (interquartile range / median)",
            "weights": "random (AutoModelForCausalLM.from_config): a cost table, not a model"} | table
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -24,6 +24,8 @@ BANNER = ("PROJECTION from CPU acceptance traces priced with a measured cost tab
           "No time below was measured running these requests on the profiled device.")
 HOST_NOTE = ("host time per round (drafting, the tree mask, commits, events) is the bench run's own, "
              "host_s summed over each run's rounds, unscaled")
+PREFILL_NOTE = ("the prompt's uncached tail after its cached prefix: P(cached + new) - P(cached) from the table's "
+               "prefill column (P(0) = 0), at least one forward of min(new, max k) tokens over the prefix")
 SIDECAR_NOTE = ("the wave: the sidecar's prefill of the request's uncached shared prefix, then (steps + 1) forwards "
                 "of `rows` tokens over the prefix (the fan-out of the rows' suffixes, then one per decode step), "
                 "priced with the sidecar's cost table; its queueing is left out. In time: before the target's "
@@ -120,7 +122,7 @@ def project(results: dict, cost: CostTable, sidecar: CostTable | None = None) ->
            "cost": _meta(cost), "sidecar_cost": _meta(sidecar) if sidecar else None,
            "model": {"interpolation": f"linear in k and in context between grid points; clamped below the grid; "
                                       f"the last segment extended above it, up to {EXTRAPOLATE:g}x its end",
-                     "prefill": CostTable.prefill.__doc__.split("\n\n")[0].strip(), "host": HOST_NOTE},
+                     "prefill": PREFILL_NOTE, "host": HOST_NOTE},
            "methods": out_methods,
            "records": [{"id": r.get("id"), "source": r.get("source"), "projected": p} for r, p in zip(records, priced)]}
     if sidecar is not None and "oospec" in methods:
@@ -151,7 +153,8 @@ def _sidecar(records: list[dict], priced: list[dict], sidecar: CostTable) -> dic
 
 def _meta(cost: CostTable) -> dict:
     return {k: cost.meta.get(k) for k in ("config", "device", "device_name", "dtype", "torch", "transformers",
-                                          "torch_threads")} | {"k": cost.k, "context": cost.context}
+                                          "torch_threads")} | {"k": cost.k, "context": cost.context,
+                                                               "noisy_points": len(cost.meta.get("noisy") or [])}
 
 
 def _f(x, fmt="{:.2f}") -> str:
@@ -165,9 +168,11 @@ def to_markdown(p: dict) -> str:
              f"- Acceptance traces: `oospec bench`, target {b['target']} on {b['target_device_name']} "
              f"({b['dtype']}), scenario {b['scenario']}, commit {b['git_commit']}.",
              f"- Cost table: {c['config']} on {c['device_name']} ({c['dtype']}, torch {c['torch']}, "
-             f"transformers {c['transformers']}), k {c['k']}, context {c['context']}.",
+             f"transformers {c['transformers']}), k {c['k']}, context {c['context']}"
+             + (f"; **{c['noisy_points']} of its points were noisy** (runs spread over 10%: a busy device?)."
+                if c["noisy_points"] else "."),
              f"- Interpolation: {p['model']['interpolation']}.",
-             f"- Prefill: {p['model']['prefill']}",
+             f"- Prefill: {p['model']['prefill']}.",
              f"- Host: {p['model']['host']}.", "",
              "| method | rounds / record | tree nodes / round | projected forwards s | measured forwards s | "
              "host s | **projected decode speedup** | measured decode speedup | **projected e2e speedup** | "
