@@ -104,7 +104,7 @@ def _median_s(fn, warmup: int, repeats: int) -> tuple[float, list[float]]:
 
 def profile(model, ks: list[int], contexts: list[int], *, warmup: int = 2, repeats: int = 7,
             prefill_repeats: int = 3, seed: int = 0, progress=None) -> dict:
-    """{"k", "context", "verify_s" [k][context], "prefill_s" [context], "runs"}: medians in seconds."""
+    """{"k", "context", "verify_s" [k][context], "prefill_s" [context], "noisy", "runs"}: medians in seconds."""
     from ..verify import Verifier
     verifier = Verifier(model)
     vocab = model.config.get_text_config(decoder=True).vocab_size
@@ -118,20 +118,20 @@ def profile(model, ks: list[int], contexts: list[int], *, warmup: int = 2, repea
 
     for j, ctx in enumerate(contexts):
         ids = [rng.randrange(vocab) for _ in range(ctx)]
+        filled = []  # the latest prefill's cache: the verify forwards below run over it
 
         def prefill():
-            cache = verifier.new_cache()
+            filled[:] = [verifier.new_cache()]
             sync()
             t0 = time.perf_counter()
-            verifier.forward(ids, cache, 0, last_only=True)
+            verifier.forward(ids, filled[0], 0, last_only=True)
             sync()
-            prefill.cache = cache
             return time.perf_counter() - t0
 
         med, raw = _median_s(prefill, 1, prefill_repeats)
         prefill_s.append(med)
         runs[f"prefill/{ctx}"] = raw
-        cache = prefill.cache
+        cache = filled.pop()
         for i, k in enumerate(ks):
             tree = bushy_tree(k, vocab, rng)
 
@@ -146,7 +146,7 @@ def profile(model, ks: list[int], contexts: list[int], *, warmup: int = 2, repea
                 progress(f"k={k:<3} context={ctx:<6} {1000 * verify_s[i][j]:8.2f} ms")
         if progress:
             progress(f"prefill context={ctx:<6} {1000 * prefill_s[-1]:8.2f} ms")
-        del cache, prefill.cache
+        del cache  # before the next, longer context's cache
     noisy = [key for key, raw in runs.items() if spread(raw) > NOISY]
     if noisy and progress:
         progress(f"warning: {len(noisy)} of {len(runs)} points vary by more than {NOISY:.0%} between runs "

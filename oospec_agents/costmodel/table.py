@@ -94,8 +94,3 @@ class CostTable:
 
     def in_grid(self, k: int, context: int) -> bool:
         return k <= self.k[-1] and context <= self.context[-1]
-
-    @property
-    def label(self) -> str:
-        m = self.meta
-        return f"{m.get('config')} on {m.get('device_name')} ({m.get('dtype')})"
