@@ -146,7 +146,6 @@ def profile(model, ks: list[int], contexts: list[int], *, warmup: int = 2, repea
                 progress(f"k={k:<3} context={ctx:<6} {1000 * verify_s[i][j]:8.2f} ms")
         if progress:
             progress(f"prefill context={ctx:<6} {1000 * prefill_s[-1]:8.2f} ms")
-        del cache  # before the next, longer context's cache
     noisy = [key for key, raw in runs.items() if spread(raw) > NOISY]
     if noisy and progress:
         progress(f"warning: {len(noisy)} of {len(runs)} points vary by more than {NOISY:.0%} between runs "

@@ -212,7 +212,8 @@ def add_parser(sub, name):
                        description=__doc__)
     p.add_argument("--results", required=True, help="results.json of `oospec bench` (with acceptance traces)")
     p.add_argument("--cost", required=True, help="the target's cost.json from `oospec profile`")
-    p.add_argument("--sidecar-cost", default=None, help="the sidecar's cost.json: projects whether hints arrive in time")
+    p.add_argument("--sidecar-cost", default=None,
+                   help="the sidecar's cost.json: projects whether its hints arrive in time")
     p.add_argument("--out", default="projection.md",
                    help="markdown report; the JSON goes next to it with a .json suffix (default projection.md)")
     p.add_argument("--quiet", action="store_true")
