@@ -31,9 +31,10 @@ fi
 "$PYTHON" -m oospec_agents.cli project --results "$RESULTS" --cost "$OUT/cost-cpu.json" \
   --sidecar-cost "$OUT/cost-cpu.json" --out "$OUT/projection.md" --quiet
 
-"$PYTHON" - "$OUT/projection.json" "$OUT/validation.md" <<'PY'
+"$PYTHON" - "$OUT/projection.json" "$OUT/validation.md" "$RESULTS" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
+results = json.load(open(sys.argv[3]))
 rows = ["| method | projected decode speedup | measured decode speedup | projected / measured - 1 | within 10% "
         "| projected forwards s | measured forwards s | host s | projected e2e | measured e2e |",
         "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
@@ -51,6 +52,19 @@ head = [f"Cost model validation on {c['device_name']} ({c['dtype']}, {c['torch_t
         "Projected seconds are per record; measured forwards = decode_s - host_s."
         + (f" **{c['noisy_points']} points of the cost table were noisy: was the machine idle?**" if c["noisy_points"] else ""),
         ""]
+# Measured over projected forward seconds, per method, and for oospec split by whether a sidecar wave ran
+# on these cores during the reply: a gap only where waves ran is the sidecar's contention.
+rows += ["", "| forwards: measured / projected | all records | oospec with a wave | oospec without |", "|---|---:|---:|---:|"]
+def ratio(pairs):
+    pairs = [(m, q) for m, q in pairs if m is not None]
+    return f"{sum(m for m, _ in pairs) / sum(q for _, q in pairs):.3f} ({len(pairs)})" if pairs else "–"
+for m in p["methods"]:
+    pairs = [(r["projected"][m]["measured_forward_s"], r["projected"][m]["forward_s"]) for r in p["records"]]
+    split = ["", ""]
+    if m == "oospec":
+        waves = [bool(rec["runs"]["oospec"].get("sidecar_profile")) for rec in results["records"]]
+        split = [ratio([x for x, w in zip(pairs, waves) if w]), ratio([x for x, w in zip(pairs, waves) if not w])]
+    rows.append(f"| {m} | {ratio(pairs)} | {split[0]} | {split[1]} |")
 s = p.get("sidecar")
 tail = ["", f"Sidecar waves projected in time: {s['in_time']} of {s['waves']}." if s else "",
         f"Every method within 10%: {'yes' if ok else 'NO'}."]
