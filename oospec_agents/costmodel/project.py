@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .table import EXTRAPOLATE, CostModelError, CostTable
+from .table import EXTRAPOLATE, CostModelError, CostTable, OutsideTable
 
 KIND = "oospec projection"
 BANNER = ("PROJECTION from CPU acceptance traces priced with a measured cost table: not a measurement. "
@@ -139,7 +139,10 @@ def _sidecar(records: list[dict], priced: list[dict], sidecar: CostTable) -> dic
             rows.append({"id": r.get("id"), "wave_s": None, "why": run.get("sidecar_skipped") or "no wave"})
             continue
         call = p["oospec"]["prefill_s"] + p["oospec"]["decode_s"]
-        w = wave_s(prof, sidecar)
+        try:
+            w = wave_s(prof, sidecar)
+        except OutsideTable as e:
+            raise OutsideTable(f"the sidecar's cost table, record {r.get('id')}: {e}") from None
         rows.append({"id": r.get("id"), "wave_s": w, "call_s": call, "in_time": w < call,
                      "prefix_tokens": prof["prefix_tokens"], "rows": prof["rows"], "steps": prof["steps"],
                      "measured_hint_ready_s": run.get("hint_ready_s"),
