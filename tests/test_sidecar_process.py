@@ -250,24 +250,25 @@ def test_interpreter_exit_leaves_no_child_process(tiny_spec):
 
 @pytest.fixture(scope="module")
 def embedded_process():
-    sidecar = load_sidecar("embedded", device=torch.device("cpu"), dtype=torch.bfloat16, sidecar_placement="process")
+    from oospec_agents.models import resolve_dtype  # bf16 only where the CPU has it natively
+    cpu = torch.device("cpu")
+    sidecar = load_sidecar("embedded", device=cpu, dtype=resolve_dtype(None, cpu), sidecar_placement="process")
     yield sidecar
     sidecar.close()
 
 
 @pytest.mark.slow
 def test_a_process_sidecar_is_lossless_and_saves_forwards_on_20_dev_records(embedded_fp32, embedded_process,
-                                                                            dev_records20):
+                                                                            dev_records20, embedded_greedy48):
     assert isinstance(embedded_process, ProcessSidecar)
     assert embedded_process.name == "embedded:SmolLM2-135M-Instruct+smollm2-sidecar"
     # one engine for both methods: toolspec's prefill is cached, and oospec reuses it
     engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(embedded_process))
-    n = 32
+    n = 48  # the session's greedy references (conftest.embedded_greedy48)
     forwards = {"toolspec": 0, "oospec": 0}
     hint_tokens = 0
-    for r in dev_records20:
+    for r, ref in zip(dev_records20, embedded_greedy48):
         ask = (r["messages"], r["tools"])
-        ref = greedy(engine, engine.prompt_ids(*ask, tool_choice="required"), n)
         ts, oo = (engine.generate(*ask, tool_choice="required", max_new_tokens=n, method=m) for m in forwards)
         assert oo.token_ids == ref == ts.token_ids, r.get("id")
         assert oo.stats["sidecar_error"] is None, oo.stats["sidecar_error"]
