@@ -24,6 +24,7 @@ from .drafters.retrieval import CallMemory
 from .errors import ContextLengthError, OoOSpecError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
+from .grammar import Grammars, Guide, StrictLogitsProcessor
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
 from .sidecar import FixedHint, HintRequest
@@ -64,6 +65,7 @@ class Prepared:
     prompt_ids: list[int]
     max_new_tokens: int
     stop: list[str] = field(default_factory=list)
+    guide: Guide | None = None      # the reply's grammar state under strict (grammar.py), else None
 
 
 class Engine:
@@ -96,6 +98,7 @@ class Engine:
         self._verifier = Verifier(target)
         self._reply_text = ReplyText(tokenizer, self.fmt)
         self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter()}
+        self._grammars = Grammars(tokenizer, self.fmt, self.eos_ids, target.config.get_text_config().vocab_size)
         # One request at a time owns the target: requests from several threads are serialised.
         self._lock = threading.Lock()
         self._logged_faults: set[str] = set()
@@ -154,8 +157,10 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def prepare(self, messages, tools=None, tool_choice="auto", max_new_tokens: int = 256, stop=None) -> Prepared:
-        """Check a request and render its prompt; bad input raises here, naming the problem."""
+    def prepare(self, messages, tools=None, tool_choice="auto", max_new_tokens: int = 256, stop=None,
+                strict: bool = False) -> Prepared:
+        """Check a request and render its prompt; bad input raises here, naming the problem. `strict`
+        constrains the reply to valid calls of the offered tools (grammar.py)."""
         msgs = normalize_messages(messages)
         tool_list = normalize_tools(tools)
         mode, name = resolve_tool_choice(tool_choice, tool_list)
@@ -176,16 +181,24 @@ class Engine:
         for i, s in enumerate(stop):
             if not isinstance(s, str) or not s:
                 raise OoOSpecError(f"stop[{i}] is {s!r}; every stop sequence must be a non-empty string")
+        guide = self._grammars.guide(offered, mode, name) if strict else None
         return Prepared(msgs, offered, (mode, name), prefix, ids, min(max_new_tokens, self.context_window - len(ids)),
-                        list(stop))
+                        list(stop), guide)
 
     def prompt_ids(self, messages, tools=None, *, tool_choice="auto") -> list[int]:
         """The exact ids the target is conditioned on before its first free token."""
         return list(self.prepare(messages, tools, tool_choice).prompt_ids)
 
+    def logits_processor(self, messages, tools=None, *, tool_choice="auto", strict: bool = True) -> StrictLogitsProcessor:
+        """The masked reference of a strict request: `target.generate(prompt_ids, logits_processor=[it],
+        do_sample=False)` is what `generate(..., strict=True)` must reproduce. Single use."""
+        req = self.prepare(messages, tools, tool_choice, strict=strict)
+        return StrictLogitsProcessor(req.guide, len(req.prompt_ids))
+
     def generate(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                  method: str = "oospec", stop=None, hint: str | None = None, **kw) -> Generation:
-        """Decode a reply greedily. `hint` injects a fixed call text instead of the sidecar's."""
+        """Decode a reply greedily. `hint` injects a fixed call text instead of the sidecar's; `strict=True`
+        decodes under the grammar of valid calls (the reference is `logits_processor`)."""
         gen = None
         for item in self.stream(messages, tools, tool_choice=tool_choice, max_new_tokens=max_new_tokens,
                                 method=method, stop=stop, hint=hint, **kw):
@@ -194,14 +207,15 @@ class Engine:
 
     def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                method: str = "oospec", stop=None, hint: str | None = None,
-               record_margins: bool = False, cancel: threading.Event | None = None) -> Iterator[Event]:
+               record_margins: bool = False, cancel: threading.Event | None = None,
+               strict: bool = False) -> Iterator[Event]:
         """Yield `TextDelta`s and `ToolCallDelta`s in the round that commits their tokens, then the
         final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply early; or
         set `cancel` from any thread: the reply ends, with no Generation, after the round in progress
         (whether or not that round had an event to yield)."""
         if method not in METHODS:
             raise OoOSpecError(f"unknown method {method!r}; expected one of {METHODS}")
-        req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop)  # bad input raises here, eagerly
+        req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict)  # bad input raises here, eagerly
         return self._locked(self._decode(req, method, hint, record_margins, cancel))
 
     def clear_prefix_cache(self) -> None:
@@ -252,7 +266,7 @@ class Engine:
             self._sync()
             stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
             stats.cached_prompt_tokens = hit
-            pending = [int(logits[-1].argmax())]
+            pending = [int(logits[-1].argmax()) if req.guide is None else req.guide.choose(logits[-1])]
             t1 = time.perf_counter()
             while True:
                 yield from reply.commit(pending, logits, stats)
@@ -290,7 +304,8 @@ class Engine:
     def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats):
         """One target forward over the tree; the accepted path plus the target's own next token."""
         past = len(reply.req.prompt_ids) + len(reply.new) - 1
-        path, nxt, logits = self._verifier.verify(tree, cache, past)
+        guide = reply.req.guide
+        path, nxt, logits = self._verifier.verify(tree, cache, past, choose=None if guide is None else guide.choose)
         stats.target_forwards += 1
         stats.forward_s += self._verifier.last_forward_s
         stats.rounds.append((len(tree.tokens), len(path) - 1, past))

@@ -164,18 +164,18 @@ class Verifier:
         mask = torch.zeros(n, past_len + n, dtype=dtype, device=dev)
         return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
-    def verify(self, tree: Tree, cache, past_len: int) -> tuple[list[int], int, torch.Tensor]:
-        """(accepted node path starting at the root, the target's next token, logits of the path)."""
+    def verify(self, tree: Tree, cache, past_len: int, choose=None) -> tuple[list[int], int, torch.Tensor]:
+        """(accepted node path starting at the root, the target's next token, logits of the path).
+
+        `choose(logits row) -> token` replaces the plain argmax, e.g. a grammar's masked argmax that
+        also advances the grammar: it is called on the accepted path's rows only, root first."""
         logits = self.forward(tree.tokens, cache, past_len, tree)
-        argmax = logits.argmax(-1).tolist()
+        pick = logits.argmax(-1).tolist().__getitem__ if choose is None else (lambda i: choose(logits[i]))
         path = [0]
-        while True:
-            nxt = tree.children[path[-1]].get(argmax[path[-1]])
-            if nxt is None:
-                break
+        while (nxt := tree.children[path[-1]].get(token := pick(path[-1]))) is not None:
             path.append(nxt)
         keep_cache(cache, past_len, path, len(tree.tokens))
-        return path, argmax[path[-1]], logits[path]
+        return path, token, logits[path]
 
 
 def ancestry(parents: list[int], max_depth: int, device=None) -> torch.Tensor:

@@ -1,0 +1,256 @@
+"""Strict tool calls: the grammar a reply must follow, compiled by llguidance, and its token masks.
+
+The grammar is the target format's call markup around a call of an offered tool (the named one under
+a named `tool_choice`), whose arguments follow that tool's JSON Schema; under `auto`, free text may
+come first. The prompt already ends with the opener that `tool_choice` forces (`Prepared.prefix`),
+so the grammar starts right after it. Objects are closed, as in OpenAI's strict mode: no keys beyond
+`properties` unless `additionalProperties` is itself a schema.
+
+Lossless under a grammar means: the reply equals greedy decoding of the target whose logits are
+masked by the same grammar (`StrictLogitsProcessor` is that reference for `transformers.generate`).
+llguidance decides what is allowed; the schema drafter only drafts.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import threading
+import warnings
+from collections import OrderedDict
+
+import torch
+from transformers import LogitsProcessor
+
+from .errors import OoOSpecError
+from .formats import ToolFormat
+from .tools import Tool
+
+log = logging.getLogger(__name__)
+
+#: the JSON the formats render (json.dumps' defaults): no free whitespace for a random model to loop in
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_ANY_OBJECT = {"type": "object"}
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMAS = ("items", "not", "if", "then", "else", "contains", "additionalItems")
+
+
+class StrictFallbackWarning(UserWarning):
+    """A tool's schema, or the target's format, is beyond the grammar: that part decodes non-strict."""
+
+
+def closed(schema):
+    """A copy of `schema` whose objects take no keys beyond `properties` (OpenAI's strict rule),
+    unless their `additionalProperties` is itself a schema."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    is_object = out.get("type") == "object" or (isinstance(out.get("type"), list) and "object" in out["type"]) \
+        or "properties" in out
+    if is_object and not isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = False
+    elif isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = closed(out["additionalProperties"])
+    for k in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [closed(s) for s in out[k]]
+    for k in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {name: closed(s) for name, s in out[k].items()}
+    for k in _SUBSCHEMAS:
+        if isinstance(out.get(k), dict):
+            out[k] = closed(out[k])
+    return out
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # a JSON string is a valid Lark string literal
+
+
+class Grammars:
+    """One target's grammars: llguidance's view of its tokenizer (built on first use, about 1 s) and
+    the compiled grammar of every recent (format, tool_choice, tool set), so a request that offers
+    the same tools compiles nothing."""
+
+    def __init__(self, tokenizer, fmt: ToolFormat, eos_ids: set[int], vocab_size: int, cache_size: int = 64):
+        self.tokenizer, self.fmt, self.eos_ids = tokenizer, fmt, sorted(eos_ids)
+        self.vocab_size = max(vocab_size, len(tokenizer))
+        self.cache_size = cache_size
+        self.compiles = 0  # grammars compiled so far (the cache's misses)
+        self._lltok = None
+        self._cache: OrderedDict[tuple, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def guide(self, tools: list[Tool], mode: str, name: str | None) -> "Guide | None":
+        """A fresh matcher for one reply, or None when nothing is constrained (no tools offered,
+        `tool_choice="none"`, or a format the grammar does not cover: that warns)."""
+        if mode == "none" or not tools:
+            return None
+        if self.fmt.calls_in_one_list:
+            warnings.warn(f"strict decoding covers the hermes and llama3_json formats; the target's format "
+                          f"{self.fmt.name!r} decodes non-strict", StrictFallbackWarning, stacklevel=3)
+            return None
+        key = (mode, name, tuple((t.name, json.dumps(t.parameters, sort_keys=True)) for t in tools))
+        with self._lock:
+            matcher = self._cache.get(key)
+            if matcher is None:
+                matcher = self._compile(self.lark(tools, mode, name))
+                self._cache[key] = matcher
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(key)
+            return Guide(matcher.deep_copy(), self.vocab_size)
+
+    def lark(self, tools: list[Tool], mode: str, name: str | None) -> str:
+        """The reply's grammar in llguidance's Lark dialect, starting after the forced prefix."""
+        fmt = self.fmt
+        allowed = [t for t in tools if mode != "named" or t.name == name]
+        prefix = fmt.forced_prefix(name if mode == "named" else None) if mode in ("required", "named") else ""
+        rules, bodies, firsts = [], [], []
+        for i, tool in enumerate(allowed):
+            head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + f', "{fmt.args_key}": '
+            rules.append(f"args_{i}: %json {json.dumps(self._arguments(tool), ensure_ascii=False)}")
+            bodies.append(f"{_lit(head)} args_{i} {_lit('}' + fmt.call_end)}")
+            if prefix and (fmt.call_start + head).startswith(prefix):
+                firsts.append(f"{_lit((fmt.call_start + head)[len(prefix):])} args_{i} {_lit('}' + fmt.call_end)}")
+        rules += ["body: " + " | ".join(bodies), f"more: ({_lit(fmt.call_sep)} call)*",
+                  f"call: {_lit(fmt.call_start)} body" if fmt.call_start else "call: body"]
+        if mode == "auto":
+            tag = fmt.call_start.strip()
+            if tag:
+                # Text that never opens a call; or text up to the first call's opener (a lazy lexeme:
+                # it ends at the opener), then calls. A greedy text lexeme could not give back "<tool_call".
+                rules += ["start: TEXT? | opener body more",
+                          f"TEXT: /(?s:.+)/ & ~/(?s:.*){_regex_escape(tag)}(?s:.*)/",
+                          f"opener[lazy]: /(?s:.*){_regex_escape(fmt.call_start)}/"]
+            else:  # the whole reply is calls or text (llama3_json): text never starts like a call
+                rules += ["start: TEXT? | call more", r"TEXT: /(?s:.+)/ & ~/\s*\{(?s:.*)/"]
+        else:
+            rules += ["first: " + " | ".join(firsts), "start: first more"]
+        return "\n".join(rules) + "\n"
+
+    def _arguments(self, tool: Tool) -> dict:
+        """The tool's closed arguments schema; any JSON object (with a warning naming the keyword)
+        where llguidance cannot express it."""
+        schema = dict(closed(tool.parameters), **{"x-guidance": JSON_STYLE})
+        error = self._schema_error(schema)
+        if error is None:
+            return schema
+        keyword = self._culprit(schema) or "?"
+        warnings.warn(f"tool {tool.name!r}: strict decoding cannot express its schema's {keyword!r} "
+                      f"({error.splitlines()[0]}); its arguments decode non-strict (any JSON object)",
+                      StrictFallbackWarning, stacklevel=4)
+        return dict(_ANY_OBJECT, **{"x-guidance": JSON_STYLE})
+
+    def _schema_error(self, schema: dict) -> str | None:
+        import llguidance
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            llguidance.LLMatcher.grammar_from_json_schema(schema), self.lltok)
+        return messages[0] if is_error else None
+
+    def _culprit(self, schema: dict) -> str | None:
+        """The first keyword whose removal lets the schema compile (a failure is rare; this is cheap)."""
+        for path, key in _keywords(schema):
+            trial = copy.deepcopy(schema)
+            node = trial
+            for step in path:
+                node = node[step]
+            del node[key]
+            if self._schema_error(trial) is None:
+                return key
+        return None
+
+    @property
+    def lltok(self):
+        if self._lltok is None:
+            import llguidance.hf
+            self._lltok = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size,
+                                                       eos_token=self.eos_ids)
+        return self._lltok
+
+    def _compile(self, lark: str):
+        import llguidance
+        matcher = llguidance.LLMatcher(self.lltok, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+        if matcher.is_error():
+            raise OoOSpecError(f"the strict grammar did not compile: {matcher.get_error()}")
+        self.compiles += 1
+        return matcher
+
+
+def _keywords(schema, path=()):
+    """(path to a subschema, keyword) for every keyword of every subschema, innermost first."""
+    if not isinstance(schema, dict):
+        return
+    for k in _SUBSCHEMA_LISTS:
+        for j, s in enumerate(schema.get(k) or [] if isinstance(schema.get(k), list) else []):
+            yield from _keywords(s, path + (k, j))
+    for k in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(k), dict):
+            for name, s in schema[k].items():
+                yield from _keywords(s, path + (k, name))
+    for k in _SUBSCHEMAS + ("additionalProperties",):
+        if isinstance(schema.get(k), dict):
+            yield from _keywords(schema[k], path + (k,))
+    for k in schema:
+        if k not in ("type", "x-guidance"):
+            yield path, k
+
+
+def _regex_escape(text: str) -> str:
+    return "".join("\\n" if c == "\n" else "\\" + c if c in r"\.+*?()|[]{}^$/-" else c for c in text)
+
+
+class Guide:
+    """One reply's grammar state: which tokens may come next, and the tokens committed so far."""
+
+    def __init__(self, matcher, vocab_size: int):
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self._bits = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+        self._shifts = torch.arange(32, dtype=torch.int32)
+
+    def allowed(self) -> torch.Tensor:
+        """bool [vocab]: the tokens the grammar allows next."""
+        self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
+        if self.matcher.is_error():
+            raise OoOSpecError(f"strict grammar: {self.matcher.get_error()}")
+        return ((self._bits[:, None] >> self._shifts) & 1).bool().flatten()[:self.vocab_size]
+
+    def masked(self, scores: torch.Tensor) -> torch.Tensor:
+        """`scores` [..., vocab] with every token the grammar forbids at -inf (a new tensor)."""
+        allowed = self.allowed().to(scores.device)
+        n = scores.shape[-1]
+        if n > self.vocab_size:
+            allowed = torch.cat([allowed, allowed.new_zeros(n - self.vocab_size)])
+        return scores.masked_fill(~allowed[:n], float("-inf"))
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The target's greedy token under the grammar, committed to the grammar's state."""
+        token = int(self.masked(logits).argmax())
+        self.consume([token])
+        return token
+
+    def consume(self, tokens: list[int]) -> None:
+        if self.matcher.is_stopped() and not self.matcher.is_error():
+            return  # the grammar has ended (at EOS): the reply ends there, whatever a draft held beyond it
+        if tokens and not self.matcher.consume_tokens(tokens):
+            raise OoOSpecError(f"strict grammar rejected tokens {tokens}: {self.matcher.get_error()}")
+
+
+class StrictLogitsProcessor(LogitsProcessor):
+    """The masked reference: `target.generate(prompt_ids, logits_processor=[this], do_sample=False)`
+    is greedy decoding of the target under the request's grammar. One sequence, one generate call."""
+
+    def __init__(self, guide: Guide | None, n_prompt: int):
+        self.guide, self.n_prompt, self.seen = guide, n_prompt, 0
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.guide is None:
+            return scores
+        if input_ids.shape[0] != 1:
+            raise OoOSpecError(f"StrictLogitsProcessor masks one sequence; got a batch of {input_ids.shape[0]}")
+        new = input_ids[0, self.n_prompt + self.seen:].tolist()
+        self.guide.consume(new)
+        self.seen += len(new)
+        return self.guide.masked(scores)

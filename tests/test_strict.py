@@ -1,0 +1,160 @@
+"""Strict tool calls (#19): the grammar allows exactly the valid calls, and strict decoding of every
+method equals greedy decoding of the target masked by that grammar."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from oospec_agents.formats import HermesFormat
+from oospec_agents.formats.llama3_json import Llama3JsonFormat
+from oospec_agents.grammar import Grammars, StrictFallbackWarning
+from oospec_agents.tools import normalize_tools
+from oospec_testing import load_records, spread
+
+METHODS = ("ar", "toolspec", "oospec")
+
+
+def tool(name, properties, required=(), **extra):
+    return {"type": "function", "function": {"name": name, "description": "",
+                                             "parameters": {"type": "object", "properties": properties,
+                                                            "required": list(required), **extra}}}
+
+
+FEATURES = [
+    tool("weather", {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]},
+                     "days": {"type": ["integer", "null"]}}, ["city"]),
+    tool("order", {"items": {"type": "array", "items": {"type": "object", "properties": {
+        "sku": {"type": "string"}, "qty": {"type": "integer"}}, "required": ["sku", "qty"]}},
+        "rush": {"type": "boolean"}}, ["items"]),
+    tool("tag", {"labels": {"type": "object", "additionalProperties": {"type": "number"}}}, ["labels"]),
+]
+
+
+@pytest.fixture(scope="module")
+def grammars(smollm2_tokenizer):
+    return lambda fmt=HermesFormat(): Grammars(smollm2_tokenizer, fmt, {smollm2_tokenizer.eos_token_id},
+                                                len(smollm2_tokenizer))
+
+
+def accepts(grammars, tok, text, tools=FEATURES, mode="auto", name=None, fmt=HermesFormat()) -> bool:
+    """Whether the grammar takes `text` (after the forced prefix) as a whole reply, EOS included."""
+    g = grammars(fmt)
+    guide = g.guide(normalize_tools(tools), mode, name)
+    prefix = {"required": fmt.forced_prefix(), "named": fmt.forced_prefix(name)}.get(mode, "")
+    assert text.startswith(prefix)
+    ids = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
+    return guide.matcher.consume_tokens(ids) and guide.matcher.is_stopped() and not guide.matcher.is_error()
+
+
+def call(name, args):
+    return HermesFormat().render_call(name, args)
+
+
+@pytest.mark.parametrize("text, ok", [
+    (call("weather", {"city": "Oslo"}), True),
+    (call("weather", {"city": "Oslo", "unit": "f", "days": None}), True),       # nullable optional
+    (call("weather", {"city": "Oslo", "days": 3}), True),
+    (call("weather", {"unit": "f"}), False),                                      # required key missing
+    (call("weather", {"city": 7}), False),                                        # wrong type
+    (call("weather", {"city": "Oslo", "unit": "kelvin"}), False),                 # not in the enum
+    (call("weather", {"city": "Oslo", "extra": 1}), False),                       # closed object
+    (call("order", {"items": [{"sku": "a1", "qty": 2}], "rush": True}), True),    # nested objects in arrays
+    (call("order", {"items": [{"sku": "a1"}]}), False),                           # nested required key
+    (call("tag", {"labels": {"x": 1.5, "y": 2}}), True),                          # additionalProperties schema
+    (call("tag", {"labels": {"x": "no"}}), False),
+    (call("nope", {}), False),                                                    # unknown tool
+    ("Let me check. " + call("weather", {"city": "Oslo"}), True),                 # auto: text before the call
+    ("Just text, no call.", True),
+    ("", True),
+    (call("weather", {"city": "A"}) + "\n" + call("order", {"items": []}), True),  # several calls
+    (call("weather", {"city": "A"}) + " trailing words", False),
+    ('<tool_call>\n{"name": "weather", "arguments": {"city":"A"}}\n</tool_call>', False),  # the format's spacing
+])
+def test_the_grammar_takes_exactly_the_valid_calls(grammars, smollm2_tokenizer, text, ok):
+    assert accepts(grammars, smollm2_tokenizer, text) is ok
+
+
+def test_tool_choice_required_and_named(grammars, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    assert accepts(grammars, tok, call("order", {"items": []}), mode="required")
+    assert not accepts(grammars, tok, call("order", {"items": [1]}), mode="required")
+    assert accepts(grammars, tok, call("weather", {"city": "A"}), mode="named", name="weather")
+    assert not accepts(grammars, tok, call("weather", {"city": "A"}) + "\n" + call("order", {"items": []}),
+                       mode="named", name="weather")  # a named choice names every call
+
+
+def test_llama3_json_calls(grammars, smollm2_tokenizer):
+    fmt = Llama3JsonFormat()
+    one = fmt.render_calls([{"name": "weather", "arguments": {"city": "A"}}])
+    two = fmt.render_calls([{"name": "weather", "arguments": {"city": "A"}}, {"name": "tag", "arguments": {"labels": {}}}])
+    assert accepts(grammars, smollm2_tokenizer, one, fmt=fmt)
+    assert accepts(grammars, smollm2_tokenizer, two, fmt=fmt)
+    assert accepts(grammars, smollm2_tokenizer, "No call needed.", fmt=fmt)
+    assert not accepts(grammars, smollm2_tokenizer, '{"name": "weather", "parameters": {}}', fmt=fmt)
+    assert accepts(grammars, smollm2_tokenizer, one, mode="required", fmt=fmt)
+
+
+def test_a_second_request_with_the_same_tools_compiles_nothing(grammars):
+    g = grammars()
+    g.guide(normalize_tools(FEATURES), "auto", None)
+    g.guide(normalize_tools(FEATURES), "auto", None)
+    assert g.compiles == 1
+    g.guide(normalize_tools(FEATURES), "required", None)
+    assert g.compiles == 2
+
+
+def test_an_unsupported_keyword_warns_by_name_and_that_tool_decodes_non_strict(grammars, smollm2_tokenizer):
+    odd = tool("odd", {"code": {"type": "string", "pattern": "(?<=a)b"}}, ["code"])
+    with pytest.warns(StrictFallbackWarning, match="'pattern'"):
+        assert accepts(grammars, smollm2_tokenizer, call("odd", {"anything": [1, 2]}), tools=[odd, FEATURES[0]])
+    assert not accepts(grammars, smollm2_tokenizer, call("weather", {"city": 1}), tools=[odd, FEATURES[0]])
+
+
+# ------------------------------------------------------------------ decoding: lossless under the grammar
+
+def masked_reference(engine, messages, tools, tool_choice, n):
+    ids = engine.prompt_ids(messages, tools, tool_choice=tool_choice)
+    inp = torch.tensor([ids], device=engine.target.device)
+    proc = engine.logits_processor(messages, tools, tool_choice=tool_choice)
+    with torch.inference_mode():
+        out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), logits_processor=[proc],
+                                     do_sample=False, max_new_tokens=n)
+    return out[0, len(ids):].tolist()
+
+
+#: tools a random model can finish: bounded integers, booleans and enums end; strings would ramble on
+CLOSABLE = [tool("set_alarm", {"hour": {"type": "integer", "minimum": 0, "maximum": 23}, "loud": {"type": "boolean"},
+                               "day": {"type": "string", "enum": ["mon", "tue"]}}, ["hour", "day"]),
+            tool("dim", {"level": {"type": "integer", "minimum": 0, "maximum": 10}, "room": {"type": "string", "enum": ["hall", "den"]}}, ["level"])]
+ASK = [{"role": "user", "content": "Wake me at 7 on Monday."}]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "set_alarm", "auto"])
+def test_a_random_model_under_strict_writes_valid_calls_and_every_method_is_lossless(tiny_engine, tool_choice):
+    ref = masked_reference(tiny_engine, ASK, CLOSABLE, tool_choice, 64)
+    free = tiny_engine.generate(ASK, CLOSABLE, tool_choice=tool_choice, method="ar", max_new_tokens=64)
+    for method in METHODS:
+        gen = tiny_engine.generate(ASK, CLOSABLE, tool_choice=tool_choice, method=method, max_new_tokens=64,
+                                   strict=True)
+        assert gen.token_ids == ref, method
+        # every call is valid, except one that max_new_tokens cut off (a random model may call on and on)
+        cut = [c for c in gen.invalid_tool_calls if c["error"].startswith("unterminated")]
+        assert gen.invalid_tool_calls == cut and len(cut) <= (gen.finish_reason == "length"), gen.invalid_tool_calls
+        if tool_choice != "auto":
+            assert gen.tool_calls, gen.text
+    if tool_choice != "auto":
+        assert not free.tool_calls  # unconstrained, the random model writes no valid call
+
+
+@pytest.mark.slow
+def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp32):
+    for rec in spread(load_records("dev"), 10):
+        ref = masked_reference(embedded_fp32, rec["messages"], rec["tools"], "required", 48)
+        for method in METHODS:
+            gen = embedded_fp32.generate(rec["messages"], rec["tools"], tool_choice="required", method=method,
+                                         max_new_tokens=48, strict=True)
+            assert gen.token_ids == ref, (rec["id"], method)
+            if gen.finish_reason != "length":
+                assert gen.tool_calls and not gen.invalid_tool_calls, (rec["id"], gen.text)
