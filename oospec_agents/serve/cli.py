@@ -22,8 +22,9 @@ def add_parser(sub, name):
     p.add_argument("--target-device", default=None)
     p.add_argument("--sidecar-device", default=None)
     p.add_argument("--sidecar-placement", default=None, choices=PLACEMENTS,
-                   help="where the sidecar's waves run: a thread, a worker process of its own, or auto "
-                        "(a process for a CUDA sidecar, a thread on the CPU; the default)")
+                   help="where the sidecar's waves run: a thread, a worker process of its own, a Ray actor of "
+                        "its own (with --ray: on a GPU of its own), or auto (a process for a CUDA sidecar, a "
+                        "thread on the CPU; the default)")
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
     p.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help="KV of recent prompts kept for reuse, in tokens (0 turns it off; default: the engine's)")

@@ -1,5 +1,6 @@
 """The same app as Ray Serve replicas: each replica loads one engine (its own target and sidecar) and
-serves the FastAPI app as its ingress. Ray places the replicas on whichever nodes have the resources
+serves the FastAPI app as its ingress. With `sidecar_placement="ray"` a replica's sidecar is an actor
+of its own (sidecar/ray_actor.py), which Ray may place on another GPU or node. Ray places the replicas on whichever nodes have the resources
 and spreads requests over them behind one address; nothing here knows about nodes.
 """
 from __future__ import annotations
@@ -37,8 +38,9 @@ def gpus_per_replica() -> int:
 def application(load: dict, options: dict, *, replicas: int | None = None, autoscale: tuple[int, int] | None = None,
                 cpus_per_replica: float = 1.0, gpus: int | None = None):
     """The bound Ray Serve application (call after `ray.init`)."""
-    config = {"ray_actor_options": {"num_cpus": cpus_per_replica,
-                                    "num_gpus": gpus_per_replica() if gpus is None else gpus},
+    if gpus is None:  # a sidecar in an actor of its own takes its GPU itself
+        gpus = min(gpus_per_replica(), 1) if load.get("sidecar_placement") == "ray" else gpus_per_replica()
+    config = {"ray_actor_options": {"num_cpus": cpus_per_replica, "num_gpus": gpus},
               # One reply decodes at a time per engine; the app's own queue holds the rest.
               "max_ongoing_requests": options.get("max_queue", 64) + 1}
     if autoscale is not None:

@@ -34,7 +34,7 @@ from ..tools import Tool
 from .base import HintRequest
 from .worker import Ticket, load_wave, run_wave, wave_rows
 
-PLACEMENTS = ("auto", "thread", "process")
+PLACEMENTS = ("auto", "thread", "process", "ray")  # "ray": an actor of its own (ray_actor.py)
 #: test hooks (`ProcessSidecar.inject`): how the next wave fails, or how the next worker starts
 WAVE_FAULTS = ("hang", "oom", "memory_error")
 START_FAULTS = ("slow_start",)

@@ -206,8 +206,9 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
                  sidecar_threads: int | None = 1, sidecar_max_row_tokens: int = 32,
                  sidecar_prefix_cache_tokens: int = DEFAULT_TOKENS, sidecar_placement: str = "auto"):
     """Load a sidecar model (HF id, path, GGUF, or "embedded") behind a `WaveSidecar` (its waves in
-    threads of this process) or a `ProcessSidecar` (a worker process that loads the model itself):
-    `sidecar_placement` is "thread", "process" or "auto" (process.auto_placement).
+    threads of this process), a `ProcessSidecar` (a worker process that loads the model itself) or a
+    `RaySidecar` (a Ray actor, on a GPU of its own where the cluster has one): `sidecar_placement` is
+    "thread", "process", "ray" or "auto" (process.auto_placement).
 
     "embedded" is SmolLM2-135M-Instruct plus the slot-prediction LoRA adapter when it is present.
     """
@@ -225,6 +226,11 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     if placement == "process":
         sidecar = ProcessSidecar(spec, timeout_s=sidecar_timeout_s, name=name)
         sidecar.wait_ready()  # a model that cannot load fails here, as in a thread
+        return sidecar
+    if placement == "ray":
+        from .ray_actor import RaySidecar
+        sidecar = RaySidecar(spec, timeout_s=sidecar_timeout_s, name=name)
+        sidecar.wait_ready()
         return sidecar
     return WaveSidecar(load_wave(spec), device=device, timeout_s=sidecar_timeout_s, threads=sidecar_threads, name=name)
 

@@ -1,0 +1,153 @@
+"""The sidecar as a Ray actor (`sidecar_placement="ray"`): a Ray Serve replica's target verifies hints
+from a sidecar that Ray places on a GPU of its own, possibly on another node.
+
+    RaySidecar.submit(request) -> ticket    actor.run.remote(id, request as plain data) -> ObjectRef
+    ticket.poll()                            ray.wait([ref], timeout=0): never blocks; the payload is
+                                             rendered here, in the target's format
+    ticket.cancel()                          actor.cancel.remote(id): the wave stops at its next step
+
+The actor runs the same rows -> wave -> join as a thread or a worker process (worker.run_wave), one
+wave at a time; a second actor thread takes cancels while a wave runs. Faults stay faults: an actor
+that dies (`ray.kill`, its node lost) or fails turns into `ticket.error`, and the next request starts
+another actor. `close()` kills it.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import torch
+
+from .base import HintRequest
+from .process import WorkerSpec, _plain, _request
+from .worker import Ticket, load_wave, run_wave, wave_rows
+
+#: how long `wait_ready` waits for an actor to load its model
+READY_TIMEOUT_S = 600.0
+
+
+class _WaveActor:
+    """Inside the actor: the sidecar model and its wave. Threaded (max_concurrency), so that `cancel`
+    runs beside `run`; waves themselves take turns."""
+
+    def __init__(self, spec: WorkerSpec):
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        self.device = torch.device(spec.device)
+        self.wave = load_wave(spec)
+        self.cancels: dict[int, threading.Event] = {}
+        self.one_wave = threading.Lock()
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self, tid: int, plain: dict) -> dict | None:
+        cancelled = self.cancels.setdefault(tid, threading.Event())
+        try:
+            with self.one_wave:
+                return None if cancelled.is_set() else run_wave(self.wave, _request(plain), cancelled,
+                                                                 device=self.device)
+        finally:
+            self.cancels.pop(tid, None)
+
+    def cancel(self, tid: int) -> None:
+        self.cancels.setdefault(tid, threading.Event()).set()
+
+    def estimate(self, plain: dict) -> float | None:
+        rows, prefix, _ = wave_rows(_request(plain))
+        return self.wave.estimate(prefix, rows)
+
+    def clear_prefix_cache(self) -> None:
+        self.wave.prefix_cache.clear()
+
+
+class RaySidecar:
+    """The `Sidecar` contract over a Ray actor that this object creates (again after a death) and kills
+    (`close()`). Call it where `ray.init` has run (a Serve replica, or a driver)."""
+
+    def __init__(self, spec: WorkerSpec, *, timeout_s: float = 30.0, name: str | None = None,
+                 actor_options: dict | None = None):
+        import ray
+        self.name = name or spec.ref
+        self.timeout_s = timeout_s
+        device = torch.device(spec.device)
+        # Ray gives a GPU actor its own device as cuda:0 (CUDA_VISIBLE_DEVICES).
+        self.spec = spec if device.type != "cuda" else WorkerSpec(**{**spec.__dict__, "device": "cuda:0"})
+        self.device = torch.device("cpu") if device.type != "cuda" else torch.device("cuda", 0)
+        options = {"num_gpus": 1 if device.type == "cuda" else 0, "num_cpus": 1, "max_concurrency": 2,
+                   **(actor_options or {})}
+        self._actor_class = ray.remote(_WaveActor).options(**options)
+        self._lock = threading.Lock()
+        self._actor = None
+        self._restart()
+
+    def _restart(self):
+        self._actor = self._actor_class.remote(self.spec)
+        return self._actor
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        import ray
+        ray.get(self._actor.ready.remote(), timeout=timeout_s)
+
+    def submit(self, request: HintRequest) -> "RayTicket":
+        with self._lock:
+            actor = self._actor if self._actor is not None else self._restart()
+        return RayTicket(request, self.timeout_s, self, actor)
+
+    def estimate(self, request: HintRequest) -> float | None:
+        import ray
+        try:
+            return ray.get(self._actor.estimate.remote(_plain(request)), timeout=0.5)
+        except Exception:  # no estimate (starting, busy, gone): the wave runs
+            return None
+
+    def clear_prefix_cache(self) -> None:
+        self._actor.clear_prefix_cache.remote()
+
+    def close(self) -> None:
+        import ray
+        with self._lock:
+            actor, self._actor = self._actor, None
+        if actor is not None:
+            ray.kill(actor)
+
+    def _lost(self, actor) -> None:
+        """`actor` died: the next request starts another."""
+        with self._lock:
+            if self._actor is actor:
+                self._actor = None
+
+
+class RayTicket(Ticket):
+    _ids = itertools.count()
+
+    def __init__(self, request: HintRequest, timeout_s: float, sidecar: RaySidecar, actor):
+        super().__init__(request, timeout_s)
+        self.id = next(self._ids)
+        self._sidecar, self._actor = sidecar, actor
+        self._ref = actor.run.remote(self.id, _plain(request))
+
+    def poll(self):
+        if self._ref is not None:
+            import ray
+            ready, _ = ray.wait([self._ref], timeout=0)
+            if ready:
+                ref, self._ref = self._ref, None
+                try:
+                    outcome = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    self._sidecar._lost(self._actor)
+                    outcome = {"error": f"sidecar actor died: {str(e).splitlines()[0]}"}
+                except Exception as e:
+                    outcome = {"error": f"sidecar actor failed: {type(e).__name__}: {e}"}
+                if outcome is not None:
+                    self.post(**outcome)
+        return super().poll()
+
+    def cancel(self) -> None:
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            try:
+                self._actor.cancel.remote(self.id)
+            except Exception:  # the actor is gone: nothing runs to cancel
+                pass
