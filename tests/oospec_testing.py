@@ -66,8 +66,8 @@ def trace_stream(engine, *args, **kwargs) -> tuple[list[tuple[int, object]], lis
     committed = [1]  # the prefill's forward commits one token
     real = verifier.verify
 
-    def verify(tree, cache, past):
-        path, nxt, logits = real(tree, cache, past)
+    def verify(tree, cache, past, **kw):
+        path, nxt, logits = real(tree, cache, past, **kw)
         committed.append(committed[-1] + len(path))  # the accepted drafts plus the target's own token
         return path, nxt, logits
 

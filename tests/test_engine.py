@@ -384,7 +384,7 @@ def test_cancel_ends_a_reply_after_the_round_in_progress_even_without_an_event(t
     stream = tiny_engine.stream(ASK, max_new_tokens=200, method="ar", cancel=cancel)
     forwards = []
     real = tiny_engine._verifier.verify
-    tiny_engine._verifier.verify = lambda *a: forwards.append(1) or real(*a)
+    tiny_engine._verifier.verify = lambda *a, **kw: forwards.append(1) or real(*a, **kw)
     try:
         next(stream)
         cancel.set()
