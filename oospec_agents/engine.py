@@ -160,7 +160,8 @@ class Engine:
     def prepare(self, messages, tools=None, tool_choice="auto", max_new_tokens: int = 256, stop=None,
                 strict: bool = False) -> Prepared:
         """Check a request and render its prompt; bad input raises here, naming the problem. `strict`
-        constrains the reply to valid calls of the offered tools (grammar.py)."""
+        constrains the reply to valid calls of the offered tools (grammar.py); without it, the tools
+        flagged `"strict": true` are constrained."""
         msgs = normalize_messages(messages)
         tool_list = normalize_tools(tools)
         mode, name = resolve_tool_choice(tool_choice, tool_list)
@@ -181,7 +182,7 @@ class Engine:
         for i, s in enumerate(stop):
             if not isinstance(s, str) or not s:
                 raise OoOSpecError(f"stop[{i}] is {s!r}; every stop sequence must be a non-empty string")
-        guide = self._grammars.guide(offered, mode, name) if strict else None
+        guide = self._grammars.guide(offered, mode, name, strict)
         return Prepared(msgs, offered, (mode, name), prefix, ids, min(max_new_tokens, self.context_window - len(ids)),
                         list(stop), guide)
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 #: the JSON the formats render (json.dumps' defaults): no free whitespace for a random model to loop in
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_ANY_OBJECT = {"type": "object"}
+_ANY_OBJECT = {"type": "object", "additionalProperties": {}}  # open: `closed` keeps it open
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SUBSCHEMAS = ("items", "not", "if", "then", "else", "contains", "additionalItems")
@@ -82,11 +82,15 @@ class Grammars:
         self._cache: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
 
-    def guide(self, tools: list[Tool], mode: str, name: str | None) -> "Guide | None":
+    def guide(self, tools: list[Tool], mode: str, name: str | None, strict: bool = True) -> "Guide | None":
         """A fresh matcher for one reply, or None when nothing is constrained (no tools offered,
-        `tool_choice="none"`, or a format the grammar does not cover: that warns)."""
-        if mode == "none" or not tools:
+        `tool_choice="none"`, or a format the grammar does not cover: that warns). `strict` makes
+        every tool strict; otherwise only tools flagged `"strict": true` are, and the arguments of
+        the others are any JSON object (their calls still follow the format's markup)."""
+        if mode == "none" or not tools or not (strict or any(t.strict for t in tools)):
             return None
+        if not strict:
+            tools = [t if t.strict else Tool(t.name, t.description, _ANY_OBJECT) for t in tools]
         if self.fmt.calls_in_one_list:
             warnings.warn(f"strict decoding covers the hermes and llama3_json formats; the target's format "
                           f"{self.fmt.name!r} decodes non-strict", StrictFallbackWarning, stacklevel=3)

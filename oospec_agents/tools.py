@@ -18,6 +18,7 @@ class Tool:
     description: str
     parameters: dict
     _validator: Any = field(repr=False, compare=False, default=None)
+    strict: bool = False  # OpenAI's per-function "strict": calls must follow the schema (grammar.py)
 
     def __post_init__(self):
         if self._validator is None:  # built by hand: check the schema and build its validator here
@@ -32,9 +33,8 @@ class Tool:
         return [k for k in self.parameters.get("required") or [] if k in self.properties]
 
     def to_openai(self) -> dict:
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description,
-                             "parameters": self.parameters}}
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": dict(fn, strict=True) if self.strict else fn}
 
     def validate(self, arguments: Any) -> str | None:
         """None when `arguments` satisfies the schema, else the validator's message."""
@@ -63,7 +63,10 @@ def _tool_from_dict(spec: Any, position: int) -> Tool:
         params = _EMPTY_PARAMS
     if not isinstance(params, dict):
         raise ToolSchemaError(f"tool {name!r}: 'parameters' must be a JSON Schema object, got {type(params).__name__}")
-    return Tool(name=name, description=str(fn.get("description") or ""), parameters=params)
+    strict = fn.get("strict", False)
+    if not isinstance(strict, bool) and strict is not None:
+        raise ToolSchemaError(f"tool {name!r}: 'strict' must be true or false, got {strict!r}")
+    return Tool(name=name, description=str(fn.get("description") or ""), parameters=params, strict=bool(strict))
 
 
 def _validator(name: str, params: Any):

@@ -158,3 +158,20 @@ def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp
             assert gen.token_ids == ref, (rec["id"], method)
             if gen.finish_reason != "length":
                 assert gen.tool_calls and not gen.invalid_tool_calls, (rec["id"], gen.text)
+
+
+def test_per_tool_strict_flags_constrain_only_their_tools(grammars, smollm2_tokenizer):
+    flagged = tool("weather", FEATURES[0]["function"]["parameters"]["properties"], ["city"])
+    flagged["function"]["strict"] = True
+    tools = normalize_tools([flagged, FEATURES[2]])
+    assert tools[0].strict and not tools[1].strict and tools[0].to_openai()["function"]["strict"] is True
+    g = grammars()
+    assert g.guide(normalize_tools(FEATURES), "auto", None, strict=False) is None  # nothing flagged: no grammar
+
+    def takes(text):
+        guide = g.guide(tools, "auto", None, strict=False)
+        ids = smollm2_tokenizer.encode(text, add_special_tokens=False) + [smollm2_tokenizer.eos_token_id]
+        return guide.matcher.consume_tokens(ids) and not guide.matcher.is_error()
+    assert takes(call("weather", {"city": "A"}))
+    assert not takes(call("weather", {"city": 1}))           # the flagged tool is strict
+    assert takes(call("tag", {"labels": "anything", "x": 1}))  # the other one's arguments are any object
