@@ -9,7 +9,10 @@ from pathlib import Path
 
 import torch
 
+import time
+
 from oospec_agents import data
+from oospec_agents.events import ReplyEvents, TextDelta, ToolCallDelta
 from oospec_agents.drafters import Draft, DraftContext, Drafter
 from oospec_agents.bench.records import spread  # noqa: F401  (n records round-robin over the sources)
 
@@ -141,3 +144,36 @@ class ReferenceDrafter(Drafter):
             bad[self.wrong_at] = (bad[self.wrong_at] + 1) % 1000
         # With `branch`, the flawed draft comes first, so the accepted path is not contiguous in the tree.
         return [Draft(bad, self.source), Draft(good, self.source)] if self.branch else [Draft(bad, self.source)]
+
+
+def replay(fmt, text: str) -> list:
+    """Every event of `text` committed one character per round, and the final flush."""
+    events = ReplyEvents(fmt, lambda i: f"call_{i}")
+    out = [e for end in range(1, len(text) + 1) for e in events.feed(text[:end])]
+    return out + events.feed(text, final=True)
+
+
+def joined(events) -> tuple[str, dict[int, dict]]:
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    calls: dict[int, dict] = {}
+    for e in events:
+        if isinstance(e, ToolCallDelta):
+            call = calls.setdefault(e.index, {"id": e.id, "name": e.name, "arguments": ""})
+            call["arguments"] += e.arguments
+    return text, calls
+
+
+class InTime:
+    """Holds submit() until the wave has posted: the hint is ready at the first round, as when the
+    sidecar has its own GPU. Forward counts then do not depend on how busy the CPU is."""
+
+    def __init__(self, sidecar):
+        self.sidecar = sidecar
+        self.name = getattr(sidecar, "name", None)
+
+    def submit(self, request):
+        ticket = self.sidecar.submit(request)
+        deadline = time.perf_counter() + 120
+        while ticket.poll() is None and ticket.error is None and not ticket.declined and time.perf_counter() < deadline:
+            time.sleep(0.002)
+        return ticket

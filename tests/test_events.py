@@ -11,30 +11,13 @@ import re
 import pytest
 import torch
 
-from oospec_testing import check_events, greedy, tiny_model, trace_stream
+from oospec_testing import check_events, greedy, joined, replay, tiny_model, trace_stream
 from oospec_agents import Engine, TextDelta, ToolCallDelta
 from oospec_agents.events import ReplyEvents, read_call
 from oospec_agents.formats import HermesFormat, Llama3JsonFormat
 
 HERMES_REPLY = ('Let me check that.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
                 '\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>')
-
-
-def replay(fmt, text: str) -> list:
-    """Every event of `text` committed one character per round, and the final flush."""
-    events = ReplyEvents(fmt, lambda i: f"call_{i}")
-    out = [e for end in range(1, len(text) + 1) for e in events.feed(text[:end])]
-    return out + events.feed(text, final=True)
-
-
-def joined(events) -> tuple[str, dict[int, dict]]:
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    calls: dict[int, dict] = {}
-    for e in events:
-        if isinstance(e, ToolCallDelta):
-            call = calls.setdefault(e.index, {"id": e.id, "name": e.name, "arguments": ""})
-            call["arguments"] += e.arguments
-    return text, calls
 
 
 @pytest.mark.parametrize("fmt,text", [

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from oospec_testing import check_events, greedy, tiny_model, trace_stream
-from oospec_agents import Engine, TextDelta, ToolCallDelta
+from oospec_testing import check_events, greedy, joined, replay, tiny_model, trace_stream
+from oospec_agents import Engine, TextDelta
 from oospec_agents.chat import normalize_messages, render_prompt
 from oospec_agents.drafters.base import DraftContext
 from oospec_agents.drafters.hint import continuation
@@ -193,26 +193,6 @@ def test_a_template_that_drops_tools_gets_the_formats_prompt_calls_and_results(f
 
 
 # ---------------------------------------------------------------- streamed events
-
-def replay(fmt, text: str) -> list:
-    """Every event of `text` committed one character per round, then the final flush; along the
-    way, each call's fragments so far must be a prefix of what they finally join to."""
-    events = ReplyEvents(fmt, lambda i: f"call_{i}")
-    out = []
-    for end in range(1, len(text) + 1):
-        out += events.feed(text[:end])
-    return out + events.feed(text, final=True)
-
-
-def joined(events) -> tuple[str, dict[int, dict]]:
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    calls: dict[int, dict] = {}
-    for e in events:
-        if isinstance(e, ToolCallDelta):
-            call = calls.setdefault(e.index, {"id": e.id, "name": e.name, "arguments": ""})
-            call["arguments"] += e.arguments
-    return text, calls
-
 
 @pytest.mark.parametrize("fmt,text", [
     (MISTRAL, "Let me check.\n" + MISTRAL.render_calls(CALLS)),

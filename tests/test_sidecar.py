@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from oospec_testing import check_events, greedy, tiny_model, trace_stream
+from oospec_testing import InTime, check_events, greedy, tiny_model, trace_stream
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.drafters import DraftContext, HintDrafter
@@ -271,22 +271,6 @@ def test_poll_returns_at_once_while_the_wave_computes():
         time.sleep(0.001)
     assert hint.text == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     assert hint.payload_bytes == len(b'{"f":"get_weather","a":{"city":"Paris"}}') and hint.ready_s > 0
-
-
-class InTime:
-    """Holds submit() until the wave has posted: the hint is ready at the first round, as when the
-    sidecar has its own GPU. Forward counts then do not depend on how busy the CPU is."""
-
-    def __init__(self, sidecar):
-        self.sidecar = sidecar
-        self.name = getattr(sidecar, "name", None)
-
-    def submit(self, request):
-        ticket = self.sidecar.submit(request)
-        deadline = time.perf_counter() + 120
-        while ticket.poll() is None and ticket.error is None and not ticket.declined and time.perf_counter() < deadline:
-            time.sleep(0.002)
-        return ticket
 
 
 # ---------------------------------------------------------------- faults change nothing in the target's output

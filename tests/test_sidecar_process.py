@@ -15,8 +15,7 @@ import psutil
 import pytest
 import torch
 
-from oospec_testing import greedy, tiny_model
-from test_sidecar import InTime
+from oospec_testing import InTime, greedy, tiny_model
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.formats import Llama3JsonFormat

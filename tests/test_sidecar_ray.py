@@ -4,33 +4,19 @@ greedy; a killed actor is a fault in `stats`, never a change in the tokens, and 
 starts another."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from oospec_agents import Engine
+from oospec_testing import InTime
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
 REPO = Path(__file__).resolve().parents[1]
 N = 48  # the session's greedy references are 48 tokens
-
-
-class InTime:
-    """Holds submit() until the actor has answered: the hint is there at the first round."""
-
-    def __init__(self, sidecar):
-        self.sidecar, self.name = sidecar, sidecar.name
-
-    def submit(self, request):
-        ticket = self.sidecar.submit(request)
-        deadline = time.perf_counter() + 120
-        while ticket.poll() is None and ticket.error is None and not ticket.declined and time.perf_counter() < deadline:
-            time.sleep(0.005)
-        return ticket
 
 
 @pytest.fixture(scope="module")

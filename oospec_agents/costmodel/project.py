@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .table import EXTRAPOLATE, CostModelError, CostTable, OutsideTable
+from .table import EXTRAPOLATE, CostModelError, CostTable, OutsideTable, read_json
 
 KIND = "oospec projection"
 BANNER = ("PROJECTION from CPU acceptance traces priced with a measured cost table: not a measurement. "
@@ -34,12 +34,7 @@ SIDECAR_NOTE = ("the wave: the sidecar's prefill of the request's uncached share
 
 def load_results(path: str | Path) -> dict:
     path = Path(path)
-    if not path.is_file():
-        raise CostModelError(f"results file {str(path)!r} does not exist (write one with `oospec bench`)")
-    try:
-        results = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CostModelError(f"{str(path)!r} is not valid JSON: {e}") from None
+    results = read_json(path, "results file", "oospec bench")
     records = results.get("records")
     if not isinstance(records, list) or not records:
         raise CostModelError(f"{str(path)!r} holds no per-record runs: expected the results.json of `oospec bench`")

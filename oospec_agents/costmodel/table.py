@@ -54,13 +54,7 @@ class CostTable:
 
     @classmethod
     def load(cls, path: str | Path) -> CostTable:
-        path = Path(path)
-        if not path.is_file():
-            raise CostModelError(f"cost table {str(path)!r} does not exist (write one with `oospec profile`)")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise CostModelError(f"cost table {str(path)!r} is not valid JSON: {e}") from None
+        data = read_json(path, "cost table", "oospec profile")
         if data.get("kind") != KIND:
             raise CostModelError(f"{str(path)!r} is not a cost table from `oospec profile` (no \"kind\": \"{KIND}\")")
         return cls.from_dict(data)
@@ -94,3 +88,15 @@ class CostTable:
 
     def in_grid(self, k: int, context: int) -> bool:
         return k <= self.k[-1] and context <= self.context[-1]
+
+
+def read_json(path: str | Path, what: str, maker: str):
+    """A JSON file's content; a missing file or bad JSON is a CostModelError naming `what` and the
+    command (`maker`) that writes one."""
+    path = Path(path)
+    if not path.is_file():
+        raise CostModelError(f"{what} {str(path)!r} does not exist (write one with `{maker}`)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CostModelError(f"{what} {str(path)!r} is not valid JSON: {e}") from None
