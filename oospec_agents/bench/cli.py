@@ -26,6 +26,8 @@ def add_parser(sub, name):
                         "else --sidecar)")
     p.add_argument("--target-device", default=None)
     p.add_argument("--sidecar-device", default=None)
+    p.add_argument("--sidecar-placement", default=None, choices=("auto", "thread", "process", "ray"),
+                   help="where the sidecar's wave runs (default: the engine's, 'auto')")
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
     p.add_argument("--tool-choice", default="required",
                    help="required (default: every record expects a call, so the opener is forced alike for "
@@ -70,9 +72,15 @@ def run(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     payback = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
+    if args.sidecar_placement:
+        payback["sidecar_placement"] = args.sidecar_placement
     sidecar = False if str(args.sidecar).lower() == "none" else args.sidecar
     engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device,
                                     sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)
+    if "oospec" in methods and sidecar is not False and engine.sidecar is None:
+        # Without a sidecar `oospec` decodes as `toolspec`: a bench that compares them would say nothing.
+        raise RuntimeError("method 'oospec' needs a sidecar, and none was loaded (see the warning above: is the "
+                           "'train' extra, with peft, installed?); pass --sidecar none to bench oospec without one")
     assistant, assistant_tok = _load_assistant(args, engine) if "assisted" in methods else (None, None)
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
                          warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario)

@@ -45,6 +45,8 @@ def environment(engine, assistant=None) -> dict:
         "sidecar": None if sidecar is None else getattr(sidecar, "name", type(sidecar).__name__),
         "sidecar_device": None if sidecar_dev is None else str(sidecar_dev),
         "sidecar_device_name": None if sidecar_dev is None else device_name(sidecar_dev),
+        # where its wave runs: WaveSidecar (a thread of this process), ProcessSidecar, RaySidecar
+        "sidecar_runtime": None if sidecar is None else type(sidecar).__name__,
         "assistant": None if assistant is None else getattr(assistant.config, "_name_or_path", type(assistant).__name__),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -26,7 +26,8 @@ def _lossless(f: dict) -> str:
 
 def markdown(results: dict) -> str:
     env, cfg, methods = results["env"], results["config"], results["methods"]
-    dev = env["target_device_name"] + (f", sidecar on {env['sidecar_device_name']}"
+    runtime = {"ProcessSidecar": " (its own process)", "RaySidecar": " (a Ray actor)"}.get(env.get("sidecar_runtime"), "")
+    dev = env["target_device_name"] + (f", sidecar on {env['sidecar_device_name']}{runtime}"
                                        if env.get("sidecar_device_name") else "")
     lines = [
         "# oospec bench",
@@ -57,10 +58,12 @@ def markdown(results: dict) -> str:
     lines += _per_source(results, "Tokens per target forward, per source", lambda f: _f(f["mean_accepted_tokens"]))
     accepted = {m: f["accepted_by_source"] for m, f in methods.items() if f["accepted_by_source"]}
     if accepted:
-        lines += ["", "## Accepted draft tokens by drafter", "", "| method | schema | retrieval | hint |",
-                  "|---|---|---|---|"]
-        lines += [f"| {m} | {a.get('schema', 0)} | {a.get('retrieval', 0)} | {a.get('hint', 0)} |"
-                  for m, a in accepted.items()]
+        # strict runs add the tokens their grammar forced (committed unverified: jump-forward)
+        sources = ["schema", "retrieval", "hint"] + (["grammar"] if any(a.get("grammar") for a in accepted.values())
+                                                     else [])
+        lines += ["", "## Accepted draft tokens by drafter", "", "| method | " + " | ".join(sources) + " |",
+                  "|---" * (len(sources) + 1) + "|"]
+        lines += ["| " + " | ".join([m] + [str(a.get(s, 0)) for s in sources]) + " |" for m, a in accepted.items()]
     lines += ["", "## Where the time goes", "",
               "| method | e2e s / record | prefill s | decode s | ms per decode round | of which host ms "
               "| host share of decode | hints in time |",
