@@ -64,7 +64,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError):
-        return error_response(400, str(exc), exc.param)
+        return error_response(400, str(exc), exc.param, exc.code)
 
     @app.exception_handler(OoOSpecError)
     async def _engine_refused(request: Request, exc: OoOSpecError):

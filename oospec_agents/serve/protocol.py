@@ -53,9 +53,9 @@ class ChatCompletionRequest(BaseModel):
 class RequestError(ValueError):
     """A request the server understands but will not serve; `param` names the field."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 def refuse_sampling(req: ChatCompletionRequest) -> None:
@@ -75,6 +75,23 @@ def refuse_sampling(req: ChatCompletionRequest) -> None:
     if kind != "text":
         raise RequestError(f"response_format type {kind!r} is not supported; pass the schema as a tool "
                            "with tool_choice naming it to get structured output", "response_format")
+
+
+_JSON_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a decimal"), (str, "a string"),
+               (list, "an array"), (dict, "an object"))
+
+
+def check_tools(req: ChatCompletionRequest) -> None:
+    """What OpenAI checks of each tool before the engine sees it: `function.strict` is a boolean
+    (or null). Its error names the field as OpenAI's does: `tools[0].function.strict`."""
+    for i, tool in enumerate(req.tools or ()):
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or fn.get("strict") is None or isinstance(fn["strict"], bool):
+            continue
+        got = next((kind for t, kind in _JSON_KINDS if isinstance(fn["strict"], t)), type(fn["strict"]).__name__)
+        param = f"tools[{i}].function.strict"
+        raise RequestError(f"Invalid type for '{param}': expected a boolean, but got {got} instead.", param,
+                           "invalid_type")
 
 
 def usage(gen) -> dict:

@@ -51,6 +51,7 @@ class ChatOoOSpec(BaseChatModel):
     Tool calling:
         ```python
         model.bind_tools([get_current_weather], tool_choice="auto").invoke("Weather in Paris?")
+        model.bind_tools([get_current_weather], strict=True)    # calls decoded under the schema's grammar
         ```
 
     Engines are shared: every `ChatOoOSpec` naming the same models and devices uses one loaded engine,
@@ -126,6 +127,7 @@ class ChatOoOSpec(BaseChatModel):
         tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
         *,
         tool_choice: dict | str | None = None,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools, kept under `tools` as OpenAI function dicts (LangGraph reads them there).
@@ -134,8 +136,16 @@ class ChatOoOSpec(BaseChatModel):
             tools: anything `convert_to_openai_tool` accepts; each schema is checked now.
             tool_choice: "auto", "none", "any" or "required" (some tool must be called), a tool's
                 name, or `{"type": "function", "function": {"name": ...}}`.
+            strict: as in `ChatOpenAI.bind_tools`. True: every tool is bound with `"strict": true`
+                (and, as `convert_to_openai_tool(strict=True)` writes it, every object in its schema
+                closed and its properties required), and the engine decodes the calls under a
+                grammar of valid calls, so they always match the schema (docs/strict.md). Unlike
+                `ChatOpenAI`, this reaches tools given as `{"type": "function", ...}` dicts too.
+                False: `"strict": false` on every tool. None: each tool as it is given.
         """
-        formatted = [_openai_tool(t, i) for i, t in enumerate(tools)]
+        if strict is not None and not isinstance(strict, bool):
+            raise TypeError(f"strict must be True, False or None, got {strict!r}")
+        formatted = [_openai_tool(t, i, strict) for i, t in enumerate(tools)]
         # Each schema is checked now, so a bad one fails here, naming the tool. Duplicate names are
         # the engine's to reject when a request is made: binding them is not yet an error.
         checked = [tool for spec in formatted for tool in normalize_tools([spec])]
@@ -158,17 +168,21 @@ class ChatOoOSpec(BaseChatModel):
         "function_calling" and "json_schema" both force one call of a tool whose parameters are the
         schema, so the output is parsed from a call the engine has validated. "json_mode" asks
         for nothing structural: the prompt must request JSON, and the reply's text is parsed.
-        `strict` is accepted for compatibility; calls are always validated against the schema.
+        `strict=True` binds that tool strict (`bind_tools(strict=True)`): the call is decoded under
+        the schema's grammar, so it always parses (unless `max_tokens` cuts it off). As in
+        `ChatOpenAI`, `strict` is refused with "json_mode".
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
+        if strict is not None and method == "json_mode":
+            raise ValueError("Argument `strict` is not supported with `method`='json_mode'")
         is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         ls_format = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
         if method in ("function_calling", "json_schema"):
             if schema is None:
                 raise ValueError(f"schema must be given for method={method!r}")
             name = convert_to_openai_tool(schema)["function"]["name"]
-            llm = self.bind_tools([schema], tool_choice=name, ls_structured_output_format=ls_format)
+            llm = self.bind_tools([schema], tool_choice=name, strict=strict, ls_structured_output_format=ls_format)
             tools_parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
                             else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
             parser: Runnable = RunnableLambda(_reject_invalid_call) | tools_parser
@@ -304,9 +318,16 @@ def _check_temperature(value: Any) -> None:
                          "is verified against the target's argmax), so use temperature=0 or leave it unset")
 
 
-def _openai_tool(tool: Any, position: int) -> dict:
+def _openai_tool(tool: Any, position: int, strict: bool | None = None) -> dict:
+    if strict is not None and isinstance(tool, dict):
+        # `convert_to_openai_tool` returns a `{"type": "function", ...}` dict as it is, ignoring
+        # `strict`; its function part goes through the conversion like any function dict, so that
+        # strict=True reaches every tool. A function with no parameters takes none (strict needs them).
+        fn = tool.get("function") if tool.get("type") == "function" else tool
+        if isinstance(fn, dict) and "name" in fn:
+            tool = {"parameters": {"type": "object", "properties": {}}, **fn}
     try:
-        return convert_to_openai_tool(tool)
+        return convert_to_openai_tool(tool, strict=strict)
     except (ValueError, TypeError) as e:
         reason = " ".join(str(e).split())
         raise ToolSchemaError(f"tools[{position}] ({tool!r:.80}) cannot be converted to an OpenAI tool: {reason}") from e

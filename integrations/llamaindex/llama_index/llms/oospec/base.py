@@ -78,6 +78,10 @@ class OoOSpec(FunctionCallingLLM):
     chat_template: Optional[str] = Field(
         default=None, description="A Jinja chat template, or the path of a file holding one, replacing the "
         "target tokenizer's own (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja).")
+    strict: bool = Field(
+        default=False, description="Whether tool calls are strict, as in LlamaIndex's OpenAI LLM: every tool is "
+        'sent with "strict": true, and the engine decodes the calls under a grammar of valid calls, so they always '
+        "match the tools' schemas (docs/strict.md). A call's own `strict=` wins over it.")
 
     _engine: LazyEngine = PrivateAttr()
 
@@ -93,6 +97,7 @@ class OoOSpec(FunctionCallingLLM):
         prefix_cache_tokens: Optional[int] = None,
         chat_template: Union[str, os.PathLike, None] = None,
         sidecar_placement: Optional[Literal["auto", "thread", "process"]] = None,
+        strict: bool = False,
         engine: Optional[Engine] = None,
         **kwargs: Any,
     ) -> None:
@@ -108,7 +113,8 @@ class OoOSpec(FunctionCallingLLM):
         chat_template = None if chat_template is None else os.fspath(chat_template)
         super().__init__(model="embedded" if model is None else os.fspath(model), method=method,
                          max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens,
-                         chat_template=chat_template, sidecar_placement=sidecar_placement, **placement, **kwargs)
+                         chat_template=chat_template, sidecar_placement=sidecar_placement, strict=strict,
+                         **placement, **kwargs)
         # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
         self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device, "sidecar_device": sidecar_device,
                                                         "prefix_cache_tokens": prefix_cache_tokens,
@@ -226,7 +232,10 @@ class OoOSpec(FunctionCallingLLM):
         if unknown:
             raise TypeError(f"OoOSpec chat got unexpected keyword arguments {unknown}; it accepts "
                             f"{list(_CHAT_KWARGS)} (decoding is greedy, so there is no temperature)")
-        request = ChatRequest(messages=to_engine_messages(messages), tools=kwargs.get("tools") or None,
+        tools = kwargs.get("tools") or None
+        if tools and self.strict:
+            tools = [_strict_tool(t) for t in tools]
+        request = ChatRequest(messages=to_engine_messages(messages), tools=tools,
                               tool_choice=kwargs.get("tool_choice", "auto"),
                               max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
                               method=self.method)
@@ -256,13 +265,19 @@ class OoOSpec(FunctionCallingLLM):
         allow_parallel_tool_calls: bool = False,
         tool_required: bool = False,
         tool_choice: Union[str, dict, None] = None,
+        strict: Optional[bool] = None,
         **kwargs: Any,
     ) -> Dict[str, Any]:
         """The `chat` arguments for a reply that may call `tools`.
 
         `tool_choice` ("auto", "none", "required", a tool's name, or an OpenAI dict) wins over
-        `tool_required`, which asks for any call.
+        `tool_required`, which asks for any call. `strict` (None: the LLM's own `strict`) sends
+        every tool with `"strict": true`: its calls are decoded under the schemas' grammar.
         """
+        if strict is None:
+            strict = self.strict
+        elif not isinstance(strict, bool):
+            raise TypeError(f"strict must be True, False or None, got {strict!r}")
         for i, tool in enumerate(tools):
             if not isinstance(tool, BaseTool):
                 raise TypeError(f"tools[{i}] must be a LlamaIndex BaseTool (e.g. FunctionTool.from_defaults"
@@ -274,9 +289,13 @@ class OoOSpec(FunctionCallingLLM):
             messages.append(user_msg)
         if tool_choice is None:
             tool_choice = "required" if tool_required else "auto"
+        specs = [tool.metadata.to_openai_tool(skip_length_check=True) for tool in tools]
+        if strict or self.strict:  # written out either way, so a call's strict=False wins in `chat`
+            for spec in specs:
+                spec["function"]["strict"] = strict
         return {
             "messages": messages,
-            "tools": [tool.metadata.to_openai_tool(skip_length_check=True) for tool in tools],
+            "tools": specs,
             "tool_choice": tool_choice,
             "allow_parallel_tool_calls": allow_parallel_tool_calls,
             **kwargs,
@@ -297,6 +316,18 @@ class OoOSpec(FunctionCallingLLM):
             raise ValueError(f"expected at least one tool call in the response, got none{why}. "
                              f"Reply text: {response.message.content or '':.200}")
         return calls
+
+
+def _strict_tool(tool: Any) -> Any:
+    """An OpenAI tool dict flagged `"strict": true`, unless it says otherwise (a copy: the caller's
+    dict is not changed). Anything else is left for the engine to check."""
+    if not isinstance(tool, dict):
+        return tool
+    if isinstance(tool.get("function"), dict):
+        return tool if "strict" in tool["function"] else {**tool, "function": {**tool["function"], "strict": True}}
+    if "name" in tool and "strict" not in tool:  # a bare function dict
+        return {**tool, "strict": True}
+    return tool
 
 
 def _partial_kwargs(arguments: str, before: dict) -> dict:
