@@ -74,7 +74,7 @@ class ChatOoOSpec(BaseChatModel):
     prefix_cache_tokens: int | None = None
     """KV of recent prompts the engine keeps for reuse, in tokens (0 turns it off; None: the engine's
     default). An agent resends its system prompt and tools every turn: only the new tail is prefilled."""
-    sidecar_placement: Literal["auto", "thread", "process"] | None = None
+    sidecar_placement: Literal["auto", "thread", "process", "ray"] | None = None
     """Where the sidecar's waves run: "thread", "process" (a worker process of its own), or "auto"
     (a process for a CUDA sidecar, a thread on the CPU). None: the engine's default ("auto")."""
     chat_template: str | None = None

@@ -72,7 +72,7 @@ class OoOSpec(FunctionCallingLLM):
     prefix_cache_tokens: Optional[int] = Field(
         default=None, ge=0, description="KV of recent prompts kept for reuse, in tokens (0 turns it off; "
         "None: the engine's default), so each agent turn prefills only what is new.")
-    sidecar_placement: Optional[Literal["auto", "thread", "process"]] = Field(
+    sidecar_placement: Optional[Literal["auto", "thread", "process", "ray"]] = Field(
         default=None, description='Where the sidecar\'s waves run: "thread", "process" (a worker process of its '
         'own), or "auto" (a process for a CUDA sidecar, a thread on the CPU). None: the engine\'s default ("auto").')
     chat_template: Optional[str] = Field(
@@ -96,7 +96,7 @@ class OoOSpec(FunctionCallingLLM):
         max_new_tokens: int = 256,
         prefix_cache_tokens: Optional[int] = None,
         chat_template: Union[str, os.PathLike, None] = None,
-        sidecar_placement: Optional[Literal["auto", "thread", "process"]] = None,
+        sidecar_placement: Optional[Literal["auto", "thread", "process", "ray"]] = None,
         strict: bool = False,
         engine: Optional[Engine] = None,
         **kwargs: Any,
