@@ -177,6 +177,72 @@ def test_evaluation_prints_a_per_source_table():
         "| a | 1 | 100.0% | 50.0% |", "| b | 2 | 50.0% | 50.0% |", "| **all** | 3 | 66.7% | 50.0% |"]
 
 
+def _alarm_tools():
+    """Tools a random model can finish under strict: bounded integers and enums end, strings would not."""
+    def tool(name, properties, required):
+        return {"type": "function", "function": {"name": name, "description": "", "parameters": {
+            "type": "object", "properties": properties, "required": required}}}
+    return [tool("set_alarm", {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                               "day": {"type": "string", "enum": ["mon", "tue"]}}, ["hour", "day"]),
+            tool("dim", {"level": {"type": "integer", "minimum": 0, "maximum": 10}}, ["level"])]
+
+
+def test_written_calls_parse_and_validate_against_the_offered_schemas():
+    from types import SimpleNamespace
+
+    from oospec_agents.formats import HermesFormat
+    from oospec_agents.train.evaluate import written_calls
+    fmt, tools = HermesFormat(), _alarm_tools()
+
+    def check(text, finish="stop"):
+        return written_calls(fmt, SimpleNamespace(text=text, finish_reason=finish), tools)
+    ok, bad = fmt.render_call("dim", {"level": 3}), fmt.render_call("dim", {"level": 11})  # 11 > maximum
+    assert check(ok) == {"calls": 1, "parsed": 1, "valid": 1, "cut_off": 0}
+    assert check("Sure. " + ok + "\n" + bad) == {"calls": 2, "parsed": 2, "valid": 1, "cut_off": 0}
+    assert check(fmt.render_call("nope", {})) == {"calls": 1, "parsed": 1, "valid": 0, "cut_off": 0}  # not offered
+    assert check('<tool_call>\n{"name": "dim", "arguments": {level: 3}}\n</tool_call>')["parsed"] == 0
+    assert check(ok + "\n" + ok[:-8], "length") == {"calls": 2, "parsed": 1, "valid": 1, "cut_off": 1}
+    assert check("no call at all") == {"calls": 0, "parsed": 0, "valid": 0, "cut_off": 0}
+
+
+def test_evaluate_target_strict_on_a_random_model(tiny_engine, tmp_path, monkeypatch, capsys):
+    """`evaluate target --strict` on 2 records (a third source filtered out): unconstrained, the random
+    model's forced call never parses; strict, every call it writes validates, but for one that
+    max_new_tokens cut off (it may call on and on)."""
+    from oospec_agents.train import evaluate
+    monkeypatch.setattr(evaluate, "target_engine", lambda adapter=None: tiny_engine)
+    tools, dev = _alarm_tools(), tmp_path / "dev.jsonl"
+    asks = [("bfcl_simple", "Wake me at 7 on Monday.", "set_alarm", {"hour": 7, "day": "mon"}),
+            ("apibank_l1", "Dim the lights to 3.", "dim", {"level": 3}),
+            ("bfcl_multiple", "Dim the lights to 2.", "dim", {"level": 2})]
+    dev.write_text("".join(json.dumps({"id": f"r{i}", "source": src, "messages": [{"role": "user", "content": ask}],
+                                       "tools": tools, "expected": [{"name": name, "arguments": args}], "meta": {}})
+                           + "\n" for i, (src, ask, name, args) in enumerate(asks)))
+
+    def run(*flags):
+        out = tmp_path / "out.json"
+        assert evaluate.main(["target", "--dev", str(dev), "--out", str(out), *flags]) == 0
+        return json.loads(out.read_text()), capsys.readouterr().out
+
+    free, _ = run("--tool-choice", "required")
+    strict, printed = run("--tool-choice", "required", "--strict")
+    for res, is_strict in ((free, False), (strict, True)):
+        assert set(res["by_source"]) == {"bfcl_simple", "bfcl_multiple"} and res["overall"]["n"] == 2
+        assert res["strict"] is is_strict and res["tool_choice"] == "required"
+    assert free["overall"]["calls"] == 2 and free["overall"]["parse"] == free["overall"]["valid"] == 0
+    o = strict["overall"]
+    assert o["parse"] == o["valid"] > 0 and round(o["parse"] * o["calls"]) == o["calls"] - o["cut_off"], o
+    assert o["cut_off"] <= 2 and (o["cut_off"] or o["parse"] == 1.0)
+    assert "| source | n | right_tool | exact_args | lenient_args | calls | parse | valid | cut_off |" in printed
+    # no call written under auto: no share to give ("-" in the table); --sources given twice
+    auto, printed = run("--sources", "apibank_l1", "--sources", "bfcl_simple", "--limit", "1")
+    assert set(auto["by_source"]) == {"apibank_l1", "bfcl_simple"} and auto["overall"]["calls"] == 0
+    assert auto["overall"]["parse"] is None and "| **all** | 2 |" in printed and " - |" in printed
+    with pytest.raises(SystemExit):
+        evaluate.main(["target", "--dev", str(dev), "--sources", "bfcl_simple,nope"])
+    assert "no record of source(s) ['nope']" in capsys.readouterr().err
+
+
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     from oospec_agents.cli import main
     rc = main(["train-target", "--train", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")])

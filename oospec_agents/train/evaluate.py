@@ -1,6 +1,7 @@
 """Scoring the embedded pair against the goals on dev.jsonl.
 
     python -m oospec_agents.train.evaluate target  --dev ../shared/data/toolcalls/dev.jsonl
+    python -m oospec_agents.train.evaluate target  --dev ../shared/data/toolcalls/dev.jsonl --strict
     python -m oospec_agents.train.evaluate sidecar --dev ../shared/data/toolcalls/dev.jsonl --limit 60
     python -m oospec_agents.train.evaluate hint    --dev ../shared/data/toolcalls/dev.jsonl --limit 40
     python -m oospec_agents.train.evaluate sidecar --dev ../shared/data/toolcalls/dev.jsonl \
@@ -10,7 +11,9 @@
 then a per-source table.
 
 - target: right tool / exact arguments of `Engine.from_pretrained("embedded")` with
-  tool_choice="auto" on the BFCL simple and multiple records;
+  tool_choice="auto" on the BFCL simple and multiple records, and of the calls written, the share
+  that parse and the share that validate against their tool's JSON Schema; `--strict` decodes
+  every record under the grammar of valid calls (`engine.generate(..., strict=True)`);
 - sidecar: function-index accuracy / argument exact match of the sidecar adapter's rows, computed by
   the runtime's wave (the function row constrained to the offered names and null, as under "auto");
 - hint: the share of generated tokens that the sidecar's hint drafted, with method="oospec".
@@ -19,9 +22,94 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+import jsonschema
 import torch
+
+#: the 408 dev records of the goals: BFCL simple_python (208) and multiple (200)
+BFCL_SOURCES = ("bfcl_simple", "bfcl_multiple")
+_EMPTY_PARAMS = {"type": "object", "properties": {}}
+
+
+def written_calls(fmt, gen, tools: list[dict]) -> dict:
+    """What the calls a reply wrote are worth, checked from its text alone (not from the engine's own
+    split into valid and invalid calls): `calls` written; `parsed`: their markup and JSON read as a
+    call with an arguments object; `valid`: parsed, naming an offered tool, and valid against its
+    JSON Schema (`jsonschema`); `cut_off`: the last call left open when max_new_tokens ran out (it
+    does not parse)."""
+    _, calls = fmt.parse(gen.text)
+    schemas = {}
+    for t in tools:
+        fn = t.get("function", t)
+        schemas[fn["name"]] = fn.get("parameters") or _EMPTY_PARAMS
+    parsed = [c for c in calls if "error" not in c and isinstance(c.get("arguments"), dict)]
+
+    def valid(call) -> bool:
+        schema = schemas.get(call["name"])
+        if schema is None:  # a tool that was not offered
+            return False
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        return cls(schema).is_valid(call["arguments"])
+
+    return {"calls": len(calls), "parsed": len(parsed), "valid": sum(map(valid, parsed)),
+            "cut_off": int(bool(calls) and "error" in calls[-1] and gen.finish_reason == "length")}
+
+
+class _Recorder:
+    """The engine as `evaluate_target` sees it: each `generate` decodes with `overrides` (strict,
+    tool_choice) on top of the scorer's arguments, and its reply is kept for `written_calls`."""
+
+    def __init__(self, engine, **overrides):
+        self.engine, self.overrides, self.replies = engine, overrides, []
+
+    def generate(self, messages, tools=None, **kw):
+        gen = self.engine.generate(messages, tools, **(kw | self.overrides))
+        self.replies.append((messages, gen))
+        return gen
+
+
+def _call_rates(t: dict) -> dict:
+    share = lambda k: round(t[k] / t["calls"], 4) if t["calls"] else None  # noqa: E731
+    return {"calls": t["calls"], "parse": share("parsed"), "valid": share("valid"), "cut_off": t["cut_off"]}
+
+
+def score_target(engine, records: list[dict], *, sources=BFCL_SOURCES, strict: bool = False,
+                 tool_choice: str = "auto", method: str = "toolspec", max_new_tokens: int = 160,
+                 progress: bool = True, details: bool = False) -> dict:
+    """`target.evaluate_target`'s figures (right tool, exact and lenient arguments) of the records of
+    `sources`, decoded with `strict` and `tool_choice`, and beside them, per source and overall, the
+    calls written and the shares of them that parse and that validate (`written_calls`; null when no
+    call was written). The result also names `strict` and `tool_choice`."""
+    from .target import evaluate_target
+    rec = _Recorder(engine, strict=strict, tool_choice=tool_choice)
+    res = evaluate_target(rec, records, sources=sources, method=method, max_new_tokens=max_new_tokens,
+                          progress=progress, details=details)
+    scored = [r for r in records if not sources or r["source"] in sources]
+    assert len(scored) == len(rec.replies) and all(m is r["messages"] for r, (m, _) in zip(scored, rec.replies))
+    keys = ("calls", "parsed", "valid", "cut_off")
+    per: dict[str, dict] = {}
+    for r, (_, gen) in zip(scored, rec.replies):
+        t = per.setdefault(r["source"], dict.fromkeys(keys, 0))
+        for k, v in written_calls(engine.fmt, gen, r["tools"]).items():
+            t[k] += v
+    tot = {k: sum(t[k] for t in per.values()) for k in keys}
+    res["overall"] |= _call_rates(tot)
+    for src, t in per.items():
+        res["by_source"][src] |= _call_rates(t)
+    return res | {"strict": strict, "tool_choice": tool_choice}
+
+
+def target_engine(adapter=None):
+    """The target with `adapter` merged (default: the embedded one), no sidecar, as
+    `run.evaluate_adapter` loads it."""
+    from .. import models
+    from ..engine import Engine
+    dev = torch.device("cpu")
+    model, tok = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev),
+                                   adapter=adapter or models.EMBEDDED_TARGET_ADAPTER)
+    return Engine(model, tok, None)
 
 
 def hint_share(engine, records, *, max_new_tokens=160, progress=True) -> dict:
@@ -54,7 +142,7 @@ def source_table(res: dict) -> str:
     if not rows:
         return ""
     cols = [c for c in next(iter(rows.values())) if not isinstance(next(iter(rows.values()))[c], (dict, list))]
-    cell = lambda v: f"{v:.1%}" if isinstance(v, float) and 0 <= v <= 1 else str(v)  # noqa: E731
+    cell = lambda v: "-" if v is None else f"{v:.1%}" if isinstance(v, float) and 0 <= v <= 1 else str(v)  # noqa: E731
     lines = ["| source | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     lines += [f"| {src} | " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for src, r in rows.items()]
     lines.append("| **all** | " + " | ".join(cell(overall.get(c, "")) for c in cols) + " |")
@@ -62,40 +150,53 @@ def source_table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from .data import load_many, select
+    from .data import DataError, load_many, select
     p = argparse.ArgumentParser(prog="python -m oospec_agents.train.evaluate")
     p.add_argument("what", choices=["target", "sidecar", "hint"])
     p.add_argument("--dev", required=True, nargs="+", action="extend", metavar="FILE_OR_GLOB",
                    help="dev JSONL: several files or globs (e.g. dev.jsonl and held-out sources of train-extra)")
     p.add_argument("--limit", type=int, default=None, help="records per source")
-    p.add_argument("--sources", default=None, help="comma-separated sources (default per mode)")
+    p.add_argument("--sources", action="append", default=None, metavar="SOURCE[,SOURCE...]",
+                   help="score only the records whose `source` is one of these: a comma-separated list, and/or "
+                        "the option given several times; a source with no record is an error. Default: for target "
+                        "and hint bfcl_simple,bfcl_multiple (the 408 BFCL simple + multiple records of dev.jsonl), "
+                        "for sidecar every source")
+    p.add_argument("--strict", action="store_true",
+                   help="target: decode every record under the grammar of valid calls (generate(..., strict=True))")
+    p.add_argument("--tool-choice", default="auto", choices=["auto", "required"],
+                   help="target: the tool_choice of every request (default auto, as the goals are measured)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument("--details", action="store_true", help="list every record that is not exact")
     p.add_argument("--target-adapter", default=None, help="score this target adapter (default: the embedded one)")
     p.add_argument("--sidecar-adapter", default=None, help="score this sidecar adapter (default: the embedded one)")
     a = p.parse_args(argv)
+    if a.what != "target" and (a.strict or a.tool_choice != "auto"):
+        p.error("--strict and --tool-choice apply to `target` only")
+    sources = [s.strip() for arg in a.sources or () for s in arg.split(",") if s.strip()] or \
+        (None if a.what == "sidecar" else list(BFCL_SOURCES))
+    try:
+        recs = load_many(a.dev)
+    except DataError as e:
+        p.error(str(e))
+    missing = sorted(set(sources or ()) - {r.get("source") for r in recs})
+    if missing:
+        p.error(f"no record of source(s) {missing} in {a.dev}")
     if a.threads:
         torch.set_num_threads(a.threads)
-    recs = load_many(a.dev)
     if a.what == "target":
-        from .. import models
-        from .run import evaluate_adapter
-        res = evaluate_adapter("smollm2", a.target_adapter or models.EMBEDDED_TARGET_ADAPTER, recs, limit=a.limit,
-                               sources=tuple(a.sources.split(",")) if a.sources else ("bfcl_simple", "bfcl_multiple"),
-                               details=a.details)
+        res = score_target(target_engine(a.target_adapter), select(recs, sources, a.limit), sources=tuple(sources),
+                           strict=a.strict, tool_choice=a.tool_choice, details=a.details)
     elif a.what == "sidecar":
         from .. import models
         from .sidecar_train import evaluate_sidecar
         dev = torch.device("cpu")
         m, t = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev),
                                  adapter=a.sidecar_adapter or models.EMBEDDED_SIDECAR_ADAPTER)
-        res = evaluate_sidecar(m, t, recs, sources=a.sources.split(",") if a.sources else None,
-                               limit_per_source=a.limit, details=a.details)
+        res = evaluate_sidecar(m, t, recs, sources=sources, limit_per_source=a.limit, details=a.details)
     else:
         from ..engine import Engine
         engine = Engine.from_pretrained("embedded", adapter=a.target_adapter, sidecar_adapter=a.sidecar_adapter)
-        sources = a.sources.split(",") if a.sources else ["bfcl_simple", "bfcl_multiple"]
         res = hint_share(engine, select(recs, sources, a.limit))
     text = json.dumps(res, indent=2)
     print(text)
@@ -103,6 +204,7 @@ def main(argv=None) -> int:
     if table:
         print("\n" + table)
     if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
             f.write(text + "\n")
     return 0
