@@ -5,7 +5,9 @@
     path, next_token = verify(tree(drafts))   one target forward, greedy acceptance
     commit path + next_token; crop the KV cache past rejected nodes; emit the new events
 
-The target is the only model that commits tokens, so the output equals its greedy decoding.
+The target is the only model that commits tokens, so the output equals its greedy decoding. Under a
+grammar (strict), a token the grammar forces (the only one its mask allows) is committed at once
+without the target (jump-forward): it enters the KV cache in the next forward, ahead of the drafts.
 """
 from __future__ import annotations
 
@@ -102,6 +104,7 @@ class Engine:
         # One request at a time owns the target: requests from several threads are serialised.
         self._lock = threading.Lock()
         self._logged_faults: set[str] = set()
+        self._jump_forward = True  # private switch: tests compare forwards without it
 
     # ------------------------------------------------------------------ loading
 
@@ -262,20 +265,24 @@ class Engine:
         try:
             t0 = time.perf_counter()
             hit, cache = self.prefix_cache.lookup(req.prompt_ids, self._verifier.new_cache)
-            logits = self._verifier.forward(req.prompt_ids[hit:], cache, hit, last_only=True)
-            self.prefix_cache.store(req.prompt_ids, cache)  # before decoding grows it
+            forced = self._forced(req, req.max_new_tokens - 1, stats)  # the reply's first tokens, if forced
+            logits = self._verifier.forward(req.prompt_ids[hit:] + forced, cache, hit, last_only=True)
+            self.prefix_cache.store(req.prompt_ids + forced, cache)  # before decoding grows it
             self._sync()
             stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
             stats.cached_prompt_tokens = hit
-            pending = [int(logits[-1].argmax()) if req.guide is None else req.guide.choose(logits[-1])]
+            pending = forced + [int(logits[-1].argmax()) if req.guide is None else req.guide.choose(logits[-1])]
             t1 = time.perf_counter()
             while True:
                 yield from reply.commit(pending, logits, stats)
+                forced = [] if reply.finish else self._forced(req, req.max_new_tokens - len(reply.new), stats)
+                if forced:  # jump-forward: commit what the grammar forces now; the next forward feeds it
+                    yield from reply.commit(forced, None, stats)
                 if reply.finish is not None:
                     break
                 if cancel is not None and cancel.is_set():
                     return  # abandoned: the finally below stops the sidecar
-                tree = self._draft(method, ctx, reply, hints)
+                tree = self._draft(method, ctx, reply, hints, forced)
                 pending, logits = self._verify(tree, cache, reply, stats)
             self._sync()
             stats.decode_s = time.perf_counter() - t1
@@ -290,8 +297,18 @@ class Engine:
         yield from reply.close()
         yield self._finish(req, reply, stats, ids)
 
-    def _draft(self, method: str, ctx: DraftContext, reply: "_Reply", hints: HintSession | None):
-        """The candidate tree for the next forward: the hint first, then schema and retrieval drafts."""
+    def _forced(self, req: Prepared, limit: int, stats: DecodeStats) -> list[int]:
+        """The tokens the grammar forces next (none without one), counted as the grammar's."""
+        if req.guide is None or not self._jump_forward:
+            return []
+        forced = req.guide.forced(limit)
+        stats.accepted_by_source["grammar"] += len(forced)
+        return forced
+
+    def _draft(self, method: str, ctx: DraftContext, reply: "_Reply", hints: HintSession | None,
+               forced: list[int]):
+        """The candidate tree for the next forward: the forced tokens (committed, not yet in the KV
+        cache) below the last token the target chose, then the hint, schema and retrieval drafts."""
         ctx.ids, ctx.text = list(reply.req.prompt_ids) + reply.new, reply.text
         if hints is not None and ctx.hint is None and (hint := hints.poll()) is not None:
             ctx.hint = hint
@@ -299,21 +316,23 @@ class Engine:
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
         if ctx.hint:
             drafters.insert(0, self._drafters["hint"])
-        return build_tree(reply.new[-1], [d for dr in drafters for d in dr.propose(ctx)], self.max_draft_nodes,
-                          chain=not self._verifier.layout.tree)
+        return build_tree(reply.new[-1 - len(forced)], [d for dr in drafters for d in dr.propose(ctx)],
+                          self.max_draft_nodes, chain=not self._verifier.layout.tree, forced=forced)
 
     def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats):
-        """One target forward over the tree; the accepted path plus the target's own next token."""
-        past = len(reply.req.prompt_ids) + len(reply.new) - 1
+        """One target forward over the tree; the accepted drafts plus the target's own next token (the
+        forced tokens at the tree's start are committed already), and their logits."""
+        past = len(reply.req.prompt_ids) + len(reply.new) - 1 - tree.start
         guide = reply.req.guide
         path, nxt, logits = self._verifier.verify(tree, cache, past, choose=None if guide is None else guide.choose)
+        drafted = path[tree.start + 1:]
         stats.target_forwards += 1
         stats.forward_s += self._verifier.last_forward_s
-        stats.rounds.append((len(tree.tokens), len(path) - 1, past))
-        stats.draft_tokens += len(tree.tokens) - 1
-        for node in path[1:]:
+        stats.rounds.append((len(tree.tokens), len(drafted), past))
+        stats.draft_tokens += len(tree.tokens) - 1 - tree.start
+        for node in drafted:
             stats.accepted_by_source[tree.sources[node]] += 1
-        return [tree.tokens[i] for i in path[1:]] + [nxt], logits
+        return [tree.tokens[i] for i in drafted] + [nxt], logits[tree.start:]
 
     def _open_hints(self, req: Prepared, method: str, hint_text: str | None, stats: DecodeStats):
         if method != "oospec" or not req.tools:
@@ -402,10 +421,15 @@ class _Reply:
         self.finish: str | None = None  # "stop" | "length" once the reply is over
 
     def commit(self, pending: list[int], logits, stats: DecodeStats) -> Iterator[TextDelta | ToolCallDelta]:
-        """Commit what the last forward decided, check every stop condition, and yield the new events."""
+        """Commit what the last forward decided, check every stop condition, and yield the new events.
+        `logits` are the rows that chose the last of `pending`; the tokens before them (and all of them
+        when `logits` is None) were forced by the grammar: their margin is infinite."""
         if stats.margins is not None:
-            top2 = logits.float().topk(2, dim=-1).values
-            stats.margins += (top2[:, 0] - top2[:, 1]).tolist()[:len(pending)]
+            rows = 0 if logits is None else len(logits)
+            stats.margins += [float("inf")] * max(0, len(pending) - rows)
+            if rows:
+                top2 = logits.float().topk(2, dim=-1).values
+                stats.margins += (top2[:, 0] - top2[:, 1]).tolist()[:len(pending)]
         for t in pending[:self.req.max_new_tokens - len(self.new)]:
             self.new.append(t)
             if t in self.eos:

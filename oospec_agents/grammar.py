@@ -235,6 +235,20 @@ class Guide:
         self.consume([token])
         return token
 
+    def forced(self, limit: int) -> list[int]:
+        """Jump-forward: the run of next tokens that the grammar forces, each the only token its mask
+        allows, consumed (at most `limit`; it ends after EOS). The masked argmax of any logits is that
+        token, so the target need not choose it. A byte string the grammar forces is not enough: the
+        model might tokenise it differently, so a mask with two tokens allowed ends the run."""
+        run: list[int] = []
+        while len(run) < limit and not self.matcher.is_stopped():
+            allowed = self.allowed().nonzero()
+            if len(allowed) != 1:
+                break
+            run.append(int(allowed[0]))
+            self.consume(run[-1:])
+        return run
+
     def consume(self, tokens: list[int]) -> None:
         if self.matcher.is_stopped() and not self.matcher.is_error():
             return  # the grammar has ended (at EOS): the reply ends there, whatever a draft held beyond it

@@ -5,7 +5,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SOURCES = ("schema", "retrieval", "hint")
+#: sources of the committed tokens other than each forward's own next token: the drafts the target
+#: accepted, by drafter; and "grammar", the tokens a strict request's grammar forced (jump-forward:
+#: committed unverified, then fed to the target along with the next forward's drafts)
+SOURCES = ("schema", "retrieval", "hint", "grammar")
 
 
 @dataclass

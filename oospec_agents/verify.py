@@ -2,7 +2,9 @@
 
 Node 0 of the tree is the last committed token (not yet in the KV cache); every draft hangs below
 it. One forward scores all nodes under a tree attention mask; we then walk from the root while the
-target's argmax picks a child, and commit that path plus the target's own next token.
+target's argmax picks a child, and commit that path plus the target's own next token. Under a grammar,
+tokens it forced (jump-forward) are committed already: they form a chain below the root, fed in the
+same forward, and the drafts hang below the last of them (`Tree.start`), where the walk starts.
 """
 from __future__ import annotations
 
@@ -31,18 +33,31 @@ class Tree:
     sources: list[str | None]
     depths: list[int]
     children: list[dict[int, int]] = field(default_factory=list)
+    start: int = 0  # the node the drafts hang below: after the root's chain of forced tokens
 
     @property
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents) if i)
 
 
-def build_tree(root: int, drafts: list[Draft], max_nodes: int, chain: bool = False) -> Tree:
+def build_tree(root: int, drafts: list[Draft], max_nodes: int, chain: bool = False,
+               forced: list[int] = ()) -> Tree:
     """Merge drafts into a trie under `root`, first draft first, so the best guess stays contiguous.
-    With `chain`, only the first draft is kept: a chain, for targets that take no tree mask."""
+    With `chain`, only the first draft is kept: a chain, for targets that take no tree mask.
+    `forced`: committed tokens that follow `root` (a grammar forced them); they go first, as a chain,
+    the drafts below them, and they do not count in `max_nodes`."""
     t = Tree([root], [-1], [None], [0], [{}])
+    for tok in forced:
+        t.children[-1][tok] = len(t.tokens)
+        t.tokens.append(tok)
+        t.parents.append(len(t.tokens) - 2)
+        t.sources.append("grammar")
+        t.depths.append(len(t.tokens) - 1)
+        t.children.append({})
+    t.start = len(forced)
+    max_nodes += len(forced)
     for d in drafts[:1] if chain else drafts:
-        node = 0
+        node = t.start
         for tok in d.tokens:
             nxt = t.children[node].get(tok)
             if nxt is None:
@@ -168,10 +183,11 @@ class Verifier:
         """(accepted node path starting at the root, the target's next token, logits of the path).
 
         `choose(logits row) -> token` replaces the plain argmax, e.g. a grammar's masked argmax that
-        also advances the grammar: it is called on the accepted path's rows only, root first."""
+        also advances the grammar: it is called on the accepted path's rows only, from `tree.start`
+        (the root, unless forced tokens come first: those are committed, not chosen)."""
         logits = self.forward(tree.tokens, cache, past_len, tree)
         pick = logits.argmax(-1).tolist().__getitem__ if choose is None else (lambda i: choose(logits[i]))
-        path = [0]
+        path = list(range(tree.start + 1))
         while (nxt := tree.children[path[-1]].get(token := pick(path[-1]))) is not None:
             path.append(nxt)
         keep_cache(cache, past_len, path, len(tree.tokens))

@@ -148,16 +148,66 @@ def test_a_random_model_under_strict_writes_valid_calls_and_every_method_is_loss
         assert not free.tool_calls  # unconstrained, the random model writes no valid call
 
 
+def test_the_guide_forces_only_single_token_masks(grammars, smollm2_tokenizer):
+    guide = grammars().guide(normalize_tools(CLOSABLE), "named", "set_alarm")
+    forced = guide.forced(100)
+    # the prompt ends with the named call's opener and name; then the arguments' key and the first
+    # (required) property's key are forced, up to its value, where the model has a choice
+    assert HermesFormat().forced_prefix("set_alarm").endswith('{"name": "set_alarm"')
+    assert smollm2_tokenizer.decode(forced) == ', "arguments": {"hour": '
+    assert len(guide.allowed().nonzero()) > 1 and guide.forced(100) == []
+    assert grammars().guide(normalize_tools(CLOSABLE), "named", "set_alarm").forced(2) == forced[:2]
+
+
+def test_jump_forward_commits_forced_tokens_unverified_in_fewer_forwards(tiny_engine):
+    """Tokens the grammar forces are committed without the target and fed with the next drafts: the
+    output is still the masked reference, in fewer target forwards."""
+    ref = masked_reference(tiny_engine, ASK, CLOSABLE, "set_alarm", 32)
+    forwards = {}
+    try:
+        for jump in (False, True):
+            tiny_engine._jump_forward = jump
+            for method in METHODS:
+                gen = tiny_engine.generate(ASK, CLOSABLE, tool_choice="set_alarm", method=method, max_new_tokens=32,
+                                           strict=True, record_margins=True)
+                assert gen.token_ids == ref, (method, jump)
+                assert (gen.stats.accepted_by_source["grammar"] > 0) is jump, gen.stats.accepted_by_source
+                assert len(gen.stats.margins) == len(gen.token_ids)
+                forwards[method, jump] = gen.stats.target_forwards
+    finally:
+        tiny_engine._jump_forward = True
+    for method in METHODS:
+        assert forwards[method, True] < forwards[method, False], forwards
+    assert forwards["oospec", True] < forwards["ar", True], forwards
+    free = tiny_engine.generate(ASK, CLOSABLE, tool_choice="set_alarm", method="toolspec", max_new_tokens=16)
+    assert free.stats.accepted_by_source["grammar"] == 0  # non-strict: no grammar, nothing forced
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 12])
+def test_jump_forward_stops_at_max_new_tokens_like_the_reference(tiny_engine, n):
+    ref = masked_reference(tiny_engine, ASK, CLOSABLE, "set_alarm", n)
+    for method in ("ar", "toolspec"):
+        events = list(tiny_engine.stream(ASK, CLOSABLE, tool_choice="set_alarm", method=method, max_new_tokens=n,
+                                         strict=True))
+        gen = events[-1]
+        assert gen.token_ids == ref and gen.finish_reason == "length", (method, n)
+        assert gen.stats.accepted_by_source["grammar"] <= n
+
+
 @pytest.mark.slow
 def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp32):
+    forwards = dict.fromkeys(METHODS, 0)
     for rec in spread(load_records("dev"), 10):
         ref = masked_reference(embedded_fp32, rec["messages"], rec["tools"], "required", 48)
         for method in METHODS:
             gen = embedded_fp32.generate(rec["messages"], rec["tools"], tool_choice="required", method=method,
                                          max_new_tokens=48, strict=True)
             assert gen.token_ids == ref, (rec["id"], method)
+            assert gen.stats.accepted_by_source["grammar"] > 0, rec["id"]  # at least '"name": "' is forced
+            forwards[method] += gen.stats.target_forwards
             if gen.finish_reason != "length":
                 assert gen.tool_calls and not gen.invalid_tool_calls, (rec["id"], gen.text)
+    assert forwards["toolspec"] < forwards["ar"] and forwards["oospec"] < forwards["ar"], forwards
 
 
 def test_per_tool_strict_flags_constrain_only_their_tools(grammars, smollm2_tokenizer):
