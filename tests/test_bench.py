@@ -160,9 +160,28 @@ def test_small_bench_run_writes_valid_outputs_and_is_lossless(tmp_path, capsys):
     assert len(results["sources"]) == 2  # --limit 2 takes one record from each of two sources
     for key in ("target_device_name", "dtype", "torch", "transformers", "torch_threads"):
         assert results["env"][key], key
+    # the default is the embedded sidecar, in a thread here: oospec is not silently toolspec
+    assert results["env"]["sidecar"].startswith("embedded:SmolLM2-135M-Instruct"), results["env"]["sidecar"]
+    assert results["env"]["sidecar_runtime"] == "WaveSidecar"
     report = (out / "report.md").read_text()
     assert all(f"| {m} |" in report for m in ALL_METHODS)
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("given, loaded", [([], None), (["--sidecar", "none"], False), (["--sidecar", "None"], False),
+                                           (["--sidecar", "my/sidecar"], "my/sidecar")])
+def test_the_sidecar_flag_reaches_the_engine(monkeypatch, given, loaded):
+    """No --sidecar is the engine's default (None: the embedded sidecar); only the word 'none' loads none."""
+    from oospec_agents.engine import Engine
+    seen = {}
+
+    def load(target, sidecar, **kw):
+        seen.update(sidecar=sidecar, **kw)
+        raise SystemExit(7)
+    monkeypatch.setattr(Engine, "from_pretrained", load)
+    with pytest.raises(SystemExit):
+        main(["bench", "--data", str(DATA / "dev.jsonl"), "--limit", "1", "--sidecar-placement", "process", *given])
+    assert seen["sidecar"] == loaded and seen["sidecar_placement"] == "process"
 
 
 def _describe_run(results):

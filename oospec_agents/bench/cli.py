@@ -74,7 +74,7 @@ def run(args):
     payback = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
     if args.sidecar_placement:
         payback["sidecar_placement"] = args.sidecar_placement
-    sidecar = False if str(args.sidecar).lower() == "none" else args.sidecar
+    sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
     engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device,
                                     sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)
     if "oospec" in methods and sidecar is not False and engine.sidecar is None:
