@@ -48,6 +48,11 @@ def add_parser(sub, name):
     scenario.add_argument("--agent-loop", dest="scenario", action="store_const", const="agent_loop",
                           help="measure turn 2 of each record: its expected call's tool result appended, "
                                "tool_choice=auto; report it with turn 1 cached (warm) and not (cold)")
+    p.add_argument("--strict", action="store_true",
+                   help="also run each engine method in --methods (ar, toolspec, oospec) strict, under the grammar "
+                        "of valid calls, as ar+strict, toolspec+strict, oospec+strict in the same interleaved "
+                        "loop; they are checked against ar+strict (the masked reference), timed over ar, and "
+                        "report.md sets each beside its non-strict run")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no report on stdout")
     p.add_argument("--server", metavar="URL", default=None,
                    help="measure one engine method (--methods ar|toolspec|oospec) end to end through a running "
@@ -83,7 +88,8 @@ def run(args):
                            "'train' extra, with peft, installed?); pass --sidecar none to bench oospec without one")
     assistant, assistant_tok = _load_assistant(args, engine) if "assisted" in methods else (None, None)
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
-                         warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario)
+                         warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario,
+                         strict=args.strict)
     results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
                         data=args.bfcl or args.data)
     paths = write_all(results, args.out)
@@ -132,6 +138,8 @@ def run_server(args):
 
     if args.scenario != "cold":
         raise ValueError("--warm-tools and --agent-loop measure in process; drop them with --server")
+    if args.strict:
+        raise ValueError("--strict measures in process; drop it with --server")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if len(methods) != 1 or methods[0] not in ENGINE_METHODS:
         raise ValueError(f"--server measures one engine method: pass --methods with one of {list(ENGINE_METHODS)}, "

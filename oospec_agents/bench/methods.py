@@ -3,7 +3,9 @@
 Engine methods (`ar`, `toolspec`, `oospec`, `oracle`) report their own timings: `prefill_s` is the
 target's forward over the prompt (and its first token), `decode_s` everything after. They first
 serve the turn's unmeasured `before` requests (see scenarios.py), on a cleared prefix cache and
-retrieval memory.
+retrieval memory. With `--strict`, `ar`, `toolspec` and `oospec` also run as `ar+strict`,
+`toolspec+strict` and `oospec+strict` (STRICT): the same method under the grammar of valid calls,
+`engine.generate(..., strict=True)`, its forced tokens committed by jump-forward.
 
 transformers' `generate` methods (`hf_generate`, `prompt_lookup`, `assisted`) are timed from the
 outside. Their `prefill_s` is a separate plain greedy `generate(max_new_tokens=1)` on the same prompt,
@@ -56,20 +58,21 @@ class BenchContext:
 
 # ------------------------------------------------------------------ our engine
 
-def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None, margins: bool = False) -> Run:
+def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None, margins: bool = False,
+            strict: bool = False) -> Run:
     engine = ctx.engine
     engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
     engine.clear_prefix_cache()  # and starts cold: no method reuses the prompt another method prefilled
     for messages, tool_choice in turn.before:
         engine.generate(messages, turn.tools, tool_choice=tool_choice, max_new_tokens=ctx.max_new_tokens,
-                        method=method)
+                        method=method, strict=strict)
     if not turn.keep_memory:
         engine.clear_call_memory()
     if not turn.cached:
         engine.clear_prefix_cache()
     _wait_for_sidecar(engine)
     gen = engine.generate(turn.messages, turn.tools, tool_choice=turn.tool_choice, max_new_tokens=ctx.max_new_tokens,
-                          method=method, hint=hint, record_margins=margins)
+                          method=method, hint=hint, record_margins=margins, strict=strict)
     s = gen.stats
     return Run(gen.token_ids, gen.text, s.prefill_s, s.decode_s, s.target_forwards, dict(s.accepted_by_source),
                s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile, s.prompt_tokens,
@@ -100,6 +103,19 @@ def oracle(ctx, turn, ref: Run):
     # AR's whole reply (forced opener included) is the hint: the hint drafter aligns it to the
     # committed text, which starts with the same opener, and proposes the rest.
     return _engine(ctx, turn, "oospec", hint=ref.text)
+
+
+def ar_strict(ctx, turn, ref=None):
+    # the masked reference: greedy decoding of the target's logits masked by the grammar
+    return _engine(ctx, turn, "ar", margins=True, strict=True)
+
+
+def toolspec_strict(ctx, turn, ref=None):
+    return _engine(ctx, turn, "toolspec", strict=True)
+
+
+def oospec_strict(ctx, turn, ref=None):
+    return _engine(ctx, turn, "oospec", strict=True)
 
 
 # ------------------------------------------------------------------ transformers' generate
@@ -158,3 +174,25 @@ METHODS: dict[str, Callable[..., Run]] = {
     "ar": ar, "hf_generate": hf_generate, "prompt_lookup": prompt_lookup, "assisted": assisted,
     "toolspec": toolspec, "oospec": oospec, "oracle": oracle,
 }
+
+#: The strict variant of a method's name, and the methods that have one (the engine's own decoders).
+STRICT_SUFFIX = "+strict"
+STRICT: dict[str, Callable[..., Run]] = {
+    "ar" + STRICT_SUFFIX: ar_strict, "toolspec" + STRICT_SUFFIX: toolspec_strict,
+    "oospec" + STRICT_SUFFIX: oospec_strict,
+}
+
+
+def strict_name(method: str) -> str:
+    return method + STRICT_SUFFIX
+
+
+def plain_name(method: str) -> str:
+    """`oospec+strict` -> `oospec`; any other name unchanged."""
+    return method[:-len(STRICT_SUFFIX)] if method.endswith(STRICT_SUFFIX) else method
+
+
+def reference(method: str) -> str:
+    """The method whose tokens `method`'s are checked against: `ar`, or for a strict variant `ar+strict`
+    (the masked reference). Speedups are over `ar` for every method."""
+    return strict_name("ar") if method.endswith(STRICT_SUFFIX) else "ar"

@@ -2,11 +2,15 @@
 
 A method is lossless on a record when its tokens equal AR's, or when they first diverge at a
 numerical tie: AR's top-2 logits at that position lie within the dtype's rounding, so a forward
-over several tokens may legitimately flip the argmax. Ties are counted apart from losses.
+over several tokens may legitimately flip the argmax. Ties are counted apart from losses. A strict
+variant (`--strict`, `oospec+strict`) is checked the same way against `ar+strict`, the masked
+reference, and its margins.
 """
 from __future__ import annotations
 
 import torch
+
+from .methods import STRICT_SUFFIX, plain_name
 
 #: top-2 logit margin at or below which a divergence counts as a numerical tie
 TIE_TOLERANCE = {torch.bfloat16: 0.3, torch.float16: 0.06, torch.float32: 0.001}
@@ -117,7 +121,9 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
 def summarize(records: list[dict], methods: list[str]) -> dict:
     """{"methods": {m: figures}, "sources": {source: {m: figures}}} over the runner's per-record output.
 
-    Every method gets `vs_oracle` (its decode speedup over the oracle's) when the oracle ran.
+    Every method gets `vs_oracle` (its decode speedup over the oracle's) when the oracle ran. A strict
+    variant (`oospec+strict`) whose plain method ran gets `over_non_strict_decode` and
+    `over_non_strict_e2e`: its per-token speed over the plain method's (>1: strict is faster).
     """
     def block(recs):
         ref = [r["runs"]["ar"] for r in recs] if "ar" in methods else None
@@ -125,6 +131,12 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
         top = (figs.get("oracle") or {}).get("speedup_decode")
         for f in figs.values():
             f["vs_oracle"] = f["speedup_decode"] / top if top and f["speedup_decode"] else None
+        for m, f in figs.items():
+            if m.endswith(STRICT_SUFFIX) and plain_name(m) in figs:
+                plain = figs[plain_name(m)]
+                for k in ("decode", "e2e"):  # both over the same `ar`: the ratio is per-token time, plain / strict
+                    a, b = f[f"speedup_{k}"], plain[f"speedup_{k}"]
+                    f[f"over_non_strict_{k}"] = a / b if a and b else None
         return figs
 
     sources: dict[str, list[dict]] = {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .methods import STRICT_SUFFIX, plain_name, strict_name
+
 
 def write_all(results: dict, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
@@ -40,6 +42,7 @@ def markdown(results: dict) -> str:
         "Accepted tokens = tokens committed per target forward. Lossless: tokens equal AR's except at "
         f"numerical ties (AR's top-2 logit margin <= {cfg['tie_tolerance']}).",
         *_scenario_lines(cfg.get("scenario", "cold")),
+        *_strict_lines(cfg),
         "",
         "| method | n | speedup decode | speedup e2e | decode tok/s | mean accepted tokens | target forwards "
         "| hint_ready_s | hint_bytes | vs oracle | lossless |",
@@ -50,6 +53,8 @@ def markdown(results: dict) -> str:
                      f"| {_f(f['decode_tok_s'], '{:.1f}')} | {_f(f['mean_accepted_tokens'])} "
                      f"| {_f(f['target_forwards'], '{:.1f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
                      f"| {_f(f['hint_bytes'], '{:.0f}')} | {_f(f['vs_oracle'], '{:.0%}')} | {_lossless(f)} |")
+    if any(m.endswith(STRICT_SUFFIX) for m in methods):
+        lines += _strict_against_plain(methods)
     if "cold" in results:
         lines += _warm_against_cold(results)
     if cfg.get("wave_payback") == "off" and "oospec" in methods and "toolspec" in methods:
@@ -113,6 +118,46 @@ _SCENARIO_TEXT = {
 
 def _scenario_lines(scenario: str) -> list[str]:
     return ["", _SCENARIO_TEXT[scenario]] if scenario in _SCENARIO_TEXT else []
+
+
+def _strict_lines(cfg: dict) -> list[str]:
+    if not cfg.get("strict"):
+        return []
+    return ["", f"`--strict`: the `{STRICT_SUFFIX}` rows decode under the grammar of valid calls "
+            "(`engine.generate(..., strict=True)`: the grammar masks the target's logits, jump-forward commits "
+            f"the tokens it forces). They are checked against `{strict_name('ar')}`'s tokens (the masked "
+            "reference) and their margins; their speedups are over the plain `ar`, like every row's."]
+
+
+def _strict_against_plain(methods: dict) -> list[str]:
+    """One row per engine method that ran both ways: its speed strict over its speed non-strict."""
+    pairs = [(plain_name(m), m) for m in methods if m.endswith(STRICT_SUFFIX) and plain_name(m) in methods]
+    lines = ["", "## Strict against non-strict", "",
+             "Per-token time of each method non-strict over strict, on the same records in this run (>1: strict "
+             "is faster). Grammar tokens: forced by the grammar and committed without a forward (jump-forward), "
+             f"per record and as a share of the strict reply's tokens. Lossless: against `{strict_name('ar')}`. "
+             "A forced run before the reply's first free token rides in the prefill forward: its tokens count in "
+             "the reply but their time in prefill s, so the decode ratio credits them and the e2e ratio does not.",
+             "",
+             "| method | decode tok/s | strict decode tok/s | strict / non-strict decode | strict / non-strict e2e "
+             "| target forwards | strict target forwards | grammar tokens / record | grammar share | strict lossless |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for p, s in pairs:
+        f, g = methods[p], methods[s]
+        grammar = (g["accepted_by_source"] or {}).get("grammar", 0)
+        tokens = g["new_tokens"] * g["n"] if g["new_tokens"] is not None else 0
+        lines.append(f"| {p} | {_f(f['decode_tok_s'], '{:.1f}')} | {_f(g['decode_tok_s'], '{:.1f}')} "
+                     f"| {_f(g.get('over_non_strict_decode'), suffix='x')} | {_f(g.get('over_non_strict_e2e'), suffix='x')} "
+                     f"| {_f(f['target_forwards'], '{:.1f}')} | {_f(g['target_forwards'], '{:.1f}')} "
+                     f"| {_f(grammar / g['n'] if g['n'] else None, '{:.1f}')} "
+                     f"| {_f(grammar / tokens if tokens else None, '{:.0%}')} | {_lossless(g)} |")
+    oo = methods.get(strict_name("oospec"))
+    if oo and "oospec" in methods and oo.get("over_non_strict_decode") is not None:
+        r = oo["over_non_strict_decode"]
+        lines += ["", f"Goal (#19), `{strict_name('oospec')}` decodes at least as fast as `oospec`: "
+                  f"{r:.2f}x, **{'met' if r >= 1 else 'missed'}**; lossless against the masked reference: "
+                  f"{'yes' if oo['lossless'] else '**no**'}."]
+    return lines
 
 
 def _warm_against_cold(results: dict) -> list[str]:
@@ -207,7 +252,7 @@ def plot(results: dict, path: str | Path) -> None:
     for i, m in enumerate(names):
         xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
         ys = [figs[m]["speedup_decode"] or 0.0 for figs in groups.values()]
-        ax.bar(xs, ys, width, label=m)
+        ax.bar(xs, ys, width, label=m, hatch="//" if m.endswith(STRICT_SUFFIX) else None)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(groups)), list(groups), rotation=20, ha="right")
     ax.set_ylabel("decode speedup over ar (x)")

@@ -5,6 +5,11 @@ methods follow in an order rotated per record, so drift and cache effects hit ea
 With a warm scenario (scenarios.py) each record is measured twice, cold then warm. Every run is
 checked against the cold AR's tokens (the target alone, from an empty cache); speedups are over the
 AR of the same pass.
+
+With `strict` (`--strict`), each engine method in `methods` (`ar`, `toolspec`, `oospec`) also runs
+under the grammar of valid calls, as `ar+strict`, `toolspec+strict`, `oospec+strict`, in the same
+rotation as the others. A strict run is checked against `ar+strict`'s tokens (the masked
+reference); its speedups are over the plain `ar`, like every other method's.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from .env import environment
-from .methods import METHODS, BenchContext, Run
+from .methods import METHODS, STRICT, BenchContext, Run, reference, strict_name
 from .metrics import compare, summarize, tie_tolerance
 from .scenarios import turns
 
@@ -28,6 +33,7 @@ class BenchConfig:
     warmup: bool = True
     progress: bool = True
     scenario: str = "cold"      # "cold" | "warm_tools" | "agent_loop" (see scenarios.py)
+    strict: bool = False        # also run every engine method strict, as `<method>+strict`
 
 
 def check_methods(methods) -> list[str]:
@@ -38,10 +44,17 @@ def check_methods(methods) -> list[str]:
     return ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
 
 
+def with_strict(methods: list[str]) -> list[str]:
+    """`methods`, then the strict variant of each engine method among them (`ar+strict` first)."""
+    return methods + [strict_name(m) for m in methods if strict_name(m) in STRICT]
+
+
 def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), *, assistant=None,
               assistant_tokenizer=None, data: str | None = None) -> dict:
     """Run every method on every record; returns the results dict that report.write_all saves."""
     methods = check_methods(config.methods)
+    if config.strict:
+        methods = with_strict(methods)
     ctx = BenchContext(engine, config.max_new_tokens, assistant, assistant_tokenizer, config.prompt_lookup_tokens)
     tol = tie_tolerance(engine.target.dtype)
     passes = len(turns(records[0], config.scenario, config.tool_choice))
@@ -61,7 +74,7 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
     results["config"] = {"data": data, "n_records": len(records), "methods": methods,
                          "tool_choice": config.tool_choice, "max_new_tokens": config.max_new_tokens,
                          "prompt_lookup_num_tokens": config.prompt_lookup_tokens, "warmup": config.warmup,
-                         "scenario": config.scenario, "wave_payback": _ratio(engine),
+                         "scenario": config.scenario, "strict": config.strict, "wave_payback": _ratio(engine),
                          "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
     results["records"] = measured
     if passes > 1:  # the same records cold, side by side
@@ -77,16 +90,17 @@ def _run_record(ctx: BenchContext, rec: dict, methods: list[str], index: int, to
     k = index % len(others) if others else 0
     order = ["ar"] + others[k:] + others[:k]
     out: dict[str, dict] = {}
-    ref = None
+    refs: dict[str, Run] = {}
     for name, turn in turns(rec, config.scenario, config.tool_choice).items():
         runs: dict[str, Run] = {}
         for m in order:
             bar.set_postfix_str(f"{rec['id']} {name} {m}"[-48:])
-            runs[m] = METHODS[m](ctx, turn, runs.get("ar"))
+            runs[m] = (METHODS.get(m) or STRICT[m])(ctx, turn, runs.get("ar"))
             bar.update(1)
-        if name == "cold":
-            ref = runs["ar"]
-        out[name] = {"id": rec["id"], "source": rec["source"], "runs": {m: _row(m, runs[m], ref, tol) for m in methods}}
+        if name == "cold":  # the references: `ar`, and `ar+strict` for the strict runs
+            refs = {m: runs[m] for m in ("ar", strict_name("ar")) if m in runs}
+        out[name] = {"id": rec["id"], "source": rec["source"],
+                     "runs": {m: _row(m, runs[m], refs[reference(m)], tol) for m in methods}}
     return out
 
 
@@ -100,7 +114,7 @@ def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
            "sidecar_cached_prompt_tokens": r.sidecar_cached_prompt_tokens, "sidecar_skipped": r.sidecar_skipped,
            "wave_estimate_s": r.wave_estimate_s, "call_estimate_s": r.call_estimate_s, "host_s": r.host_s,
            "rounds": r.rounds, "check": check}
-    if m == "ar" or check["verdict"] != "exact":
+    if m == reference(m) or check["verdict"] != "exact":
         row["text"] = r.text
     return row
 
