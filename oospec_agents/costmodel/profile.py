@@ -95,63 +95,70 @@ def spread(runs: list[float]) -> float:
     return (q3 - q1) / q2 if q2 else 0.0
 
 
-def _median_s(fn, warmup: int, repeats: int) -> tuple[float, list[float]]:
-    for _ in range(warmup):
-        fn()
-    runs = [fn() for _ in range(repeats)]
-    return statistics.median(runs), runs
-
-
 def profile(model, ks: list[int], contexts: list[int], *, warmup: int = 2, repeats: int = 7,
             prefill_repeats: int = 3, seed: int = 0, progress=None) -> dict:
-    """{"k", "context", "verify_s" [k][context], "prefill_s" [context], "noisy", "runs"}: medians in seconds."""
+    """{"k", "context", "verify_s" [k][context], "prefill_s" [context], "noisy", "runs"}: medians in seconds.
+
+    The runs are interleaved, as the bench interleaves its methods: each repeat sweeps every point of
+    the grid once, in a new random order, so a slow spell of the device (another tenant of a VM, a
+    clock change) lands on all points alike instead of on the few measured during it. One filled KV
+    cache per context is kept for the whole sweep."""
     from ..verify import Verifier
     verifier = Verifier(model)
     vocab = model.config.get_text_config(decoder=True).vocab_size
     rng = random.Random(seed)
-    verify_s = [[0.0] * len(contexts) for _ in ks]
-    prefill_s, runs = [], {}
+    runs: dict[str, list[float]] = {}
 
     def sync():
         if verifier.device.type == "cuda":
             torch.cuda.synchronize(verifier.device)
 
-    for j, ctx in enumerate(contexts):
-        ids = [rng.randrange(vocab) for _ in range(ctx)]
-        filled = []  # the latest prefill's cache: the verify forwards below run over it
+    prompts = {ctx: [rng.randrange(vocab) for _ in range(ctx)] for ctx in contexts}
+    caches = {}
 
-        def prefill():
-            filled[:] = [verifier.new_cache()]
-            sync()
-            t0 = time.perf_counter()
-            verifier.forward(ids, filled[0], 0, last_only=True)
-            sync()
-            return time.perf_counter() - t0
+    def prefill(ctx):
+        caches[ctx] = verifier.new_cache()
+        sync()
+        t0 = time.perf_counter()
+        verifier.forward(prompts[ctx], caches[ctx], 0, last_only=True)
+        sync()
+        return time.perf_counter() - t0
 
-        med, raw = _median_s(prefill, 1, prefill_repeats)
-        prefill_s.append(med)
-        runs[f"prefill/{ctx}"] = raw
-        cache = filled.pop()
-        for i, k in enumerate(ks):
-            tree = bushy_tree(k, vocab, rng)
+    for ctx in contexts:  # a warm-up each, then the timed prefills interleaved over the contexts
+        prefill(ctx)
+    for _ in range(prefill_repeats):
+        for ctx in rng.sample(contexts, len(contexts)):
+            runs.setdefault(f"prefill/{ctx}", []).append(prefill(ctx))
+    trees = {k: bushy_tree(k, vocab, rng) for k in ks}
 
-            def verify():
-                verifier.forward(tree.tokens, cache, ctx, tree)
-                cache.crop(-k)  # back to the filled context (transformers 5.x crops by a negative count)
-                assert cache.get_seq_length() == ctx
-                return verifier.last_forward_s
+    def verify(k, ctx):
+        cache = caches[ctx]
+        verifier.forward(trees[k].tokens, cache, ctx, trees[k])
+        cache.crop(-k)  # back to the filled context (transformers 5.x crops by a negative count)
+        assert cache.get_seq_length() == ctx
+        return verifier.last_forward_s
 
-            verify_s[i][j], runs[f"verify/{k}/{ctx}"] = _median_s(verify, warmup, repeats)
-            if progress:
-                progress(f"k={k:<3} context={ctx:<6} {1000 * verify_s[i][j]:8.2f} ms")
+    points = [(k, ctx) for ctx in contexts for k in ks]
+    for k, ctx in points:
+        for _ in range(warmup):
+            verify(k, ctx)
+    for r in range(repeats):
+        for k, ctx in rng.sample(points, len(points)):
+            runs.setdefault(f"verify/{k}/{ctx}", []).append(verify(k, ctx))
         if progress:
-            progress(f"prefill context={ctx:<6} {1000 * prefill_s[-1]:8.2f} ms")
+            progress(f"sweep {r + 1}/{repeats} of {len(points)} points")
+    verify_s = [[statistics.median(runs[f"verify/{k}/{ctx}"]) for ctx in contexts] for k in ks]
+    prefill_s = [statistics.median(runs[f"prefill/{ctx}"]) for ctx in contexts]
+    if progress:
+        for i, k in enumerate(ks):
+            progress(f"k={k:<3} " + "  ".join(f"context={ctx}: {1000 * verify_s[i][j]:.2f} ms"
+                                             for j, ctx in enumerate(contexts)))
+        progress("prefill " + "  ".join(f"context={ctx}: {1000 * t:.2f} ms" for ctx, t in zip(contexts, prefill_s)))
     noisy = [key for key, raw in runs.items() if spread(raw) > NOISY]
     if noisy and progress:
         progress(f"warning: {len(noisy)} of {len(runs)} points vary by more than {NOISY:.0%} between runs "
                  "(interquartile range / median): is something else running on this device?")
     return {"k": ks, "context": contexts, "verify_s": verify_s, "prefill_s": prefill_s, "noisy": noisy, "runs": runs}
-
 
 
 def _ints(text: str) -> list[int]:
@@ -208,8 +215,9 @@ def run(args):
            "torch_threads": torch.get_num_threads() if device.type == "cpu" else None,
            "tree": "k=1: the root alone; k=2: a chain; k>2: a random tree, main chain of depth k // 2, "
                    "the rest branching off it (tree mask and position ids from the engine's Verifier)",
-           "timing": f"median of {args.repeats} after {args.warmup} warm-up runs; the model call alone "
-                     "(Verifier.last_forward_s); prefill: median of 3 from an empty cache; `noisy`: the points "
+           "timing": f"median of {args.repeats} after {args.warmup} warm-up runs, interleaved: each repeat sweeps "
+                     "the whole grid in a random order; the model call alone (Verifier.last_forward_s); prefill: "
+                     "median of 3 from an empty cache, interleaved over the contexts; `noisy`: the points "
                      f"whose runs spread more than {NOISY:.0%} (interquartile range / median)",
            "weights": "random (AutoModelForCausalLM.from_config): a cost table, not a model"} | table
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
