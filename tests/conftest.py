@@ -35,7 +35,17 @@ def tiny_engine(request, smollm2_tokenizer):
 def embedded_fp32():
     """The embedded target in float32 (exact losslessness is a float32 property), no sidecar."""
     from oospec_agents import Engine
-    return Engine.from_pretrained("embedded", sidecar=None, dtype=torch.float32)
+    return Engine.from_pretrained("embedded", sidecar=False, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def embedded_sidecar():
+    """The embedded sidecar in a thread of this process, loaded once. Its dtype is the engine's default on
+    this CPU (bf16 only where the CPU has it natively: emulated bf16 makes every wave slower)."""
+    from oospec_agents.models import resolve_dtype
+    from oospec_agents.sidecar.worker import load_sidecar
+    cpu = torch.device("cpu")
+    return load_sidecar("embedded", device=cpu, dtype=resolve_dtype(None, cpu), sidecar_placement="thread")
 
 
 

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def gemma3():
-    return Engine.from_pretrained(models.embedded_gguf("gemma3"), sidecar="embedded", dtype=torch.float32,
+def gemma3(embedded_sidecar):
+    """Gemma 3 with the session's embedded sidecar (the object, not loaded again)."""
+    return Engine.from_pretrained(models.embedded_gguf("gemma3"), sidecar=embedded_sidecar, dtype=torch.float32,
                                   chat_template=models.GEMMA3_CHAT_TEMPLATE)
 
 

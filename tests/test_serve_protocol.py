@@ -138,7 +138,7 @@ def test_oospec_object(client):
     extra = r.model_extra["oospec"]
     assert extra["stats"]["method"] == "toolspec"
     assert extra["stats"]["target_forwards"] >= 1
-    assert set(extra["stats"]["accepted_by_source"]) == {"schema", "retrieval", "hint"}
+    assert set(extra["stats"]["accepted_by_source"]) == {"schema", "retrieval", "hint", "grammar"}
     assert extra["replica"]
     # a call cut off at max_tokens cannot satisfy its schema: the failure names the call and says why
     if r.choices[0].finish_reason == "length":

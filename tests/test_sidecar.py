@@ -428,11 +428,6 @@ def test_requests_from_several_threads_are_serialised_and_unchanged(tiny_target,
 # ---------------------------------------------------------------- the embedded pair (SmolLM2-135M-Instruct, fp32)
 
 @pytest.fixture(scope="module")
-def embedded_sidecar():
-    return load_sidecar("embedded", device=torch.device("cpu"), dtype=torch.bfloat16)  # only the target must be fp32
-
-
-@pytest.fixture(scope="module")
 def oospec_traces(embedded_fp32, embedded_sidecar, dev_records20):
     """Per record: the oospec engine's streamed events with their rounds (the hint in time)."""
     oospec = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(embedded_sidecar))
@@ -441,12 +436,13 @@ def oospec_traces(embedded_fp32, embedded_sidecar, dev_records20):
 
 
 @pytest.fixture(scope="module")
-def runs20(embedded_fp32, dev_records20, oospec_traces):
-    """Per record: plain greedy, toolspec, and oospec with the embedded sidecar's hint in time."""
+def runs20(embedded_fp32, dev_records20, embedded_greedy48, oospec_traces):
+    """Per record: plain greedy (the session's first N tokens of greedy's 48), toolspec, and oospec
+    with the embedded sidecar's hint in time."""
     toolspec = Engine(embedded_fp32.target, embedded_fp32.tokenizer)
     runs = []
-    for r, (events, _) in zip(dev_records20, oospec_traces[1]):
-        ref = greedy(toolspec, toolspec.prompt_ids(r["messages"], r["tools"], tool_choice="required"), N)
+    for r, greedy48, (events, _) in zip(dev_records20, embedded_greedy48, oospec_traces[1]):
+        ref = greedy48[:N]
         ts = toolspec.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N, method="toolspec")
         runs.append((r, ref, ts, events[-1][1]))
     return runs

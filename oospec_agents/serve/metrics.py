@@ -17,7 +17,7 @@ class Metrics:
         self.prompt_tokens = Counter("oospec_prompt_tokens", "Prompt tokens of served replies", registry=r)
         self.generated_tokens = Counter("oospec_generated_tokens", "Tokens the target committed", registry=r)
         self.target_forwards = Counter("oospec_target_forwards", "Target forward passes", registry=r)
-        self.accepted = Counter("oospec_accepted_tokens", "Drafted tokens the target accepted, by drafter",
+        self.accepted = Counter("oospec_accepted_tokens", "Tokens committed without a target forward of their own, by source: drafts the target accepted, and (grammar) tokens a strict grammar forced",
                                 ["source"], registry=r)
         self.hints = Counter("oospec_hints", "Sidecar hints asked for: in time (used while the reply was "
                              "decoded) or late (the reply ended first)", ["arrival"], registry=r)
