@@ -45,8 +45,9 @@ ESTIMATE_WAIT_S = 0.5
 
 def auto_placement(device: torch.device) -> str:
     """What "auto" means: a process for a CUDA sidecar (its own CUDA context, and its host work off
-    the target's GIL); a thread on the CPU, for now (to be measured: a process there costs a second
-    copy of torch, and the target lends the wave its cores either way)."""
+    the target's GIL); a thread on the CPU, where the two placements bench alike (docs/sidecar.md,
+    "Thread or process on the CPU": the cores are shared either way) and a process costs a second copy
+    of torch and the model, a start of seconds, and a `__main__` guard."""
     return "process" if device.type == "cuda" else "thread"
 
 
