@@ -104,7 +104,12 @@ def test_profile_then_project_end_to_end_on_the_cpu(tmp_path, capsys):
     assert "not a measurement" in out.read_text()
     proj = json.loads(out.with_suffix(".json").read_text())
     assert proj["kind"] == "oospec projection" and proj["label"].startswith("PROJECTION")
-    assert set(proj["methods"]) == {"ar", "toolspec"} and proj["methods"]["toolspec"]["speedup_decode"] > 1
+    assert set(proj["methods"]) == {"ar", "toolspec"}
+    # the profiled table prices the trace (its times are this machine's, so the test checks the
+    # arithmetic, not that a 4-node forward beat three 1-node ones here)
+    t = CostTable.load(cost)
+    ar_s = sum(t.verify(1, c) for c in (20, 21, 22)) + 0.001
+    assert proj["methods"]["toolspec"]["speedup_decode"] == pytest.approx(ar_s / (t.verify(4, 20) + 0.001))
 
 
 @pytest.mark.parametrize("argv, message", [
