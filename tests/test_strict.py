@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from oospec_agents.formats import HermesFormat
 from oospec_agents.formats.llama3_json import Llama3JsonFormat
 from oospec_agents.grammar import Grammars, StrictFallbackWarning
 from oospec_agents.tools import normalize_tools
-from oospec_testing import load_records, spread
+from oospec_testing import load_records, masked_reference, spread
 
 METHODS = ("ar", "toolspec", "oospec")
 
@@ -113,16 +112,6 @@ def test_an_unsupported_keyword_warns_by_name_and_that_tool_decodes_non_strict(g
 
 
 # ------------------------------------------------------------------ decoding: lossless under the grammar
-
-def masked_reference(engine, messages, tools, tool_choice, n):
-    ids = engine.prompt_ids(messages, tools, tool_choice=tool_choice)
-    inp = torch.tensor([ids], device=engine.target.device)
-    proc = engine.logits_processor(messages, tools, tool_choice=tool_choice)
-    with torch.inference_mode():
-        out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), logits_processor=[proc],
-                                     do_sample=False, max_new_tokens=n)
-    return out[0, len(ids):].tolist()
-
 
 #: tools a random model can finish: bounded integers, booleans and enums end; strings would ramble on
 CLOSABLE = [tool("set_alarm", {"hour": {"type": "integer", "minimum": 0, "maximum": 23}, "loud": {"type": "boolean"},

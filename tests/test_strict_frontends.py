@@ -14,12 +14,12 @@ from typing import Literal
 import jsonschema
 import openai
 import pytest
-import torch
 from langchain_core.exceptions import OutputParserException
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.tools import FunctionTool
 from pydantic import BaseModel, Field
+import oospec_testing
 from serve_testing import API_KEY, running
 
 from langchain_oospec import ChatOoOSpec
@@ -94,18 +94,8 @@ def masked_reference(engine, messages, tools, tool_choice, n=N) -> list[int]:
     slow on this CPU, so each distinct request is decoded once)."""
     key = json.dumps([engine.model_name, messages, tools, tool_choice, n], sort_keys=True)
     if key not in _references:
-        _references[key] = _masked_reference(engine, messages, tools, tool_choice, n)
+        _references[key] = oospec_testing.masked_reference(engine, messages, tools, tool_choice, n)
     return _references[key]
-
-
-def _masked_reference(engine, messages, tools, tool_choice, n) -> list[int]:
-    ids = engine.prompt_ids(messages, tools, tool_choice=tool_choice)
-    inp = torch.tensor([ids], device=engine.target.device)
-    proc = engine.logits_processor(messages, tools, tool_choice=tool_choice)
-    with torch.inference_mode():
-        out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), logits_processor=[proc],
-                                     do_sample=False, max_new_tokens=n)
-    return out[0, len(ids):].tolist()
 
 
 def assert_strict_request(engine, request, reference: bool = True) -> Generation:
