@@ -26,6 +26,7 @@ from .drafters.retrieval import CallMemory
 from .errors import ContextLengthError, OoOSpecError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
+from .gcheap import freeze_gc_heap
 from .grammar import Grammars, Guide, StrictLogitsProcessor
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
@@ -118,14 +119,17 @@ class Engine:
         the target's own format, so any target can verify its hints. `sidecar=False` loads none.
         `sidecar_*` keywords (`sidecar_timeout_s`, `sidecar_threads`, `sidecar_placement` = "auto" | "thread" |
         "process", ...) configure a loaded sidecar; `chat_template`
-        (a Jinja string, or the path of a file holding one) replaces the target tokenizer's own; the
-        rest go to `Engine(...)`.
+        (a Jinja string, or the path of a file holding one) replaces the target tokenizer's own;
+        `freeze_gc` (default True) freezes the process's heap for the garbage collector once
+        everything is loaded, so that its full passes (200+ ms over a loaded engine's objects) stop
+        landing inside target forwards (gcheap.py); the rest go to `Engine(...)`.
         """
         from . import models
         t_dev, s_dev = models.default_devices(target_device, sidecar_device)
         t_dtype = models.resolve_dtype(dtype, t_dev)
         adapter = kw.pop("adapter", None)
         chat_template = kw.pop("chat_template", None)
+        freeze_gc = kw.pop("freeze_gc", True)
         sidecar_kw = {k: kw.pop(k) for k in list(kw) if k.startswith("sidecar_")}
         if str(target) == "embedded" and adapter is None and models.EMBEDDED_TARGET_ADAPTER.exists():
             adapter = models.EMBEDDED_TARGET_ADAPTER
@@ -135,7 +139,10 @@ class Engine:
         sidecar = "embedded" if sidecar is None else None if sidecar is False else sidecar
         side = cls._load_sidecar(sidecar, s_dev, models.resolve_dtype(dtype, s_dev), sidecar_kw)
         name = "embedded:SmolLM2-135M-Instruct" if str(target) == "embedded" else str(target)
-        return cls(model, tok, side, model_name=name, **kw)
+        engine = cls(model, tok, side, model_name=name, **kw)
+        if freeze_gc:
+            freeze_gc_heap()
+        return engine
 
     @staticmethod
     def _load_sidecar(ref, device, dtype, sidecar_kw: dict):

@@ -30,6 +30,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ..errors import ModelLoadError
+from ..gcheap import freeze_gc_heap
 from ..tools import Tool
 from .base import HintRequest
 from .worker import Ticket, load_wave, run_wave, wave_rows
@@ -368,6 +369,7 @@ def _serve(conn, spec: WorkerSpec, fault: str | None) -> None:
     except BaseException as e:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
+    freeze_gc_heap()  # the worker's loaded heap: its collections stay out of the waves (gcheap.py)
     send_lock = threading.Lock()
 
     def send(message) -> None:
