@@ -254,6 +254,29 @@ def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_
         assert miss["wrong_values"] == {k: v for k, v in predicted.items() if v != miss["expected"]["arguments"].get(k)}
 
 
+def test_no_call_records_are_scored_by_whether_the_function_row_declines(bpe_tokenizer, bpe_sidecar_model):
+    """#20: a "no call" record counts in `no_call` (declined = the wave's function row answered null),
+    never in the function accuracy of the records with calls."""
+    from oospec_agents.data import load_records as read
+    from oospec_agents.train.sidecar_train import evaluate_sidecar
+    from oospec_testing import DATA
+    extra = [r for r in read(DATA / "train-extra.jsonl") if r["source"] == "bfcl_irrelevance"][:3]
+    calls = [r for r in read(DATA / "dev.jsonl") if r["source"] == "bfcl_simple"][:2]
+    res = evaluate_sidecar(bpe_sidecar_model, bpe_tokenizer, calls + extra, progress=False, details=True)
+    assert res["overall"]["n"] == 2 and res["no_call"]["n"] == 3
+    assert set(res["no_call"]["by_source"]) == {"bfcl_irrelevance"}
+    wave = Wave(bpe_sidecar_model, bpe_tokenizer)
+    declined = 0
+    for rec in extra:
+        req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
+                          ("auto", None))
+        rows, prefix, choices = wave_rows(req)
+        name = parse_value(wave(prefix, rows[:1], None, choices)[0])
+        declined += name is None
+        assert (name is None) == all(m["id"] != rec["id"] for m in res["misses"])
+    assert res["no_call"]["declined"] == round(declined / 3, 4)
+
+
 # ---------------------------------------------------------------- the mailbox
 
 def test_poll_returns_at_once_while_the_wave_computes():

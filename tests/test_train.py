@@ -61,6 +61,24 @@ def test_uncalled_tools_get_null_and_the_called_tools_missing_params_too():
                                                                                    "unit": " null"}
 
 
+def test_a_no_call_record_teaches_the_function_row_to_decline(smollm2_tokenizer):
+    """#20: a "no call" record (no offered tool fits) is one function row labelled null, what the wave's
+    function row answers under tool_choice="auto" to decline; a record with no call and no such mark
+    is skipped, as before."""
+    from oospec_agents.train.sidecar_train import build_sidecar_examples
+    prefix, rows = training_rows(TRACE["messages"], TRACE["tools"], None)
+    assert rows == [Row("function", None, None, OPEN, " null")]
+    assert prefix == training_rows(TRACE["messages"], TRACE["tools"], TRACE["expected"][0])[0]
+    no_call = dict(TRACE, expected=[], meta={"no_call": True})
+    unmarked = dict(TRACE, expected=[])
+    examples, counts = build_sidecar_examples(smollm2_tokenizer, [TRACE, no_call, unmarked])
+    assert counts["records"] == 2 and counts["no_call"] == 1 and counts["skipped"] == 1
+    assert examples[1].kinds == ["function"]
+    start, n_suffix, n_target = examples[1].rows[0]
+    label = examples[1].ids[start + n_suffix:start + n_suffix + n_target]
+    assert label == smollm2_tokenizer.encode(" null", add_special_tokens=False) + [smollm2_tokenizer.eos_token_id]
+
+
 def test_no_row_sees_another_rows_answer(smollm2_tokenizer):
     prefix, rows = training_rows(TRACE["messages"], TRACE["tools"], TRACE["expected"][0])
     for row in rows:

@@ -203,6 +203,9 @@ def main(argv=None) -> int:
     table = source_table(res)
     if table:
         print("\n" + table)
+    if res.get("no_call"):  # sidecar: "no call" records, where the function row should decline
+        print("\n" + source_table({"by_source": res["no_call"]["by_source"],
+                                   "overall": {k: v for k, v in res["no_call"].items() if k != "by_source"}}))
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:

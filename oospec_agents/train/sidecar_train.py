@@ -18,15 +18,21 @@ log = logging.getLogger(__name__)
 
 
 def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_rows=6):
-    """One packed example per trace (its first call); counts of rows by kind."""
+    """One packed example per trace (its first call); counts of rows by kind.
+
+    A "no call" record (`expected` empty and `meta.no_call`: no offered tool fits) becomes one function
+    row labelled null: the wave's answer under tool_choice="auto" when it should decline (`no_call`
+    counts them). A record with no call and no such mark is skipped."""
     rng = random.Random(seed)
-    examples, counts = [], {"records": 0, "function_rows": 0, "slot_rows": 0, "too_long": 0, "skipped": 0}
+    examples, counts = [], {"records": 0, "no_call": 0, "function_rows": 0, "slot_rows": 0, "too_long": 0,
+                            "skipped": 0}
     for rec in traces:
-        if not rec["expected"]:
+        no_call = _no_call(rec)
+        if not rec["expected"] and not no_call:
             counts["skipped"] += 1
             continue
         try:
-            prefix, rows = training_rows(rec["messages"], rec["tools"], rec["expected"][0])
+            prefix, rows = training_rows(rec["messages"], rec["tools"], None if no_call else rec["expected"][0])
         except ValueError as e:
             counts["skipped"] += 1
             log.warning("%s: %s", rec.get("id"), e)
@@ -37,6 +43,7 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
             continue
         examples.append(ex)
         counts["records"] += 1
+        counts["no_call"] += no_call
         counts["function_rows"] += ex.kinds.count("function")
         counts["slot_rows"] += ex.kinds.count("slot")
     if not examples:
@@ -66,16 +73,24 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     from ..sidecar.worker import wave_rows
     from ..tools import normalize_tools
     wave = Wave(model, tokenizer)
-    recs = select([r for r in records if len(r["expected"]) == 1], sources, limit_per_source)
+    recs = select([r for r in records if len(r["expected"]) == 1 or _no_call(r)], sources, limit_per_source)
     per: dict = {}
+    declines: dict = {}
     misses = []
     model.eval()
     for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
-        call = rec["expected"][0]
         request = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
                               ("auto", None))
         rows, prefix, choices = wave_rows(request)
         name = parse_value(wave(prefix, rows[:1], None, choices)[0])
+        if _no_call(rec):  # the function row should decline (null): no wave for nothing
+            d = declines.setdefault(rec["source"], {"n": 0, "declined": 0})
+            d["n"] += 1
+            d["declined"] += name is None
+            if details and name is not None:
+                misses.append({"id": rec.get("id"), "expected": None, "function": name, "wrong_values": {}})
+            continue
+        call = rec["expected"][0]
         slots = [r for r in rows if r.tool == call["name"]]
         values = {r.param: parse_value(text) for r, text in zip(slots, wave(prefix, slots))}
         wrong = {k: v for k, v in values.items() if v != call["arguments"].get(k)}
@@ -92,7 +107,17 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
                       "arg_exact_match": round(s["slots_ok"] / max(1, s["slots"]), 4), "slots": s["slots"],
                       "call_exact": round(s["call_exact"] / max(1, s["n"]), 4)}
     out = {"overall": rate(tot), "by_source": {k: rate(v) for k, v in sorted(per.items())}}
+    if declines:  # "no call" records: the share where the function row declined
+        n, ok = sum(d["n"] for d in declines.values()), sum(d["declined"] for d in declines.values())
+        out["no_call"] = {"n": n, "declined": round(ok / n, 4),
+                          "by_source": {k: {"n": d["n"], "declined": round(d["declined"] / d["n"], 4)}
+                                        for k, d in sorted(declines.items())}}
     return out | ({"misses": misses} if details else {})
+
+
+def _no_call(rec: dict) -> bool:
+    """A "no call" record: no offered tool fits (`expected` empty, `meta.no_call` set)."""
+    return not rec["expected"] and bool((rec.get("meta") or {}).get("no_call"))
 
 
 def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
