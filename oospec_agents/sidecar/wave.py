@@ -11,6 +11,15 @@ every batch element is exactly its row's `prefix + suffix` and no row attends to
 A row may be constrained to a few choices (the function row: the offered tool names): its logits
 are masked to the tokens that continue one of them, and it stops once only one choice is left. Once
 it has chosen, the rows of every other tool leave the batch too.
+
+A large tool set (more rows than `max_rows`, MAX_ROWS by default) is decoded in two phases of the same
+wave, so that its cost stays bounded: the function row alone first, then only the rows of the tool it
+chose (the first `max_rows - 1` in schema order). With `top_tools=K` the first phase also decodes the
+rows of the K tools whose names the function row's first token ranks highest, and the second phase
+runs only when it chose another tool. A wave never has more than `max_rows` rows in one batch; with
+`top_tools=0` (the default) it decodes at most `max_rows` rows in all. Rows without a constrained
+function row (a named tool_choice: one tool's rows) are decoded in one batch, as always.
+docs/sidecar.md ("Large tool sets") has the measurements behind the defaults.
 """
 from __future__ import annotations
 
@@ -28,21 +37,37 @@ from .rows import Row, parse_value, value_end
 JSON_STARTS = set('"{[-0123456789tfn')  # a row whose first character is none of these is garbage
 #: the work of one row, in prefix tokens, for the wave's cost estimate (its opener, key and value)
 ROW_WORK = 8
+#: the most rows a wave decodes under a function row. Up to this many (every dev.jsonl request: at most 15)
+#: it decodes all rows in one lockstep batch, as it always has; above it (callnavi's 21-101 tools, BFCL
+#: multi-turn's 17-39, BFCL live_multiple's largest) the function row decides first and only its
+#: tool's rows follow. docs/sidecar.md, "Large tool sets", has the measurements behind 16.
+MAX_ROWS = 16
 
 
 class Wave:
-    def __init__(self, model, tokenizer, *, max_row_tokens: int = 32, prefix_cache_tokens: int = DEFAULT_TOKENS):
+    def __init__(self, model, tokenizer, *, max_row_tokens: int = 32, prefix_cache_tokens: int = DEFAULT_TOKENS,
+                 max_rows: int = MAX_ROWS, top_tools: int = 0):
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 2:
+            raise ValueError(f"max_rows must be an integer >= 2 (the function row and a slot), got {max_rows!r}")
+        if isinstance(top_tools, bool) or not isinstance(top_tools, int) or top_tools < 0:
+            raise ValueError(f"top_tools must be an integer >= 0, got {top_tools!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_row_tokens = max_row_tokens
+        #: a request with more rows than this is decoded in two phases (see the module's docstring)
+        self.max_rows = max_rows
+        #: in a two-phase wave, how many tools (ranked by the function row's first token) decode their
+        #: rows beside the function row; 0: the function row chooses alone first
+        self.top_tools = top_tools
         self.device = next(model.parameters()).device
         self.cache_kw = cache_kwarg(model)
         self.eos = eos_ids(model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
         #: the shared prefix (compact tools + conversation) of recent waves: the next turn reuses it
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
-        #: where the last wave's time went: prefix_tokens, cached_prefix_tokens, rows, prefill_s, steps
-        #: (tokens per row at most), decode_s
+        #: where the last wave's time went: prefix_tokens, cached_prefix_tokens, rows (decoded),
+        #: rows_offered, max_rows, prefill_s, steps (tokens per row at most, both phases together),
+        #: decode_s; a two-phase wave adds phases (1 or 2) and function_steps (the first phase's steps)
         self.profile: dict = {}
         #: seconds of finished waves against their work (uncached prefix tokens + ROW_WORK per row)
         self.cost = Line()
@@ -50,11 +75,22 @@ class Wave:
     def estimate(self, prefix: str, rows: list[Row]) -> float | None:
         """Seconds a wave over `prefix` and `rows` is expected to take; None before any has finished."""
         ids = self.tokenizer.encode(prefix, add_special_tokens=False)
-        return self.cost(len(ids) - self.prefix_cache.peek(ids) + ROW_WORK * len(rows))
+        return self.cost(len(ids) - self.prefix_cache.peek(ids) + ROW_WORK * self._work_rows(rows))
+
+    def _work_rows(self, rows: list[Row]) -> int:
+        """The rows a wave's work counts: all of them, but at most `max_rows` where a function row heads
+        them (which rows a two-phase wave decodes is not known before its function row has chosen)."""
+        return min(len(rows), self.max_rows) if rows and rows[0].kind == "function" else len(rows)
+
+    def two_phases(self, rows: list[Row], choices: dict[int, list[str]] | None = None) -> bool:
+        """Whether a wave decodes these rows in two phases: more than `max_rows` of them, headed by a
+        function row that is constrained to the offered names."""
+        return len(rows) > self.max_rows and rows[0].kind == "function" and 0 in (choices or {})
 
     def __call__(self, prefix: str, rows: list[Row], cancel: threading.Event | None = None,
                  choices: dict[int, list[str]] | None = None) -> list[str]:
-        """The text each row generated after its suffix (up to the end of its JSON value).
+        """The text each row generated after its suffix (up to the end of its JSON value); "" for a
+        row that a two-phase wave did not decode.
 
         `choices` maps a row's index to the only texts it may produce.
         """
@@ -63,55 +99,119 @@ class Wave:
         enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         tries = {i: [enc(c) for c in cs] for i, cs in (choices or {}).items()}
         out: list[list[int]] = [[] for _ in rows]
-        live = list(range(len(rows)))      # the row of each batch element still decoding
         prefix_ids = enc(prefix)
         t0 = time.perf_counter()
-        steps = 0
         with torch.inference_mode():
-            cache, logits, mask, pos, cached = self._prefill(prefix_ids, [enc(r.suffix) for r in rows],
-                                                             [r.tool for r in rows], cancel)
-            t1 = time.perf_counter()
-            for _ in range(self.max_row_tokens):
-                if cancel is not None and cancel.is_set():
-                    break
-                last = logits[:, -1]
-                for b, row in enumerate(live):
-                    if row in tries:
-                        last[b] = _constrain(last[b], tries[row], out[row])
-                tokens = last.argmax(-1)
-                steps += 1  # one more token for every live row
-                done, ruled_out = set(), set()
-                for row, t in zip(live, tokens.tolist()):
-                    if self._append(out[row], t, tries.get(row)):
-                        done.add(row)
-                        if rows[row].kind == "function":
-                            # Slots of the tools it ruled out cannot reach the call: stop decoding them.
-                            name = parse_value(self.tokenizer.decode(out[row], skip_special_tokens=True))
-                            ruled_out = {i for i, r in enumerate(rows) if r.tool not in (None, name)}
-                keep = [b for b, row in enumerate(live) if row not in done | ruled_out]
-                if not keep:
-                    break
-                if len(keep) < len(live):
-                    sel = torch.tensor(keep, device=self.device)
-                    cache.batch_select_indices(sel)
-                    tokens, mask, pos = tokens[sel], mask[sel], pos[sel]
-                    live = [live[b] for b in keep]
-                mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-                logits = self._forward(tokens[:, None], cache, mask, pos[:, None])
-                pos = pos + 1
-        self.profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": len(rows),
-                        "prefill_s": t1 - t0, "steps": steps, "decode_s": time.perf_counter() - t1}
+            if self.two_phases(rows, choices):
+                steps, cached, prefill_s, decoded, extra = self._two_phases(prefix_ids, rows, tries, out, cancel)
+            else:  # every row in one batch, as always (a named tool_choice's rows too: one tool's)
+                steps, cached, prefill_s = self._lockstep(prefix_ids, rows, list(range(len(rows))), tries, out,
+                                                          cancel)
+                decoded, extra = len(rows), {}
+        self.profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": decoded,
+                        "rows_offered": len(rows), "max_rows": self.max_rows, "prefill_s": prefill_s,
+                        "steps": steps, "decode_s": time.perf_counter() - t0 - prefill_s, **extra}
         if cancel is None or not cancel.is_set():  # a cancelled wave's time says nothing of its cost
-            self.cost.add(len(prefix_ids) - cached + ROW_WORK * len(rows), time.perf_counter() - t0)
+            self.cost.add(len(prefix_ids) - cached + ROW_WORK * self._work_rows(rows), time.perf_counter() - t0)
         return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
-    def _prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list, cancel=None):
+    def _two_phases(self, prefix_ids: list[int], rows: list[Row], tries: dict, out: list[list[int]], cancel):
+        """A large tool set: the function row first (beside the rows of the `top_tools` tools that its
+        first token ranks highest), then the rows of the tool it chose, where they have not run yet.
+        Each phase's prefill starts from the shared prefix of the one before: the prefix cache, or a
+        private one for this wave where the prefix cache is off or too small to hold it.
+        Returns (steps, cached prefix tokens, prefill seconds, rows decoded, profile extras)."""
+        by_tool: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            if r.kind == "slot" and r.tool is not None:
+                by_tool.setdefault(r.tool, []).append(i)
+        need = len(prefix_ids) + 64  # the prefix and the longest call opener
+        kept = self.prefix_cache if self.prefix_cache.max_tokens >= need else PrefixCache(need)
+        budget = self.max_rows - 1   # the slot rows one phase may decode beside the function row
+        first, prefill_s, extra = [0], 0.0, {}
+        if self.top_tools:
+            t = time.perf_counter()
+            fn_suffix = self.tokenizer.encode(rows[0].suffix, add_special_tokens=False)
+            _, logits, _, _, ranked_hit = self._prefill(prefix_ids, [fn_suffix], [None], cancel, kept)
+            prefill_s += time.perf_counter() - t
+            ranked = self._rank(logits[0, -1], tries[0], by_tool)[:self.top_tools]
+            for name in ranked:
+                if len(first) - 1 + len(by_tool[name]) <= budget:
+                    first += by_tool[name]
+            extra["top_tools"] = ranked
+        steps, cached, p = self._lockstep(prefix_ids, rows, first, tries, out, cancel, kept)
+        if self.top_tools:  # the ranking prefill saw the prefix cache first
+            cached = ranked_hit
+        prefill_s += p
+        extra.update(phases=1, function_steps=steps)
+        decoded = len(first)
+        name = parse_value(self.tokenizer.decode(out[0], skip_special_tokens=True))
+        if (cancel is None or not cancel.is_set()) and isinstance(name, str) and name in by_tool \
+                and by_tool[name][0] not in first:
+            second = by_tool[name][:budget]  # a guard: no tool in the data has over 28 parameters
+            more, _, p = self._lockstep(prefix_ids, rows, second, tries, out, cancel, kept)
+            steps, prefill_s, decoded = steps + more, prefill_s + p, decoded + len(second)
+            extra["phases"] = 2
+        return steps, cached, prefill_s, decoded, extra
+
+    def _rank(self, logits: torch.Tensor, names: list[list[int]], by_tool: dict[str, list[int]]) -> list[str]:
+        """The offered tools with rows, best first, by the function row's logit for the first token
+        of each name (names that share their first token keep their offered order)."""
+        scored = []
+        for order, ids in enumerate(names):
+            name = parse_value(self.tokenizer.decode(ids, skip_special_tokens=True))
+            if ids and isinstance(name, str) and name in by_tool:
+                scored.append((-float(logits[ids[0]]), order, name))
+        return [name for _, _, name in sorted(scored)]
+
+    def _lockstep(self, prefix_ids: list[int], rows: list[Row], idx: list[int], tries: dict,
+                  out: list[list[int]], cancel, kept: PrefixCache | None = None) -> tuple[int, int, float]:
+        """Decode rows[i], for i in idx, as one batch into out[i]. Returns (steps, cached prefix
+        tokens, prefill seconds)."""
+        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        live = list(idx)      # the row of each batch element still decoding
+        t0 = time.perf_counter()
+        steps = 0
+        cache, logits, mask, pos, cached = self._prefill(prefix_ids, [enc(rows[i].suffix) for i in idx],
+                                                         [rows[i].tool for i in idx], cancel, kept)
+        prefill_s = time.perf_counter() - t0
+        for _ in range(self.max_row_tokens):
+            if cancel is not None and cancel.is_set():
+                break
+            last = logits[:, -1]
+            for b, row in enumerate(live):
+                if row in tries:
+                    last[b] = _constrain(last[b], tries[row], out[row])
+            tokens = last.argmax(-1)
+            steps += 1  # one more token for every live row
+            done, ruled_out = set(), set()
+            for row, t in zip(live, tokens.tolist()):
+                if self._append(out[row], t, tries.get(row)):
+                    done.add(row)
+                    if rows[row].kind == "function":
+                        # Slots of the tools it ruled out cannot reach the call: stop decoding them.
+                        name = parse_value(self.tokenizer.decode(out[row], skip_special_tokens=True))
+                        ruled_out = {i for i in idx if rows[i].tool not in (None, name)}
+            keep = [b for b, row in enumerate(live) if row not in done | ruled_out]
+            if not keep:
+                break
+            if len(keep) < len(live):
+                sel = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(sel)
+                tokens, mask, pos = tokens[sel], mask[sel], pos[sel]
+                live = [live[b] for b in keep]
+            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
+            logits = self._forward(tokens[:, None], cache, mask, pos[:, None])
+            pos = pos + 1
+        return steps, cached, prefill_s
+
+    def _prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list, cancel=None, kept=None):
         """Feed prefix + suffix of every row, sharing the KV cache of every common part.
 
         Three levels, each fanned out from the one before: the prefix plus what all suffixes share
         (one sequence), what each group's suffixes share (one per group: a tool's call opener), then
         each row's own rest (its key). Every row keeps at least one token for the last level. The
-        first level starts from the prefix cache's longest hit, and is cached in turn.
+        first level starts from the prefix cache's (or `kept`'s) longest hit, and is cached in turn.
         Returns (cache, logits, attention mask so far, each row's next position, tokens reused)."""
         common = _keep_one(_common_prefix(suffixes), suffixes)
         rests = [s[len(common):] for s in suffixes]
@@ -120,11 +220,12 @@ class Wave:
         openers = [_keep_one(_common_prefix(m), m) for m in members]
         row_group = [group_ids.index(g) for g in groups]
         shared = prefix + common
-        hit, cache = self.prefix_cache.lookup(shared, lambda: DynamicCache(config=self.model.config))
+        kept = self.prefix_cache if kept is None else kept
+        hit, cache = kept.lookup(shared, lambda: DynamicCache(config=self.model.config))
         mask = torch.ones(1, hit, dtype=torch.long, device=self.device)
         pos = torch.full((1,), hit, dtype=torch.long, device=self.device)
         logits, mask, pos = self._feed(cache, mask, pos, [0], [shared[hit:]])
-        self.prefix_cache.store(shared, cache)
+        kept.store(shared, cache)
         if cancel is not None and cancel.is_set():  # the request is over: skip the fan-out
             return cache, logits, mask, pos, hit
         if any(openers):
