@@ -82,6 +82,19 @@ def test_projection_of_a_known_trace_is_the_hand_computed_one():
     assert "**0 of 1 hints projected in time**" in md
 
 
+def test_a_two_phase_wave_is_priced_phase_by_phase():
+    """A large tool set's wave (sidecar/wave.py): the function row alone for its steps, then its tool's
+    rows over the cached prefix; not every decoded row for every step."""
+    from oospec_agents.costmodel.project import wave_s
+    one = {"prefix_tokens": 150, "cached_prefix_tokens": 0, "rows": 4, "steps": 2}
+    assert wave_s(one, TABLE) == pytest.approx(0.15 + 3 * 0.023)  # as in the known trace above
+    two = one | {"rows": 5, "steps": 9, "phases": 2, "function_steps": 6, "first_rows": 1}
+    # prefill 0.15; (6 + 1) forwards of 1 row over 150 (0.015 each); then (3 + 1) of 4 rows (0.023 each)
+    assert wave_s(two, TABLE) == pytest.approx(0.15 + 7 * 0.015 + 4 * 0.023)
+    declined = two | {"rows": 1, "steps": 6, "phases": 1}  # the function row chose no tool with rows
+    assert wave_s(declined, TABLE) == pytest.approx(0.15 + 7 * 0.015)
+
+
 def test_profile_then_project_end_to_end_on_the_cpu(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))

@@ -68,10 +68,18 @@ def price_run(run: dict, cost: CostTable) -> dict:
 
 
 def wave_s(profile: dict, sidecar: CostTable) -> float:
-    """The sidecar wave's projected seconds (SIDECAR_NOTE)."""
+    """The sidecar wave's projected seconds (SIDECAR_NOTE). A two-phase wave (a large tool set,
+    sidecar/wave.py: `phases`, `function_steps`, `first_rows` in its profile) is priced phase by phase:
+    the first phase's rows and steps, then the rest of the rows over the cached prefix."""
     prefix, cached = profile["prefix_tokens"], profile.get("cached_prefix_tokens") or 0
-    return (sidecar.prefill(prefix - cached, cached)
-            + (profile["steps"] + 1) * sidecar.verify(profile["rows"], prefix))
+    head = sidecar.prefill(prefix - cached, cached)
+    if "phases" not in profile:
+        return head + (profile["steps"] + 1) * sidecar.verify(profile["rows"], prefix)
+    first = profile.get("first_rows", 1)
+    t = head + (profile["function_steps"] + 1) * sidecar.verify(first, prefix)
+    if profile["phases"] == 2:
+        t += (profile["steps"] - profile["function_steps"] + 1) * sidecar.verify(profile["rows"] - first, prefix)
+    return t
 
 
 def _speedup(ref: list[dict], runs: list[dict], key: str, ref_tokens: int, tokens: int) -> float | None:

@@ -67,7 +67,8 @@ class Wave:
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         #: where the last wave's time went: prefix_tokens, cached_prefix_tokens, rows (decoded),
         #: rows_offered, max_rows, prefill_s, steps (tokens per row at most, both phases together),
-        #: decode_s; a two-phase wave adds phases (1 or 2) and function_steps (the first phase's steps)
+        #: decode_s; a two-phase wave adds phases (1 or 2), function_steps and first_rows (the first phase's
+        #: steps and rows)
         self.profile: dict = {}
         #: seconds of finished waves against their work (uncached prefix tokens + ROW_WORK per row)
         self.cost = Line()
@@ -143,7 +144,7 @@ class Wave:
         if self.top_tools:  # the ranking prefill saw the prefix cache first
             cached = ranked_hit
         prefill_s += p
-        extra.update(phases=1, function_steps=steps)
+        extra.update(phases=1, function_steps=steps, first_rows=len(first))
         decoded = len(first)
         name = parse_value(self.tokenizer.decode(out[0], skip_special_tokens=True))
         if (cancel is None or not cancel.is_set()) and isinstance(name, str) and name in by_tool \
