@@ -79,6 +79,25 @@ def test_a_no_call_record_teaches_the_function_row_to_decline(smollm2_tokenizer)
     assert label == smollm2_tokenizer.encode(" null", add_special_tokens=False) + [smollm2_tokenizer.eos_token_id]
 
 
+def test_the_no_call_share_is_capped_by_a_seeded_sample(smollm2_tokenizer):
+    """#20: `max_no_call_share` keeps the "no call" examples at most that share of all examples (run 20h
+    declined BFCL calls with them at a third); the calls all stay, and the dropped ones are counted."""
+    from oospec_agents.train.sidecar_train import build_sidecar_examples
+    no_calls = [dict(TRACE, id=f"n{i}", expected=[], meta={"no_call": True}) for i in range(10)]
+    traces = [dict(TRACE, id=f"c{i}") for i in range(9)] + no_calls
+    examples, counts = build_sidecar_examples(smollm2_tokenizer, traces, max_no_call_share=0.25)
+    assert counts["records"] == 12 and counts["no_call"] == 3 and counts["no_call_dropped"] == 7
+    assert sum(ex.kinds == ["function"] for ex in examples) == 3
+    again, _ = build_sidecar_examples(smollm2_tokenizer, traces, max_no_call_share=0.25)
+    assert [ex.ids for ex in again] == [ex.ids for ex in examples]
+    _, uncapped = build_sidecar_examples(smollm2_tokenizer, traces)
+    assert uncapped["no_call"] == 10 and uncapped["no_call_dropped"] == 0
+    _, none = build_sidecar_examples(smollm2_tokenizer, traces, max_no_call_share=0)
+    assert none["no_call"] == 0 and none["records"] == 9
+    with pytest.raises(ValueError, match="max_no_call_share"):
+        build_sidecar_examples(smollm2_tokenizer, traces, max_no_call_share=1.0)
+
+
 def test_no_row_sees_another_rows_answer(smollm2_tokenizer):
     prefix, rows = training_rows(TRACE["messages"], TRACE["tools"], TRACE["expected"][0])
     for row in rows:

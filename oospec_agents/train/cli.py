@@ -59,6 +59,9 @@ def add_parser(sub, name):
     if kind == "sidecar":
         p.add_argument("--max-null-rows", type=int, default=6,
                        help="at most this many null rows of uncalled tools per record (seeded sample)")
+        p.add_argument("--max-no-call-share", type=float, default=None, metavar="F",
+                       help='keep "no call" examples (meta.no_call) at most this share of all examples (seeded '
+                            "sample); default: all of them")
     p.add_argument("--stop-after", type=int, default=None,
                    help="stop after this many steps with a checkpoint (the schedule still spans the whole run)")
     p.add_argument("--resume", action="store_true", help="continue from OUT-checkpoint if present")
@@ -79,7 +82,7 @@ def _run(args, kind):
                   stop_after=args.stop_after,
                   exclude_sources=args.exclude_sources.split(",") if args.exclude_sources else None)
     if kind == "sidecar":
-        common["max_null_rows"] = args.max_null_rows
+        common.update(max_null_rows=args.max_null_rows, max_no_call_share=args.max_no_call_share)
     if kind == "target":
         from .run import train_target
         common.update(trim_tools=args.trim_tools, revalue=args.revalue, distract=args.distract)
