@@ -184,6 +184,31 @@ def test_the_sidecar_flag_reaches_the_engine(monkeypatch, given, loaded):
     assert seen["sidecar"] == loaded and seen["sidecar_placement"] == "process"
 
 
+def test_sources_and_sidecar_adapter_reach_the_run(monkeypatch, capsys):
+    """#20: `--sources` benches only those sources' records (a source with none is an error naming it),
+    `--sidecar-adapter` reaches the engine's sidecar loader."""
+    from oospec_agents.bench import runner
+    from oospec_agents.engine import Engine
+    seen = {}
+
+    def load(target, sidecar, **kw):
+        seen.update(kw)
+        return object()
+
+    def bench(engine, records, config, **kw):
+        seen.update(records=records, data=kw["data"])
+        raise SystemExit(7)
+    monkeypatch.setattr(Engine, "from_pretrained", load)
+    monkeypatch.setattr(runner, "run_bench", bench)
+    with pytest.raises(SystemExit):
+        main(["bench", "--data", str(DATA / "dev.jsonl"), "--sources", "apibank_l1,bfcl_simple", "--limit", "4",
+              "--methods", "ar,toolspec", "--sidecar-adapter", "some/adapter"])
+    assert [r["source"] for r in seen["records"]] == ["bfcl_simple", "apibank_l1"] * 2
+    assert seen["sidecar_adapter"] == "some/adapter" and seen["data"].endswith("(sources apibank_l1,bfcl_simple)")
+    assert main(["bench", "--data", str(DATA / "dev.jsonl"), "--sources", "tooltalk", "--methods", "ar"]) != 0
+    assert "tooltalk" in capsys.readouterr().err
+
+
 def _describe_run(results):
     results["env"] = {"target": "t", "target_device_name": "cpu", "dtype": "bfloat16", "torch": "2",
                       "transformers": "5", "torch_threads": 2, "git_commit": None}

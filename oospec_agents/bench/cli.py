@@ -14,6 +14,8 @@ def add_parser(sub, name):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", metavar="FILE.jsonl", help="records in the shared format (../shared/data/toolcalls)")
     src.add_argument("--bfcl", metavar="DIR", help="BFCL's own data dir: BFCL_v*_*.json plus possible_answer/")
+    p.add_argument("--sources", default=None, metavar="A,B",
+                   help="bench only the records of these sources (e.g. the unseen-tools sources of train-extra.jsonl)")
     p.add_argument("--limit", type=int, default=None, help="take N records, spread round-robin over sources")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, from {','.join(METHODS)} (ar always runs: it is the reference)")
@@ -21,6 +23,8 @@ def add_parser(sub, name):
     p.add_argument("--target", default="embedded", help="HF id, local dir, GGUF file, or 'embedded'")
     p.add_argument("--sidecar", default=None,
                    help="sidecar model (default: the embedded one, for every target; 'none' loads none)")
+    p.add_argument("--sidecar-adapter", default=None, metavar="DIR",
+                   help="the sidecar's LoRA adapter (default: the embedded one for --sidecar embedded)")
     p.add_argument("--assistant", default=None,
                    help="draft model for 'assisted' (default: the embedded base model for target=embedded, "
                         "else --sidecar)")
@@ -68,17 +72,20 @@ def run(args):
 
     from ..engine import Engine
     from .bfcl import read_bfcl
-    from .records import load_records, spread
+    from .records import load_records, only_sources, spread
     from .report import write_all
     from .runner import BenchConfig, check_methods, run_bench
 
     methods = check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
-    records = spread(read_bfcl(args.bfcl) if args.bfcl else load_records(args.data), args.limit)
+    records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
+    records = spread(only_sources(records, args.sources) if args.sources else records, args.limit)
     if args.threads:
         torch.set_num_threads(args.threads)
     payback = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
     if args.sidecar_placement:
         payback["sidecar_placement"] = args.sidecar_placement
+    if args.sidecar_adapter:
+        payback["sidecar_adapter"] = args.sidecar_adapter
     sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
     engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device,
                                     sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)
@@ -91,7 +98,7 @@ def run(args):
                          warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario,
                          strict=args.strict)
     results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
-                        data=args.bfcl or args.data)
+                        data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""))
     paths = write_all(results, args.out)
     if not args.quiet:
         print(paths["report"].read_text())
@@ -133,7 +140,7 @@ def _load_assistant(args, engine):
 def run_server(args):
     from ..engine import METHODS as ENGINE_METHODS
     from .bfcl import read_bfcl
-    from .records import load_records, spread
+    from .records import load_records, only_sources, spread
     from .server import run_server_bench, write
 
     if args.scenario != "cold":
@@ -144,7 +151,8 @@ def run_server(args):
     if len(methods) != 1 or methods[0] not in ENGINE_METHODS:
         raise ValueError(f"--server measures one engine method: pass --methods with one of {list(ENGINE_METHODS)}, "
                          f"got {args.methods!r}")
-    records = spread(read_bfcl(args.bfcl) if args.bfcl else load_records(args.data), args.limit)
+    records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
+    records = spread(only_sources(records, args.sources) if args.sources else records, args.limit)
     results = run_server_bench(args.server, records, method=methods[0], tool_choice=args.tool_choice,
                                max_new_tokens=args.max_new_tokens, api_key=args.api_key,
                                warmup=not args.no_warmup, progress=not args.quiet, data=args.bfcl or args.data)

@@ -31,3 +31,14 @@ def spread(records: list[dict], limit: int | None) -> list[dict]:
             elif len(picked) < limit:
                 picked.append(rec)
     return picked
+
+
+def only_sources(records: list[dict], sources) -> list[dict]:
+    """The records of `sources` (a comma-separated string or a list), in file order; a source with no
+    record is an error that names it (a typo must not bench an empty or a different set)."""
+    wanted = [s.strip() for s in (sources.split(",") if isinstance(sources, str) else sources) if s.strip()]
+    missing = sorted(set(wanted) - {r["source"] for r in records})
+    if missing:
+        raise ValueError(f"--sources: no record of source(s) {missing}; the data has "
+                         f"{sorted({r['source'] for r in records})}")
+    return [r for r in records if r["source"] in set(wanted)]
