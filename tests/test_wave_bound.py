@@ -92,6 +92,23 @@ def test_the_bound_is_checked():
         Wave(None, None, top_tools=-1)
 
 
+def test_the_bound_is_an_option_of_every_placement(tmp_path, smollm2_tokenizer):
+    """`sidecar_max_rows` (load_sidecar, Engine.from_pretrained) reaches the Wave, in a thread here and
+    through the WorkerSpec a process or a Ray actor loads from; the default is MAX_ROWS."""
+    from oospec_agents.sidecar.process import WorkerSpec
+    from oospec_agents.sidecar.worker import load_sidecar, load_wave
+    tiny_model("llama", smollm2_tokenizer, seed=3).save_pretrained(tmp_path)
+    smollm2_tokenizer.save_pretrained(tmp_path)
+    cpu = torch.device("cpu")
+    assert load_sidecar(str(tmp_path), device=cpu, dtype=torch.float32, sidecar_placement="thread").wave.max_rows == MAX_ROWS
+    side = load_sidecar(str(tmp_path), device=cpu, dtype=torch.float32, sidecar_placement="thread", sidecar_max_rows=40)
+    assert side.wave.max_rows == 40
+    spec = WorkerSpec(str(tmp_path), "cpu", torch.float32, None, 8, 0, 1, 24)
+    assert load_wave(spec).max_rows == 24 and WorkerSpec(*list(spec.__dict__.values())[:7]).max_rows == MAX_ROWS
+    with pytest.raises(ValueError, match="max_rows"):
+        load_sidecar(str(tmp_path), device=cpu, dtype=torch.float32, sidecar_placement="thread", sidecar_max_rows=1)
+
+
 # ---------------------------------------------------------------- a real 70+-tool record, the embedded sidecar
 
 def _big_record(n_tools: int = 70) -> dict:

@@ -33,6 +33,7 @@ from ..errors import ModelLoadError
 from ..gcheap import freeze_gc_heap
 from ..tools import Tool
 from .base import HintRequest
+from .wave import MAX_ROWS
 from .worker import Ticket, load_wave, run_wave, wave_rows
 
 PLACEMENTS = ("auto", "thread", "process", "ray")  # "ray": an actor of its own (ray_actor.py)
@@ -68,6 +69,7 @@ class WorkerSpec:
     max_row_tokens: int
     prefix_cache_tokens: int
     threads: int | None
+    max_rows: int = MAX_ROWS  # above it a wave runs in two phases (docs/sidecar.md)
 
 
 class ProcessSidecar:

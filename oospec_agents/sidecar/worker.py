@@ -30,6 +30,7 @@ from ..prefix_cache import DEFAULT_TOKENS
 from .base import Hint, HintRequest
 from .join import JoinError, NoCall, encode_payload, join, render_payload
 from .rows import Row, expand_rows
+from .wave import MAX_ROWS
 
 #: (prefix, rows, cancel, choices) -> one generated text per row; `Wave` is the real one
 WaveFn = Callable[[str, list[Row], threading.Event, dict[int, list[str]]], list[str]]
@@ -204,13 +205,16 @@ class Ticket:
 
 def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s: float = 30.0,
                  sidecar_threads: int | None = 1, sidecar_max_row_tokens: int = 32,
-                 sidecar_prefix_cache_tokens: int = DEFAULT_TOKENS, sidecar_placement: str = "auto"):
+                 sidecar_prefix_cache_tokens: int = DEFAULT_TOKENS, sidecar_placement: str = "auto",
+                 sidecar_max_rows: int = MAX_ROWS):
     """Load a sidecar model (HF id, path, GGUF, or "embedded") behind a `WaveSidecar` (its waves in
     threads of this process), a `ProcessSidecar` (a worker process that loads the model itself) or a
     `RaySidecar` (a Ray actor, on a GPU of its own where the cluster has one): `sidecar_placement` is
     "thread", "process", "ray" or "auto" (process.auto_placement).
 
     "embedded" is SmolLM2-135M-Instruct plus the slot-prediction LoRA adapter when it is present.
+    `sidecar_max_rows` bounds a wave's rows (`Wave(max_rows=...)`: above it, two phases); a device
+    that batches rows in parallel may take more.
     """
     from .. import models
     from .process import ProcessSidecar, WorkerSpec, resolve_placement
@@ -222,7 +226,7 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     if adapter is not None:
         name += "+" + Path(adapter).name
     spec = WorkerSpec(str(ref), str(device), dtype, None if adapter is None else str(adapter),
-                      sidecar_max_row_tokens, sidecar_prefix_cache_tokens, sidecar_threads)
+                      sidecar_max_row_tokens, sidecar_prefix_cache_tokens, sidecar_threads, sidecar_max_rows)
     if placement == "process":
         sidecar = ProcessSidecar(spec, timeout_s=sidecar_timeout_s, name=name)
         sidecar.wait_ready()  # a model that cannot load fails here, as in a thread
@@ -240,4 +244,5 @@ def load_wave(spec):
     from .. import models
     from .wave import Wave
     model, tok = models.load_model(spec.ref, device=torch.device(spec.device), dtype=spec.dtype, adapter=spec.adapter)
-    return Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens)
+    return Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens,
+                max_rows=spec.max_rows)
