@@ -426,3 +426,36 @@ def test_oospec_stays_lossless_with_the_trained_sidecar(embedded_pair):
     assert oo.token_ids == ar.token_ids
     assert oo.token_ids == greedy(embedded_pair, embedded_pair.prompt_ids(msgs, [WEATHER, TIME]), 48)
     assert oo.stats["sidecar_error"] is None and oo.stats["hint_ready_s"] is not None
+
+
+def test_weigh_rows_makes_every_row_count_alike(smollm2_tokenizer):
+    """#20: by default each packed example weighs alike, so a "no call" example's one null function row
+    weighs as much as every row of a call example together (run 20i's function row learnt to decline);
+    `weigh_rows` weighs an example by its rows, making the batch loss the mean over all its rows."""
+    from oospec_agents.train.lora import example_weight
+    from oospec_agents.train.sidecar_train import build_sidecar_examples
+    no_call = dict(TRACE, expected=[], meta={"no_call": True})
+    (call, decline), _ = build_sidecar_examples(smollm2_tokenizer, [TRACE, no_call])
+    assert len(decline.rows) == 1 and len(call.rows) > 1
+    assert example_weight(call, LoraConfigArgs()) == example_weight(decline, LoraConfigArgs()) == 1.0
+    rows = LoraConfigArgs(weigh_rows=True)
+    assert example_weight(call, rows) == len(call.rows) and example_weight(decline, rows) == 1.0
+    assert example_weight(([1, 2, 3], 1), rows) == 1.0  # target examples (ids, n_target) are not packed
+    model = tiny_model("llama", smollm2_tokenizer)
+    per_row = []
+    with torch.no_grad():
+        for ex in (call, decline):
+            for k in range(len(ex.rows)):  # each row alone: the same prefix, one row packed
+                one = pack_rows(ex, k)
+                per_row.append(float(example_loss(model, one)))
+        weighted = sum(float(example_loss(model, ex)) * example_weight(ex, rows) for ex in (call, decline)) / \
+            sum(example_weight(ex, rows) for ex in (call, decline))
+    assert weighted == pytest.approx(sum(per_row) / len(per_row), rel=1e-4)
+
+
+def pack_rows(ex, k):
+    """The packed example `ex` with its k-th row alone after the prefix."""
+    from oospec_agents.train.rows import PackedExample
+    start, ns, nt = ex.rows[k]
+    return PackedExample(ex.ids[:ex.prefix_len] + ex.ids[start:start + ns + nt], ex.prefix_len,
+                         [(ex.prefix_len, ns, nt)], [ex.kinds[k]])

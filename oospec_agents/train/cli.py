@@ -62,6 +62,9 @@ def add_parser(sub, name):
         p.add_argument("--max-no-call-share", type=float, default=None, metavar="F",
                        help='keep "no call" examples (meta.no_call) at most this share of all examples (seeded '
                             "sample); default: all of them")
+        p.add_argument("--weigh-rows", action="store_true",
+                       help="every wave row weighs alike in the loss (an example weighs its rows), so that a "
+                            '"no call" example\'s one null row does not weigh as much as a whole call example')
     p.add_argument("--stop-after", type=int, default=None,
                    help="stop after this many steps with a checkpoint (the schedule still spans the whole run)")
     p.add_argument("--resume", action="store_true", help="continue from OUT-checkpoint if present")
@@ -75,7 +78,8 @@ def _run(args, kind):
     cfg = LoraConfigArgs(r=args.r, alpha=args.alpha, dropout=args.dropout, lr=args.lr, epochs=args.epochs,
                          batch_size=args.batch_size, seed=args.seed, max_steps=args.max_steps,
                          threads=args.threads, autocast=None if args.autocast == "none" else args.autocast,
-                         log_every=args.log_every, checkpoint_every=args.checkpoint_every)
+                         log_every=args.log_every, checkpoint_every=args.checkpoint_every,
+                         weigh_rows=getattr(args, "weigh_rows", False))
     common = dict(base=args.base, train=args.train, dev=args.dev, out=args.out, teacher=args.teacher, cfg=cfg,
                   max_len=args.max_len, limit=args.limit, subsample=args.subsample, dev_limit=args.dev_limit,
                   dtype=args.dtype, resume=args.resume, progress=not args.no_progress, init_adapter=args.init_adapter,

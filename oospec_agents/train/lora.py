@@ -46,6 +46,11 @@ class LoraConfigArgs:
     max_steps: int | None = None   # stop after this many optimizer steps (smoke tests)
     threads: int | None = None
     autocast: str | None = "auto"  # "bf16" | None | "auto" (bf16 when the CPU has native bf16)
+    #: packed sidecar examples: weigh each by its rows, so that the batch loss is the mean over all its
+    #: rows and every row counts alike. Off (each example weighs alike, its rows sharing its weight), a
+    #: "no call" example's one function row (null) weighs as much as all the rows of a call example,
+    #: and the function row learns to decline (docs/training.md, run 20i).
+    weigh_rows: bool = False
 
 
 @dataclass
@@ -55,6 +60,12 @@ class TrainResult:
     losses: list = field(default_factory=list)   # (step, mean loss over the last log window)
     seconds: float = 0.0
     resumed_from: int | None = None
+
+
+def example_weight(ex, cfg: LoraConfigArgs) -> float:
+    """An example's share of its batch's loss, before normalising: 1, or its rows (`cfg.weigh_rows`,
+    packed sidecar examples only)."""
+    return float(len(ex.rows)) if cfg.weigh_rows and not isinstance(ex, tuple) else 1.0
 
 
 def example_loss(model, ids, n_target: int | None = None) -> torch.Tensor:
@@ -175,11 +186,12 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
             g["lr"] = _lr_at(step, total_steps, cfg)
         opt.zero_grad(set_to_none=True)
         batch_loss = 0.0
-        for i in batch:
+        weights = [example_weight(examples[i], cfg) for i in batch]
+        for i, w in zip(batch, weights):
             ex = examples[i]
             with _autocast(cfg):
                 loss = (example_loss(peft_model, *ex) if isinstance(ex, tuple)
-                        else example_loss(peft_model, ex)) / len(batch)
+                        else example_loss(peft_model, ex)) * (w / sum(weights))
             loss.backward()
             batch_loss += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)

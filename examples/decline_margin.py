@@ -1,0 +1,71 @@
+"""How sure the sidecar's function row is when it declines (#20): per record, the logit of ' null' minus
+that of the best name's first token (' "' for every JSON name in SmolLM2's tokens), at the function
+row's first step, as the runtime's wave computes it. docs/training.md ("Declining") has the table.
+
+    OMP_NUM_THREADS=1 .venv/bin/python examples/decline_margin.py ADAPTER_DIR [--limit 40]
+
+Call records (dev BFCL simple / multiple, API-Bank, and the held-out unseen sources) should not decline;
+"no call" records (acebench_special, held out) should. It prints, for a range of margins m, the share
+of each that declines when the wave declines only where logit(null) - logit(best name) > m.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+CALLS_DEV = ("bfcl_simple", "bfcl_multiple", "apibank_l1")
+CALLS_UNSEEN = ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first")
+NO_CALL = ("acebench_special",)
+
+
+def margins(model, tok, records) -> list[float]:
+    from oospec_agents.chat import normalize_messages
+    from oospec_agents.formats import HermesFormat
+    from oospec_agents.sidecar import HintRequest
+    from oospec_agents.sidecar.worker import wave_rows
+    from oospec_agents.tools import normalize_tools
+    out = []
+    for rec in records:
+        req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
+                          ("auto", None))
+        rows, prefix, choices = wave_rows(req)
+        ids = tok.encode(prefix + rows[0].suffix, add_special_tokens=False)
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+        firsts = {tok.encode(c, add_special_tokens=False)[0] for c in choices[0]}
+        null = tok.encode(" null", add_special_tokens=False)[0]
+        out.append(float(logits[null] - max(logits[t] for t in firsts - {null})))
+    return out
+
+
+def main() -> None:
+    from oospec_agents import models
+    from oospec_agents.train.data import load_many, select
+    p = argparse.ArgumentParser()
+    p.add_argument("adapter", nargs="?", default=None)
+    p.add_argument("--limit", type=int, default=40)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
+                                   adapter=a.adapter or models.EMBEDDED_SIDECAR_ADAPTER)
+    model.eval()
+    dev = load_many([DATA / "dev.jsonl"])
+    extra = load_many([DATA / "train-extra.jsonl"])
+    groups = {"dev calls": select([r for r in dev if len(r["expected"]) == 1], CALLS_DEV, a.limit),
+              "unseen calls": select([r for r in extra if len(r["expected"]) == 1], CALLS_UNSEEN, a.limit),
+              "unseen no call": select(extra, NO_CALL, a.limit)}
+    got = {k: margins(model, tok, v) for k, v in groups.items()}
+    print(json.dumps({k: {"n": len(v), "median": round(statistics.median(v), 2)} for k, v in got.items()}))
+    print("| margin m | " + " | ".join(f"{k} declined (n={len(v)})" for k, v in got.items()) + " |")
+    print("|---:|" + "---:|" * len(got))
+    for m in (-2, -1, 0, 1, 2, 3, 4, 5, 6, 8):
+        print(f"| {m} | " + " | ".join(f"{sum(x > m for x in v) / len(v):.1%}" for v in got.values()) + " |")
+
+
+if __name__ == "__main__":
+    main()
