@@ -6,7 +6,8 @@ row's first step, as the runtime's wave computes it. docs/training.md ("Declinin
 
 Call records (dev BFCL simple / multiple, API-Bank, and the held-out unseen sources) should not decline;
 "no call" records (acebench_special, held out) should. It prints, for a range of margins m, the share
-of each that declines when the wave declines only where logit(null) - logit(best name) > m.
+of each that declines when the wave declines only where logit(null) - logit(best name) > m, and the
+AUC of the margin (no call against calls: 0.5 is chance).
 """
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ def margins(model, tok, records) -> list[float]:
     return out
 
 
+def auc(positive: list[float], negative: list[float]) -> float:
+    """The chance that a random positive scores above a random negative (ties count half)."""
+    return sum((p > n) + 0.5 * (p == n) for p in positive for n in negative) / (len(positive) * len(negative))
+
+
 def main() -> None:
     from oospec_agents import models
     from oospec_agents.train.data import load_many, select
@@ -61,6 +67,8 @@ def main() -> None:
               "unseen no call": select(extra, NO_CALL, a.limit)}
     got = {k: margins(model, tok, v) for k, v in groups.items()}
     print(json.dumps({k: {"n": len(v), "median": round(statistics.median(v), 2)} for k, v in got.items()}))
+    for calls in ("dev calls", "unseen calls"):  # 0.5: the margin tells "no call" apart no better than chance
+        print(f"AUC, unseen no call against {calls}: {auc(got['unseen no call'], got[calls]):.3f}")
     print("| margin m | " + " | ".join(f"{k} declined (n={len(v)})" for k, v in got.items()) + " |")
     print("|---:|" + "---:|" * len(got))
     for m in (-2, -1, 0, 1, 2, 3, 4, 5, 6, 8):
