@@ -15,6 +15,13 @@ def _count(text: str) -> int:
     return n
 
 
+def _share(text: str) -> float:
+    share = float(text)
+    if not 0 <= share < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {share}")
+    return share
+
+
 def add_parser(sub, name):
     kind = "target" if name == "train-target" else "sidecar"
     help_ = ("train the tool-calling LoRA of a target (hermes calls, text after results, plain text)"
@@ -59,7 +66,7 @@ def add_parser(sub, name):
     if kind == "sidecar":
         p.add_argument("--max-null-rows", type=int, default=6,
                        help="at most this many null rows of uncalled tools per record (seeded sample)")
-        p.add_argument("--max-no-call-share", type=float, default=None, metavar="F",
+        p.add_argument("--max-no-call-share", type=_share, default=None, metavar="F",
                        help='keep "no call" examples (meta.no_call) at most this share of all examples (seeded '
                             "sample); default: all of them")
         p.add_argument("--weigh-rows", action="store_true",
