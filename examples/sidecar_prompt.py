@@ -30,7 +30,7 @@ def lengths() -> None:
     from oospec_agents.sidecar import rows as R
     from oospec_agents.tools import normalize_tools
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(models.gguf_to_safetensors(models.embedded_gguf("smollm2"))))
+    tok = AutoTokenizer.from_pretrained(models.resolve_reference("embedded"))
     n = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
     by = collections.defaultdict(list)
     for split in ("dev.jsonl", "train-extra.jsonl"):
