@@ -82,8 +82,8 @@ class Engine:
                  prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
-        `wave_payback`: a sidecar on the target's own CPU runs its wave only when the hint is expected
-        before this share of the call (sidecar/payback.py); None always runs it."""
+        `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected
+        seconds are at most this share of the expected decode (sidecar/payback.py); None always runs it."""
         require_chat_template(tokenizer)
         self.target = target
         self.tokenizer = tokenizer
@@ -352,7 +352,8 @@ class Engine:
         if hint_text is None and self.payback is not None and shares_cores(sidecar, self._verifier.device):
             stats.wave_estimate_s = _wave_estimate(sidecar, request)
             stats.call_estimate_s = self.payback.call_s(len(req.prompt_ids) - self.prefix_cache.peek(req.prompt_ids))
-            stats.sidecar_skipped = self.payback.verdict(stats.wave_estimate_s, stats.call_estimate_s)
+            stats.decode_estimate_s = self.payback.decode_s()
+            stats.sidecar_skipped = self.payback.verdict(stats.wave_estimate_s, stats.decode_estimate_s)
             if stats.sidecar_skipped:
                 return None
         return HintSession.open(sidecar, request, stats,

@@ -33,7 +33,8 @@ class DecodeStats(Mapping):
     sidecar_declined: bool = False
     sidecar_skipped: str | None = None   # why the wave did not run: it could not pay back (payback.py)
     wave_estimate_s: float | None = None  # the pay-back rule's estimates, when it judged this request
-    call_estimate_s: float | None = None
+    call_estimate_s: float | None = None   # the whole call (prefill + decode), for reports
+    decode_estimate_s: float | None = None  # the decode a hint could shorten: the rule weighs the wave against it
     sidecar_profile: dict | None = None
     sidecar_cached_prompt_tokens: int | None = None  # of the wave's shared prefix, when its hint arrived
     #: one (tree nodes, accepted drafts, context tokens before the forward) per verify forward: the

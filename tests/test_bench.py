@@ -396,12 +396,12 @@ def test_a_warm_scenario_measures_the_cached_request_beside_the_cold_one(scenari
 def test_the_payback_sweep_replaces_skipped_waves_with_toolspecs_time():
     from oospec_agents.bench.report import payback_sweep
 
-    def rec(ts_s, oo_s, wave_s, call_s):
+    def rec(ts_s, oo_s, wave_s, decode_s):
         return {"runs": {"toolspec": {"prefill_s": 0.0, "decode_s": ts_s},
                          "oospec": {"prefill_s": 0.0, "decode_s": oo_s, "wave_estimate_s": wave_s,
-                                    "call_estimate_s": call_s}}}
-    records = [rec(2.0, 1.0, 0.5, 2.0),   # an early wave that paid back
-               rec(2.0, 3.0, 3.0, 2.0),   # a late wave that lost
+                                    "decode_estimate_s": decode_s, "call_estimate_s": 99.0}}}
+    records = [rec(2.0, 1.0, 0.5, 2.0),   # a cheap wave that paid back
+               rec(2.0, 3.0, 3.0, 2.0),   # a dear one that lost (the call estimate is not what it is weighed by)
                rec(1.0, 1.0, None, 2.0)]  # no estimate yet: never skipped
     sweep = payback_sweep(records, ratios=(0.1, 1.0))
     assert sweep[float("inf")] == {"skipped": 0, "over_toolspec": pytest.approx(5.0 / 5.0)}

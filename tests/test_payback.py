@@ -1,6 +1,6 @@
-"""The pay-back rule: a sidecar on the target's own CPU runs its wave only when its hint is expected
-early enough in the call to pay for the core it borrows. Decided from fitted costs, never from a clock
-in the test: the costs here are fed in by hand."""
+"""The pay-back rule: a sidecar on the target's own CPU runs its wave only when the wave's seconds,
+which land on the target's call, are a small enough share of the decode a hint can shorten. Decided
+from fitted costs, never from a clock in the test: the costs here are fed in by hand."""
 from __future__ import annotations
 
 import pytest
@@ -38,16 +38,17 @@ def test_the_line_follows_the_machine():
     assert line(0) == pytest.approx(3.0, abs=1e-4)
 
 
-def test_the_verdict_compares_the_wave_with_the_call():
+def test_the_verdict_weighs_the_wave_against_the_decode_not_the_whole_call():
     rule = PayBack(ratio=0.5)
-    assert rule.call_s(50) is None
-    assert rule.verdict(100.0, None) is None    # no call seen yet: the wave runs
-    rule.observe(prompt_tokens=300, cached_prompt_tokens=250, prefill_s=0.2, decode_s=1.8)
-    assert rule.call_s(50) == pytest.approx(2.0)
-    assert rule.verdict(1.0, 2.0) is None       # half the call: still pays back
+    assert rule.call_s(50) is None and rule.decode_s() is None
+    assert rule.verdict(100.0, None) is None    # no reply seen yet: the wave runs
+    rule.observe(prompt_tokens=3000, cached_prompt_tokens=0, prefill_s=6.0, decode_s=2.0)
+    assert rule.call_s(3000) == pytest.approx(8.0) and rule.decode_s() == pytest.approx(2.0)
+    assert rule.verdict(1.0, rule.decode_s()) is None   # half the decode: it can still pay back
     assert rule.verdict(None, 2.0) is None      # the sidecar has no estimate yet: the wave runs
-    reason = rule.verdict(1.2, 2.0)
-    assert "1.20 s" in reason and "2.00 s" in reason and "50%" in reason
+    # a 3 s wave is well inside a long prompt's 8 s call, but 3 s is more than a 2 s decode can give back
+    reason = rule.verdict(3.0, rule.decode_s())
+    assert "3.00 s" in reason and "2.00 s" in reason and "50%" in reason
     with pytest.raises(ValueError, match="wave_payback"):
         PayBack(0)
 
@@ -84,19 +85,19 @@ def _engine(tiny, sidecar, **kw) -> Engine:
     model, tok, _ = tiny
     engine = Engine(model, tok, sidecar, model_name="tiny", **kw)
     engine.payback.observe(prompt_tokens=100, cached_prompt_tokens=0, prefill_s=0.5, decode_s=1.5) \
-        if engine.payback else None  # calls of this request's size take about 2 s
+        if engine.payback else None  # replies decode in about 1.5 s (2 s with the prefill)
     return engine
 
 
-@pytest.mark.parametrize("estimate_s, runs", [(0.5, True), (0.75, True), (0.85, False), (30.0, False),
+@pytest.mark.parametrize("estimate_s, runs", [(0.5, True), (0.6, True), (0.65, False), (30.0, False),
                                               (None, True), (RuntimeError("no costs"), True)])
 def test_a_wave_on_the_targets_cores_runs_only_when_it_can_pay_back(tiny, estimate_s, runs):
     _, _, ref = tiny
     sidecar = CpuHint(ref.text, estimate_s)
-    gen = _engine(tiny, sidecar).generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=24)
+    gen = _engine(tiny, sidecar, wave_payback=0.4).generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=24)
     assert sidecar.waves == int(runs)
     assert (gen.stats.sidecar_skipped is None) == runs
-    assert gen.stats.call_estimate_s == pytest.approx(2.0)
+    assert gen.stats.call_estimate_s == pytest.approx(2.0) and gen.stats.decode_estimate_s == pytest.approx(1.5)
     assert gen.stats.wave_estimate_s == (estimate_s if isinstance(estimate_s, float) else None)
     if not runs:
         assert "on the cores it shares with the target" in gen.stats.sidecar_skipped

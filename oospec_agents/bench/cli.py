@@ -39,10 +39,10 @@ def add_parser(sub, name):
     p.add_argument("--max-new-tokens", type=int, default=256,
                    help="per reply (default 256: the longest expected dev reply is about 180 tokens)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for prompt_lookup")
-    p.add_argument("--wave-payback", type=_payback, default=None, metavar="RATIO|off",
-                   help="the pay-back rule for a sidecar on the target's CPU: run its wave only when the hint is "
-                        "expected before RATIO of the call (default: the engine's, 0.4); 'off' always runs it "
-                        "and still records both estimates")
+    p.add_argument("--wave-payback", type=_payback, default=None, metavar="SHARE|off",
+                   help="the pay-back rule for a sidecar on the target's CPU: run its wave only when its expected "
+                        "seconds are at most SHARE of the expected decode (default: the engine's, "
+                        "sidecar/payback.py); 'off' always runs it and still records the estimates")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")
     scenario = p.add_mutually_exclusive_group()

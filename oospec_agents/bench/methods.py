@@ -43,6 +43,7 @@ class Run:
     sidecar_skipped: str | None = None     # why the wave did not run (the pay-back rule)
     wave_estimate_s: float | None = None   # the pay-back rule's two estimates, when it judged the request
     call_estimate_s: float | None = None
+    decode_estimate_s: float | None = None
     host_s: float | None = None            # engine methods: decode time outside the target's forwards
     rounds: list | None = None             # engine methods: (tree nodes, accepted drafts, context) per round
 
@@ -77,7 +78,7 @@ def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None,
     return Run(gen.token_ids, gen.text, s.prefill_s, s.decode_s, s.target_forwards, dict(s.accepted_by_source),
                s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile, s.prompt_tokens,
                s.cached_prompt_tokens, s.sidecar_cached_prompt_tokens, s.sidecar_skipped, s.wave_estimate_s,
-               s.call_estimate_s, s.host_s, [list(r) for r in s.rounds])
+               s.call_estimate_s, s.decode_estimate_s, s.host_s, [list(r) for r in s.rounds])
 
 
 def _wait_for_sidecar(engine) -> None:

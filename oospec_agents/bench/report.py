@@ -191,13 +191,14 @@ def _warm_against_cold(results: dict) -> list[str]:
     return lines
 
 
-SWEEP_RATIOS = (0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0, 1.25, 1.5)
+SWEEP_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5)
 
 
 def payback_sweep(records: list[dict], ratios=SWEEP_RATIOS) -> dict[float, dict]:
-    """What the pay-back rule would have given at each ratio, from a run that always ran the wave
-    (--wave-payback off) and recorded both estimates: a record whose wave the ratio would skip takes
-    `toolspec`'s time on it (the same decode without a wave). {ratio: {"skipped", "over_toolspec"}}."""
+    """What the pay-back rule would have given at each share, from a run that always ran the wave
+    (--wave-payback off) and recorded its estimates: a record whose estimated wave exceeds share x the
+    estimated decode takes `toolspec`'s time on it (the same decode without a wave).
+    {share: {"skipped", "over_toolspec"}}."""
     e2e = lambda r: r["prefill_s"] + r["decode_s"]  # noqa: E731
     ts = sum(e2e(rec["runs"]["toolspec"]) for rec in records)
     out = {}
@@ -205,8 +206,8 @@ def payback_sweep(records: list[dict], ratios=SWEEP_RATIOS) -> dict[float, dict]
         total, skipped = 0.0, 0
         for rec in records:
             o = rec["runs"]["oospec"]
-            w, c = o.get("wave_estimate_s"), o.get("call_estimate_s")
-            skip = w is not None and c is not None and w > ratio * c
+            w, d = o.get("wave_estimate_s"), o.get("decode_estimate_s")
+            skip = w is not None and d is not None and w > ratio * d
             skipped += skip
             total += e2e(rec["runs"]["toolspec"] if skip else o)
         out[ratio] = {"skipped": skipped, "over_toolspec": ts / total if total else None}
@@ -218,10 +219,10 @@ def _payback_sweep(results: dict) -> list[str]:
         else {"cold": results["records"]}
     sweeps = {name: payback_sweep(recs) for name, recs in passes.items()}
     lines = ["", "## What the pay-back rule would skip", "",
-             "This run always ran the wave (`--wave-payback off`) and recorded the rule's two estimates. At each "
-             "ratio, a record whose estimated wave exceeds ratio x the estimated call takes `toolspec`'s time "
+             "This run always ran the wave (`--wave-payback off`) and recorded the rule's estimates. At each "
+             "share, a record whose estimated wave exceeds share x the estimated decode takes `toolspec`'s time "
              "instead (the same decode without a wave): `oospec` end to end over `toolspec`, and waves skipped.",
-             "", "| ratio | " + " | ".join(f"{n}: over toolspec | {n}: skipped" for n in sweeps) + " |",
+             "", "| share | " + " | ".join(f"{n}: over toolspec | {n}: skipped" for n in sweeps) + " |",
              "|---|" + "---|---|" * len(sweeps)]
     for ratio in next(iter(sweeps.values())):
         cells = " | ".join(f"{_f(sw[ratio]['over_toolspec'], suffix='x')} | {sw[ratio]['skipped']}" for sw in sweeps.values())

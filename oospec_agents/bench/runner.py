@@ -112,7 +112,8 @@ def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
            "sidecar_profile": r.sidecar_profile, "prompt_tokens": r.prompt_tokens,
            "cached_prompt_tokens": r.cached_prompt_tokens,
            "sidecar_cached_prompt_tokens": r.sidecar_cached_prompt_tokens, "sidecar_skipped": r.sidecar_skipped,
-           "wave_estimate_s": r.wave_estimate_s, "call_estimate_s": r.call_estimate_s, "host_s": r.host_s,
+           "wave_estimate_s": r.wave_estimate_s, "call_estimate_s": r.call_estimate_s,
+           "decode_estimate_s": r.decode_estimate_s, "host_s": r.host_s,
            "rounds": r.rounds, "check": check}
     if m == reference(m) or check["verdict"] != "exact":
         row["text"] = r.text
