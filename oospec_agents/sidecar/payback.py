@@ -23,7 +23,7 @@ has the sweep. The prefill line stays: `call_s` reports the whole call.
 from __future__ import annotations
 
 #: the wave runs when its estimated seconds are at most this share of the expected decode
-DEFAULT_RATIO = 0.4
+DEFAULT_RATIO = 0.2
 
 
 class Line:
