@@ -57,3 +57,16 @@ def check_record(rec, where: str = "record") -> None:
                                             and isinstance(c.get("arguments", {}), dict) for c in exp):
         raise DataError(f"{where}: malformed record, 'expected' must be a list of "
                         "{\"name\": str, \"arguments\": object}")
+
+
+def only_sources(records: list[dict], sources, where) -> list[dict]:
+    """The records of `sources` (a comma-separated string or a list), in file order. A source with no
+    record in `where` (the files read) is an error that names it, so that a typo never measures or
+    trains on an empty or a different set."""
+    wanted = {s.strip() for s in (sources.split(",") if isinstance(sources, str) else sources) if s.strip()}
+    have = {r.get("source") for r in records}
+    missing = sorted(wanted - have)
+    if missing:
+        raise DataError(f"no record of source(s) {missing} in {where}; the data has "
+                        f"{sorted(h for h in have if h is not None)}")
+    return [r for r in records if r.get("source") in wanted]

@@ -78,7 +78,7 @@ def run(args):
 
     methods = check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
     records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
-    records = spread(only_sources(records, args.sources) if args.sources else records, args.limit)
+    records = spread(only_sources(records, args.sources, args.bfcl or args.data) if args.sources else records, args.limit)
     if args.threads:
         torch.set_num_threads(args.threads)
     payback = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
@@ -152,7 +152,7 @@ def run_server(args):
         raise ValueError(f"--server measures one engine method: pass --methods with one of {list(ENGINE_METHODS)}, "
                          f"got {args.methods!r}")
     records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
-    records = spread(only_sources(records, args.sources) if args.sources else records, args.limit)
+    records = spread(only_sources(records, args.sources, args.bfcl or args.data) if args.sources else records, args.limit)
     results = run_server_bench(args.server, records, method=methods[0], tool_choice=args.tool_choice,
                                max_new_tokens=args.max_new_tokens, api_key=args.api_key,
                                warmup=not args.no_warmup, progress=not args.quiet, data=args.bfcl or args.data)

@@ -4,6 +4,9 @@ from __future__ import annotations
 from .. import data
 
 
+only_sources = data.only_sources
+
+
 def load_records(path) -> list[dict]:
     """Benchmark records, read by the shared reader; each needs an "id" and a "source"."""
     return data.load_records(path, require=("id", "source"), kind="benchmark")
@@ -31,14 +34,3 @@ def spread(records: list[dict], limit: int | None) -> list[dict]:
             elif len(picked) < limit:
                 picked.append(rec)
     return picked
-
-
-def only_sources(records: list[dict], sources) -> list[dict]:
-    """The records of `sources` (a comma-separated string or a list), in file order; a source with no
-    record is an error that names it (a typo must not bench an empty or a different set)."""
-    wanted = [s.strip() for s in (sources.split(",") if isinstance(sources, str) else sources) if s.strip()]
-    missing = sorted(set(wanted) - {r["source"] for r in records})
-    if missing:
-        raise ValueError(f"--sources: no record of source(s) {missing}; the data has "
-                         f"{sorted({r['source'] for r in records})}")
-    return [r for r in records if r["source"] in set(wanted)]

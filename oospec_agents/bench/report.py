@@ -94,8 +94,8 @@ def markdown(results: dict) -> str:
                          f"| {_f(f['hint_share'], '{:.0%}')} |")
     skipped = {m: f["waves_skipped"] for m, f in methods.items() if f.get("waves_skipped")}
     if skipped:
-        lines += ["", "Waves the pay-back rule skipped (the sidecar shares the target's cores and its hint was "
-                  "expected too late to pay back): " + ", ".join(f"{m}: {n}/{methods[m]['n']}" for m, n in skipped.items())]
+        lines += ["", "Waves the pay-back rule skipped (the sidecar shares the target's cores, and its wave was "
+                  "expected to cost more than the share of the decode a hint can save): " + ", ".join(f"{m}: {n}/{methods[m]['n']}" for m, n in skipped.items())]
     errors = {m: f["sidecar_errors"] for m, f in methods.items() if f["sidecar_errors"]}
     if errors:
         lines += ["", "Sidecar errors (the target decoded on without a hint): "

@@ -35,10 +35,7 @@ def load_many(paths, *, limit: int | None = None, sources=None, exclude_sources=
     given, never `exclude_sources` (whole held-out sources); then the first `limit` of them."""
     records = [r for path in expand_paths(paths) for r in load_records(path)]
     if sources:
-        unknown = set(sources) - {r.get("source") for r in records}
-        if unknown:
-            raise data.DataError(f"no record of source(s) {sorted(unknown)} in {list(expand_paths(paths))}")
-        records = [r for r in records if r.get("source") in set(sources)]
+        records = data.only_sources(records, sources, list(expand_paths(paths)))
     if exclude_sources:
         records = [r for r in records if r.get("source") not in set(exclude_sources)]
     if not records:

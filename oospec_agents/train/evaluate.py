@@ -150,6 +150,7 @@ def source_table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from ..data import only_sources
     from .data import DataError, load_many, select
     p = argparse.ArgumentParser(prog="python -m oospec_agents.train.evaluate")
     p.add_argument("what", choices=["target", "sidecar", "hint"])
@@ -177,11 +178,10 @@ def main(argv=None) -> int:
         (None if a.what == "sidecar" else list(BFCL_SOURCES))
     try:
         recs = load_many(a.dev)
+        if sources:
+            only_sources(recs, sources, a.dev)  # an unknown source is an error that names it
     except DataError as e:
         p.error(str(e))
-    missing = sorted(set(sources or ()) - {r.get("source") for r in recs})
-    if missing:
-        p.error(f"no record of source(s) {missing} in {a.dev}")
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.what == "target":
