@@ -72,7 +72,8 @@ def run(args):
 
     from ..engine import Engine
     from .bfcl import read_bfcl
-    from .records import load_records, only_sources, spread
+    from ..data import only_sources
+    from .records import load_records, spread
     from .report import write_all
     from .runner import BenchConfig, check_methods, run_bench
 
@@ -140,7 +141,8 @@ def _load_assistant(args, engine):
 def run_server(args):
     from ..engine import METHODS as ENGINE_METHODS
     from .bfcl import read_bfcl
-    from .records import load_records, only_sources, spread
+    from ..data import only_sources
+    from .records import load_records, spread
     from .server import run_server_bench, write
 
     if args.scenario != "cold":

@@ -4,9 +4,6 @@ from __future__ import annotations
 from .. import data
 
 
-only_sources = data.only_sources
-
-
 def load_records(path) -> list[dict]:
     """Benchmark records, read by the shared reader; each needs an "id" and a "source"."""
     return data.load_records(path, require=("id", "source"), kind="benchmark")

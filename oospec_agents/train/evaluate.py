@@ -178,8 +178,8 @@ def main(argv=None) -> int:
         (None if a.what == "sidecar" else list(BFCL_SOURCES))
     try:
         recs = load_many(a.dev)
-        if sources:
-            only_sources(recs, sources, a.dev)  # an unknown source is an error that names it
+        if sources:  # an unknown source is an error that names it
+            recs = only_sources(recs, sources, a.dev)
     except DataError as e:
         p.error(str(e))
     if a.threads:
