@@ -10,6 +10,7 @@ from oospec_agents.bench.metrics import compare, summarize
 from oospec_agents.bench.records import spread
 from oospec_agents.bench.report import markdown, plot
 from oospec_agents.cli import main
+from oospec_agents.sidecar.wave import PRIOR_WEIGHT
 
 from oospec_testing import DATA
 
@@ -186,7 +187,7 @@ def test_the_sidecar_flag_reaches_the_engine(monkeypatch, given, loaded):
 
 def test_sources_and_sidecar_adapter_reach_the_run(monkeypatch, capsys):
     """#20: `--sources` benches only those sources' records (a source with none is an error naming it),
-    `--sidecar-adapter` reaches the engine's sidecar loader."""
+    `--sidecar-adapter` and `--sidecar-prior-weight` reach the engine's sidecar loader."""
     from oospec_agents.bench import runner
     from oospec_agents.engine import Engine
     seen = {}
@@ -202,9 +203,10 @@ def test_sources_and_sidecar_adapter_reach_the_run(monkeypatch, capsys):
     monkeypatch.setattr(runner, "run_bench", bench)
     with pytest.raises(SystemExit):
         main(["bench", "--data", str(DATA / "dev.jsonl"), "--sources", "apibank_l1,bfcl_simple", "--limit", "4",
-              "--methods", "ar,toolspec", "--sidecar-adapter", "some/adapter"])
+              "--methods", "ar,toolspec", "--sidecar-adapter", "some/adapter", "--sidecar-prior-weight", "0"])
     assert [r["source"] for r in seen["records"]] == ["bfcl_simple", "apibank_l1"] * 2
     assert seen["sidecar_adapter"] == "some/adapter" and seen["data"].endswith("(sources apibank_l1,bfcl_simple)")
+    assert seen["sidecar_prior_weight"] == 0.0
     assert main(["bench", "--data", str(DATA / "dev.jsonl"), "--sources", "tooltalk", "--methods", "ar"]) != 0
     err = capsys.readouterr().err  # the one check of oospec_agents/data.py, shared with training and evaluate
     assert "no record of source(s) ['tooltalk']" in err and "dev.jsonl" in err and "'bfcl_simple'" in err
@@ -310,6 +312,7 @@ def test_a_strict_bench_runs_every_engine_method_strict_too_and_is_lossless(tmp_
 
     assert list(results["methods"]) == results["config"]["methods"] == STRICT_RUN
     assert results["config"]["strict"] is True
+    assert results["config"]["sidecar_prior_weight"] == PRIOR_WEIGHT  # the engine's sidecar, recorded
     figs = results["methods"]
     for m in STRICT_RUN:
         assert figs[m]["n"] == 2 and DESIGN_KEYS <= set(figs[m]), m

@@ -113,8 +113,9 @@ def test_named_tool_choice_needs_only_that_tools_rows():
 
 
 def test_the_function_row_may_choose_only_offered_tools():
-    assert wave_rows(_request(("required", None)))[2] == {0: [' "get_weather"', ' "get_time"']}
-    assert wave_rows(_request(("auto", None)))[2] == {0: [' "get_weather"', ' "get_time"', " null"]}
+    """...each with its lexical prior (tests/test_tool_prior.py): the question asks for the weather."""
+    assert wave_rows(_request(("required", None)))[2] == {0: {' "get_weather"': 0.0, ' "get_time"': -1.0}}
+    assert wave_rows(_request(("auto", None)))[2] == {0: {' "get_weather"': 0.0, ' "get_time"': -1.0, " null": 0.0}}
 
 
 @pytest.mark.parametrize("texts, words", [
@@ -232,16 +233,20 @@ def test_the_function_row_picks_an_offered_name_and_rules_out_the_other_tools_ro
             assert text in [tok.decode(alone[:k]) for k in range(len(alone))], text
 
 
-def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_sidecar_model):
+@pytest.mark.parametrize("prior_weight", [None, 0.0])
+def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_sidecar_model, prior_weight):
     """evaluate_sidecar runs the runtime's wave: a random model's function row still names an offered
-    tool or null (free decoding would write garbage), and each prediction is the wave's own."""
+    tool or null (free decoding would write garbage), and each prediction is the wave's own, with the
+    runtime's lexical prior (None) or the weight given."""
+    from oospec_agents.sidecar.wave import PRIOR_WEIGHT
     from oospec_agents.train.sidecar_train import evaluate_sidecar
     from oospec_testing import load_records
     recs = [r for r in load_records("dev") if r["source"] == "bfcl_multiple"][:4]
-    res = evaluate_sidecar(bpe_sidecar_model, bpe_tokenizer, recs, progress=False, details=True)
-    assert res["overall"]["n"] == 4 and len(res["misses"]) == 4
+    res = evaluate_sidecar(bpe_sidecar_model, bpe_tokenizer, recs, progress=False, details=True,
+                           prior_weight=prior_weight)
+    assert res["overall"]["n"] == 4 and len(res["misses"]) == 4  # a random model writes no right value
     assert any(miss["function"] is not None for miss in res["misses"])  # a whole offered name, spelt out
-    wave = Wave(bpe_sidecar_model, bpe_tokenizer)
+    wave = Wave(bpe_sidecar_model, bpe_tokenizer, prior_weight=PRIOR_WEIGHT if prior_weight is None else prior_weight)
     for miss in res["misses"]:
         rec = next(r for r in recs if r["id"] == miss["id"])
         req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),

@@ -25,6 +25,9 @@ def add_parser(sub, name):
                    help="sidecar model (default: the embedded one, for every target; 'none' loads none)")
     p.add_argument("--sidecar-adapter", default=None, metavar="DIR",
                    help="the sidecar's LoRA adapter (default: the embedded one for --sidecar embedded)")
+    p.add_argument("--sidecar-prior-weight", type=float, default=None, metavar="W",
+                   help="weight of the lexical prior over the tools in the sidecar's function row (default: the "
+                        "engine's, sidecar/wave.py PRIOR_WEIGHT; 0: none)")
     p.add_argument("--assistant", default=None,
                    help="draft model for 'assisted' (default: the embedded base model for target=embedded, "
                         "else --sidecar)")
@@ -87,6 +90,8 @@ def run(args):
         payback["sidecar_placement"] = args.sidecar_placement
     if args.sidecar_adapter:
         payback["sidecar_adapter"] = args.sidecar_adapter
+    if args.sidecar_prior_weight is not None:
+        payback["sidecar_prior_weight"] = args.sidecar_prior_weight
     sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
     engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device,
                                     sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)

@@ -75,6 +75,7 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
                          "tool_choice": config.tool_choice, "max_new_tokens": config.max_new_tokens,
                          "prompt_lookup_num_tokens": config.prompt_lookup_tokens, "warmup": config.warmup,
                          "scenario": config.scenario, "strict": config.strict, "wave_payback": _ratio(engine),
+                         "sidecar_prior_weight": _prior_weight(engine),
                          "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
     results["records"] = measured
     if passes > 1:  # the same records cold, side by side
@@ -118,6 +119,16 @@ def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
     if m == reference(m) or check["verdict"] != "exact":
         row["text"] = r.text
     return row
+
+
+def _prior_weight(engine) -> float | None:
+    """The sidecar wave's lexical prior weight: its `Wave`'s (a thread) or its `WorkerSpec`'s (a process,
+    a Ray actor); None without a sidecar."""
+    side = getattr(engine, "sidecar", None)
+    for holder in (getattr(side, "wave", None), getattr(side, "spec", None)):
+        if hasattr(holder, "prior_weight"):
+            return holder.prior_weight
+    return None
 
 
 def _ratio(engine) -> float | str | None:

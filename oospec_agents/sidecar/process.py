@@ -33,7 +33,7 @@ from ..errors import ModelLoadError
 from ..gcheap import freeze_gc_heap
 from ..tools import Tool
 from .base import HintRequest
-from .wave import MAX_ROWS
+from .wave import MAX_ROWS, PRIOR_WEIGHT
 from .worker import Ticket, load_wave, run_wave, wave_rows
 
 PLACEMENTS = ("auto", "thread", "process", "ray")  # "ray": an actor of its own (ray_actor.py)
@@ -70,6 +70,7 @@ class WorkerSpec:
     prefix_cache_tokens: int
     threads: int | None
     max_rows: int = MAX_ROWS  # above it a wave runs in two phases (docs/sidecar.md)
+    prior_weight: float = PRIOR_WEIGHT  # the function row's lexical prior (rank.py; 0: off)
 
 
 class ProcessSidecar:

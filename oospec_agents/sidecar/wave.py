@@ -10,7 +10,9 @@ every batch element is exactly its row's `prefix + suffix` and no row attends to
 
 A row may be constrained to a few choices (the function row: the offered tool names): its logits
 are masked to the tokens that continue one of them, and it stops once only one choice is left. Once
-it has chosen, the rows of every other tool leave the batch too.
+it has chosen, the rows of every other tool leave the batch too. Choices given with a prior (a
+mapping text -> prior, `rank.tool_prior`'s) add `prior_weight x prior` to each allowed token's logit,
+the best prior among the choices that token continues.
 
 A large tool set (more rows than `max_rows`, MAX_ROWS by default) is decoded in two phases of the same
 wave, so that its cost stays bounded: the function row alone first, then only the rows of the tool it
@@ -23,6 +25,7 @@ docs/sidecar.md ("Large tool sets") has the measurements behind the defaults.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -42,15 +45,21 @@ ROW_WORK = 8
 #: multi-turn's 17-39, BFCL live_multiple's largest) the function row decides first and only its
 #: tool's rows follow. docs/sidecar.md, "Large tool sets", has the measurements behind 16.
 MAX_ROWS = 16
+#: logits the function row adds per unit of a tool's lexical prior (`rank.tool_prior`, in [-1, 0]);
+#: docs/sidecar.md ("A lexical prior over the tools") has the sweep that chose it
+PRIOR_WEIGHT = 6.0
 
 
 class Wave:
     def __init__(self, model, tokenizer, *, max_row_tokens: int = 32, prefix_cache_tokens: int = DEFAULT_TOKENS,
-                 max_rows: int = MAX_ROWS, top_tools: int = 0):
+                 max_rows: int = MAX_ROWS, top_tools: int = 0, prior_weight: float = PRIOR_WEIGHT):
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 2:
             raise ValueError(f"max_rows must be an integer >= 2 (the function row and a slot), got {max_rows!r}")
         if isinstance(top_tools, bool) or not isinstance(top_tools, int) or top_tools < 0:
             raise ValueError(f"top_tools must be an integer >= 0, got {top_tools!r}")
+        if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) \
+                or not math.isfinite(prior_weight) or prior_weight < 0:
+            raise ValueError(f"prior_weight must be a finite number >= 0 (0 turns the prior off), got {prior_weight!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_row_tokens = max_row_tokens
@@ -59,6 +68,8 @@ class Wave:
         #: in a two-phase wave, how many tools (ranked by the function row's first token) decode their
         #: rows beside the function row; 0: the function row chooses alone first
         self.top_tools = top_tools
+        #: logits added per unit of a choice's prior (0: the model alone chooses)
+        self.prior_weight = float(prior_weight)
         self.device = next(model.parameters()).device
         self.cache_kw = cache_kwarg(model)
         self.eos = eos_ids(model)
@@ -93,21 +104,25 @@ class Wave:
         """The text each row generated after its suffix (up to the end of its JSON value); "" for a
         row that a two-phase wave did not decode.
 
-        `choices` maps a row's index to the only texts it may produce.
+        `choices` maps a row's index to the only texts it may produce: a list, or a mapping from each
+        text to its prior (added to its tokens' logits, times `prior_weight`).
         """
         if not rows:
             return []
         enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         tries = {i: [enc(c) for c in cs] for i, cs in (choices or {}).items()}
+        bias = {i: [self.prior_weight * float(p) for p in cs.values()] for i, cs in (choices or {}).items()
+                      if isinstance(cs, dict) and self.prior_weight}
         out: list[list[int]] = [[] for _ in rows]
         prefix_ids = enc(prefix)
         t0 = time.perf_counter()
         with torch.inference_mode():
             if self.two_phases(rows, choices):
-                steps, cached, prefill_s, decoded, extra = self._two_phases(prefix_ids, rows, tries, out, cancel)
+                steps, cached, prefill_s, decoded, extra = self._two_phases(prefix_ids, rows, tries, bias, out,
+                                                                            cancel)
             else:  # every row in one batch, as always (a named tool_choice's rows too: one tool's)
-                steps, cached, prefill_s = self._lockstep(prefix_ids, rows, list(range(len(rows))), tries, out,
-                                                          cancel)
+                steps, cached, prefill_s = self._lockstep(prefix_ids, rows, list(range(len(rows))), tries, bias,
+                                                          out, cancel)
                 decoded, extra = len(rows), {}
         self.profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": decoded,
                         "rows_offered": len(rows), "max_rows": self.max_rows, "prefill_s": prefill_s,
@@ -116,7 +131,8 @@ class Wave:
             self.cost.add(len(prefix_ids) - cached + ROW_WORK * self._work_rows(rows), time.perf_counter() - t0)
         return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
-    def _two_phases(self, prefix_ids: list[int], rows: list[Row], tries: dict, out: list[list[int]], cancel):
+    def _two_phases(self, prefix_ids: list[int], rows: list[Row], tries: dict, bias: dict, out: list[list[int]],
+                    cancel):
         """A large tool set: the function row first (beside the rows of the `top_tools` tools that its
         first token ranks highest), then the rows of the tool it chose, where they have not run yet.
         Each phase's prefill starts from the shared prefix of the one before: the prefix cache, or a
@@ -135,12 +151,12 @@ class Wave:
             fn_suffix = self.tokenizer.encode(rows[0].suffix, add_special_tokens=False)
             _, logits, _, _, ranked_hit = self._prefill(prefix_ids, [fn_suffix], [None], cancel, kept)
             prefill_s += time.perf_counter() - t
-            ranked = self._rank(logits[0, -1], tries[0], by_tool)[:self.top_tools]
+            ranked = self._rank(logits[0, -1], tries[0], bias.get(0), by_tool)[:self.top_tools]
             for name in ranked:
                 if len(first) - 1 + len(by_tool[name]) <= budget:
                     first += by_tool[name]
             extra["top_tools"] = ranked
-        steps, cached, p = self._lockstep(prefix_ids, rows, first, tries, out, cancel, kept)
+        steps, cached, p = self._lockstep(prefix_ids, rows, first, tries, bias, out, cancel, kept)
         if self.top_tools:  # the ranking prefill saw the prefix cache first
             cached = ranked_hit
         prefill_s += p
@@ -150,25 +166,26 @@ class Wave:
         if (cancel is None or not cancel.is_set()) and isinstance(name, str) and name in by_tool \
                 and by_tool[name][0] not in first:
             second = by_tool[name][:budget]  # a guard: no tool in the data has over 28 parameters
-            more, _, p = self._lockstep(prefix_ids, rows, second, tries, out, cancel, kept)
+            more, _, p = self._lockstep(prefix_ids, rows, second, tries, bias, out, cancel, kept)
             steps, prefill_s, decoded = steps + more, prefill_s + p, decoded + len(second)
             extra["phases"] = 2
         return steps, cached, prefill_s, decoded, extra
 
-    def _rank(self, logits: torch.Tensor, names: list[list[int]], by_tool: dict[str, list[int]]) -> list[str]:
+    def _rank(self, logits: torch.Tensor, names: list[list[int]], bias: list[float] | None,
+              by_tool: dict[str, list[int]]) -> list[str]:
         """The offered tools with rows, best first, by the function row's logit for the first token
-        of each name (names that share their first token keep their offered order)."""
+        of each name plus the name's prior (ties keep their offered order)."""
         scored = []
         for order, ids in enumerate(names):
             name = parse_value(self.tokenizer.decode(ids, skip_special_tokens=True))
             if ids and isinstance(name, str) and name in by_tool:
-                scored.append((-float(logits[ids[0]]), order, name))
+                scored.append((-float(logits[ids[0]]) - (bias[order] if bias else 0.0), order, name))
         return [name for _, _, name in sorted(scored)]
 
-    def _lockstep(self, prefix_ids: list[int], rows: list[Row], idx: list[int], tries: dict,
+    def _lockstep(self, prefix_ids: list[int], rows: list[Row], idx: list[int], tries: dict, bias: dict,
                   out: list[list[int]], cancel, kept: PrefixCache | None = None) -> tuple[int, int, float]:
-        """Decode rows[i], for i in idx, as one batch into out[i]. Returns (steps, cached prefix
-        tokens, prefill seconds)."""
+        """Decode rows[i], for i in idx, as one batch into out[i] (a row in `tries` constrained to its
+        choices, plus its `bias` per choice). Returns (steps, cached prefix tokens, prefill seconds)."""
         enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         live = list(idx)      # the row of each batch element still decoding
         t0 = time.perf_counter()
@@ -182,7 +199,7 @@ class Wave:
             last = logits[:, -1]
             for b, row in enumerate(live):
                 if row in tries:
-                    last[b] = _constrain(last[b], tries[row], out[row])
+                    last[b] = _constrain(last[b], tries[row], out[row], bias.get(row))
             tokens = last.argmax(-1)
             steps += 1  # one more token for every live row
             done, ruled_out = set(), set()
@@ -278,14 +295,22 @@ class Wave:
                           **{self.cache_kw: cache}).logits
 
 
-def _constrain(logits: torch.Tensor, choices: list[list[int]], so_far: list[int]) -> torch.Tensor:
+def _constrain(logits: torch.Tensor, choices: list[list[int]], so_far: list[int],
+               bias: list[float] | None = None) -> torch.Tensor:
+    """Logits masked to the tokens that continue a choice; with `bias` (one per choice), each allowed
+    token gains the largest bias among the choices it continues."""
     k = len(so_far)
-    allowed = {c[k] for c in choices if len(c) > k and c[:k] == so_far}
+    allowed: dict[int, float] = {}
+    for j, c in enumerate(choices):
+        if len(c) > k and c[:k] == so_far:
+            b = bias[j] if bias else 0.0
+            allowed[c[k]] = max(allowed.get(c[k], b), b)
     if not allowed:
         return logits
     masked = torch.full_like(logits, float("-inf"))
     idx = torch.tensor(sorted(allowed), device=logits.device)
-    masked[idx] = logits[idx]
+    masked[idx] = logits[idx] + torch.tensor([allowed[t] for t in sorted(allowed)], dtype=logits.dtype,
+                                             device=logits.device)
     return masked
 
 

@@ -29,11 +29,12 @@ import torch
 from ..prefix_cache import DEFAULT_TOKENS
 from .base import Hint, HintRequest
 from .join import JoinError, NoCall, encode_payload, join, render_payload
+from .rank import tool_prior
 from .rows import Row, expand_rows
-from .wave import MAX_ROWS
+from .wave import MAX_ROWS, PRIOR_WEIGHT
 
-#: (prefix, rows, cancel, choices) -> one generated text per row; `Wave` is the real one
-WaveFn = Callable[[str, list[Row], threading.Event, dict[int, list[str]]], list[str]]
+#: (prefix, rows, cancel, choices: row -> {text: prior}) -> one generated text per row; `Wave` is the real one
+WaveFn = Callable[[str, list[Row], threading.Event, dict[int, dict[str, float]]], list[str]]
 
 
 class WaveSidecar:
@@ -145,15 +146,17 @@ def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.dev
         return {"error": f"sidecar failed: {type(e).__name__}: {e}"}
 
 
-def wave_rows(request: HintRequest) -> tuple[list[Row], str, dict[int, list[str]]]:
+def wave_rows(request: HintRequest) -> tuple[list[Row], str, dict[int, dict[str, float]]]:
     """The rows this request needs. A named tool_choice needs only that tool's slot rows; otherwise
-    the function row is constrained to the offered names (and `null` unless a call is required)."""
+    the function row is constrained to the offered names (and `null` unless a call is required),
+    each with its lexical prior (`rank.tool_prior`; null's is 0)."""
     mode, named = request.tool_choice
     prefix, rows = expand_rows(request.messages, request.tools)
     if mode == "named":
         return [r for r in rows if r.tool == named], prefix, {}
-    names = [" " + json.dumps(t.name, ensure_ascii=False) for t in request.tools] + ([] if mode == "required" else [" null"])
-    return rows, prefix, {0: names}
+    names = {" " + json.dumps(t.name, ensure_ascii=False): p
+             for t, p in zip(request.tools, tool_prior(request.messages, request.tools))}
+    return rows, prefix, {0: names if mode == "required" else names | {" null": 0.0}}
 
 
 class Ticket:
@@ -206,7 +209,7 @@ class Ticket:
 def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s: float = 30.0,
                  sidecar_threads: int | None = 1, sidecar_max_row_tokens: int = 32,
                  sidecar_prefix_cache_tokens: int = DEFAULT_TOKENS, sidecar_placement: str = "auto",
-                 sidecar_max_rows: int = MAX_ROWS):
+                 sidecar_max_rows: int = MAX_ROWS, sidecar_prior_weight: float = PRIOR_WEIGHT):
     """Load a sidecar model (HF id, path, GGUF, or "embedded") behind a `WaveSidecar` (its waves in
     threads of this process), a `ProcessSidecar` (a worker process that loads the model itself) or a
     `RaySidecar` (a Ray actor, on a GPU of its own where the cluster has one): `sidecar_placement` is
@@ -214,7 +217,8 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
 
     "embedded" is SmolLM2-135M-Instruct plus the slot-prediction LoRA adapter when it is present.
     `sidecar_max_rows` bounds a wave's rows (`Wave(max_rows=...)`: above it, two phases); a device
-    that batches rows in parallel may take more.
+    that batches rows in parallel may take more. `sidecar_prior_weight` weighs the lexical prior over
+    the offered tools in the function row (`Wave(prior_weight=...)`, `rank.py`; 0 turns it off).
     """
     from .. import models
     from .process import ProcessSidecar, WorkerSpec, resolve_placement
@@ -226,7 +230,8 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     if adapter is not None:
         name += "+" + Path(adapter).name
     spec = WorkerSpec(str(ref), str(device), dtype, None if adapter is None else str(adapter),
-                      sidecar_max_row_tokens, sidecar_prefix_cache_tokens, sidecar_threads, sidecar_max_rows)
+                      sidecar_max_row_tokens, sidecar_prefix_cache_tokens, sidecar_threads, sidecar_max_rows,
+                      sidecar_prior_weight)
     if placement == "process":
         sidecar = ProcessSidecar(spec, timeout_s=sidecar_timeout_s, name=name)
         sidecar.wait_ready()  # a model that cannot load fails here, as in a thread
@@ -245,4 +250,4 @@ def load_wave(spec):
     from .wave import Wave
     model, tok = models.load_model(spec.ref, device=torch.device(spec.device), dtype=spec.dtype, adapter=spec.adapter)
     return Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens,
-                max_rows=spec.max_rows)
+                max_rows=spec.max_rows, prior_weight=spec.prior_weight)

@@ -171,9 +171,14 @@ def main(argv=None) -> int:
     p.add_argument("--details", action="store_true", help="list every record that is not exact")
     p.add_argument("--target-adapter", default=None, help="score this target adapter (default: the embedded one)")
     p.add_argument("--sidecar-adapter", default=None, help="score this sidecar adapter (default: the embedded one)")
+    p.add_argument("--prior-weight", type=float, default=None,
+                   help="sidecar: weigh the function row's lexical prior by this (default: the runtime's, "
+                        "sidecar/wave.py PRIOR_WEIGHT; 0: none)")
     a = p.parse_args(argv)
     if a.what != "target" and (a.strict or a.tool_choice != "auto"):
         p.error("--strict and --tool-choice apply to `target` only")
+    if a.prior_weight is not None and a.what != "sidecar":
+        p.error("--prior-weight applies to `sidecar` only")
     sources = [s.strip() for arg in a.sources or () for s in arg.split(",") if s.strip()] or \
         (None if a.what == "sidecar" else list(BFCL_SOURCES))
     try:
@@ -193,7 +198,8 @@ def main(argv=None) -> int:
         dev = torch.device("cpu")
         m, t = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev),
                                  adapter=a.sidecar_adapter or models.EMBEDDED_SIDECAR_ADAPTER)
-        res = evaluate_sidecar(m, t, recs, sources=sources, limit_per_source=a.limit, details=a.details)
+        res = evaluate_sidecar(m, t, recs, sources=sources, limit_per_source=a.limit, details=a.details,
+                               prior_weight=a.prior_weight)
     else:
         from ..engine import Engine
         engine = Engine.from_pretrained("embedded", adapter=a.target_adapter, sidecar_adapter=a.sidecar_adapter)

@@ -67,7 +67,7 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
 # --------------------------------------------------------------------------- evaluation
 
 def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_source=None, progress=True,
-                     details=False) -> dict:
+                     details=False, prior_weight: float | None = None) -> dict:
     """Function-index accuracy and argument-value exact match, computed by the runtime's own `Wave`.
 
     Per record (its first expected call), as a request with tool_choice="auto": the function row is
@@ -75,7 +75,8 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     called tool's slot rows are decoded as one batch, each predicting a value or null.
     `arg_exact_match` is over those slot values (a parameter the call leaves out must read null);
     `call_exact` needs the tool and every value right. `details=True` adds "misses": each record
-    with a wrong function or value, with what was expected and predicted.
+    with a wrong function or value, with what was expected and predicted. `prior_weight` weighs the
+    function row's lexical prior (`Wave(prior_weight=...)`; None: the runtime's default, 0: none).
     """
     from tqdm.auto import tqdm
     from ..chat import normalize_messages
@@ -85,7 +86,7 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     from ..sidecar.wave import Wave
     from ..sidecar.worker import wave_rows
     from ..tools import normalize_tools
-    wave = Wave(model, tokenizer)
+    wave = Wave(model, tokenizer) if prior_weight is None else Wave(model, tokenizer, prior_weight=prior_weight)
     recs = select([r for r in records if len(r["expected"]) == 1 or _no_call(r)], sources, limit_per_source)
     per: dict = {}
     declines: dict = {}

@@ -1,0 +1,80 @@
+"""How much the lexical prior should weigh in the sidecar's function row (#20): per record, the
+runtime's wave writes the function row once per weight (`Wave(prior_weight=w)`; the prefix is
+prefilled once and cached), and the script prints function-index accuracy per source and weight.
+docs/sidecar.md ("A lexical prior over the tools") has the tables.
+
+    OMP_NUM_THREADS=2 .venv/bin/python examples/prior_sweep.py --set tune [--limit 40] [--adapter DIR]
+
+Sets: `tune` (train-extra sources that no committed adapter was trained on and no report judges:
+acebench_normal, hammerbench_single, hammerbench_multi, bfcl_exec_multiple, apibank_l2, and
+hammerbench_irrelevant for declines) chooses the weight; `unseen` (the held-out sources of
+docs/training.md) and `dev` (dev.jsonl) only report it. Records with one call, or none ("no call").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+SETS = {
+    "tune": ("train-extra.jsonl", ("acebench_normal", "hammerbench_single", "hammerbench_multi",
+                                   "bfcl_exec_multiple", "apibank_l2", "hammerbench_irrelevant")),
+    "unseen": ("train-extra.jsonl", ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first",
+                                     "acebench_special")),
+    "dev": ("dev.jsonl", ("bfcl_simple", "bfcl_multiple", "apibank_l1")),
+}
+WEIGHTS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 100.0)
+
+
+def main() -> None:
+    from oospec_agents import models
+    from oospec_agents.chat import normalize_messages
+    from oospec_agents.formats import HermesFormat
+    from oospec_agents.sidecar import HintRequest
+    from oospec_agents.sidecar.rows import parse_value
+    from oospec_agents.sidecar.wave import Wave
+    from oospec_agents.sidecar.worker import wave_rows
+    from oospec_agents.tools import normalize_tools
+    from oospec_agents.train.data import select
+    p = argparse.ArgumentParser()
+    p.add_argument("--set", choices=SETS, required=True)
+    p.add_argument("--limit", type=int, default=40, help="records per source")
+    p.add_argument("--adapter", default=None)
+    p.add_argument("--weights", type=float, nargs="+", default=WEIGHTS)
+    a = p.parse_args()
+    file, sources = SETS[a.set]
+    recs = [json.loads(line) for line in open(DATA / file)]
+    recs = select([r for r in recs if len(r["expected"]) == 1 or (r.get("meta") or {}).get("no_call")],
+                  list(sources), a.limit)
+    model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
+                                   adapter=a.adapter or models.EMBEDDED_SIDECAR_ADAPTER)
+    wave = Wave(model, tok)
+    hits: dict = {}
+    for k, rec in enumerate(recs):
+        req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
+                          ("auto", None))
+        rows, prefix, choices = wave_rows(req)
+        gold = rec["expected"][0]["name"] if rec["expected"] else None
+        for w in a.weights:
+            wave.prior_weight = w
+            name = parse_value(wave(prefix, rows[:1], None, choices)[0])
+            h = hits.setdefault(rec["source"], {}).setdefault(w, [0, 0])
+            h[0] += name == gold
+            h[1] += 1
+        print(f"{k + 1}/{len(recs)}", end="\r", flush=True)
+    print("\nsource".ljust(30) + "".join(f"{w:>8g}" for w in a.weights))
+    calls = {w: [0, 0] for w in a.weights}
+    for src, row in sorted(hits.items()):
+        print(src.ljust(29) + "".join(f"{row[w][0] / row[w][1]:8.1%}" for w in a.weights))
+        if not any(r["source"] == src and not r["expected"] for r in recs):
+            for w in a.weights:
+                calls[w][0] += row[w][0]
+                calls[w][1] += row[w][1]
+    print("calls, all sources".ljust(29) + "".join(f"{calls[w][0] / max(1, calls[w][1]):8.1%}" for w in a.weights))
+
+
+if __name__ == "__main__":
+    main()
