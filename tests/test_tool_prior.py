@@ -51,6 +51,8 @@ def test_no_opinion_without_a_shared_word_or_a_choice():
     assert tool_prior(_user("Hello there!"), tools) == [0.0, 0.0, 0.0]
     assert tool_prior(_user("weather in Oslo"), tools[:1]) == [0.0]
     assert tool_prior([], tools) == [0.0, 0.0, 0.0]
+    # tools whose names and descriptions hold no word BM25 keeps (stop words, single characters)
+    assert tool_prior(_user("the a b"), normalize_tools([_tool("the"), _tool("a", "is")])) == [0.0, 0.0]
     # only the user's turns are read: a system prompt naming a tool gives it no prior
     messages = normalize_messages([{"role": "system", "content": "You may book flights."},
                                    {"role": "user", "content": "Hi!"}])

@@ -52,9 +52,11 @@ def tool_prior(messages: list[dict], tools: list[Tool]) -> list[float]:
     import bm25s
     if len(tools) < 2:
         return [0.0] * len(tools)
+    corpus = bm25s.tokenize([tool_text(t) for t in tools], stopwords="en", show_progress=False)
+    if not corpus.vocab:  # names and descriptions of stop words and single characters only
+        return [0.0] * len(tools)
     retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize([tool_text(t) for t in tools], stopwords="en", show_progress=False),
-                    show_progress=False)
+    retriever.index(corpus, show_progress=False)
     query = bm25s.tokenize([query_text(messages)], stopwords="en", show_progress=False, return_ids=False)[0]
     known = [w for w in query if w in retriever.vocab_dict]
     if not known:

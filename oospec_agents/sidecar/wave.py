@@ -111,8 +111,8 @@ class Wave:
             return []
         enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         tries = {i: [enc(c) for c in cs] for i, cs in (choices or {}).items()}
-        bias = {i: [self.prior_weight * float(p) for p in cs.values()] for i, cs in (choices or {}).items()
-                      if isinstance(cs, dict) and self.prior_weight}
+        bias = {i: [self.prior_weight * float(p) for p in cs.values()]
+                for i, cs in (choices or {}).items() if isinstance(cs, dict) and self.prior_weight}
         out: list[list[int]] = [[] for _ in rows]
         prefix_ids = enc(prefix)
         t0 = time.perf_counter()
