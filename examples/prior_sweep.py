@@ -13,7 +13,6 @@ docs/training.md) and `dev` (dev.jsonl) only report it. Records with one call, o
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -31,7 +30,9 @@ WEIGHTS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 100.0)
 
 def main() -> None:
     from oospec_agents import models
+    from tqdm.auto import tqdm
     from oospec_agents.chat import normalize_messages
+    from oospec_agents.data import load_records
     from oospec_agents.formats import HermesFormat
     from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.rows import parse_value
@@ -39,6 +40,7 @@ def main() -> None:
     from oospec_agents.sidecar.worker import wave_rows
     from oospec_agents.tools import normalize_tools
     from oospec_agents.train.data import select
+    from oospec_agents.train.sidecar_train import _no_call
     p = argparse.ArgumentParser()
     p.add_argument("--set", choices=SETS, required=True)
     p.add_argument("--limit", type=int, default=40, help="records per source")
@@ -46,14 +48,14 @@ def main() -> None:
     p.add_argument("--weights", type=float, nargs="+", default=WEIGHTS)
     a = p.parse_args()
     file, sources = SETS[a.set]
-    recs = [json.loads(line) for line in open(DATA / file)]
-    recs = select([r for r in recs if len(r["expected"]) == 1 or (r.get("meta") or {}).get("no_call")],
+    # the records evaluate_sidecar scores: one call, or "no call"
+    recs = select([r for r in load_records(DATA / file) if len(r["expected"]) == 1 or _no_call(r)],
                   list(sources), a.limit)
     model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
                                    adapter=a.adapter or models.EMBEDDED_SIDECAR_ADAPTER)
     wave = Wave(model, tok)
     hits: dict = {}
-    for k, rec in enumerate(recs):
+    for rec in tqdm(recs, desc="prior-sweep"):
         req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
                           ("auto", None))
         rows, prefix, choices = wave_rows(req)
@@ -64,8 +66,7 @@ def main() -> None:
             h = hits.setdefault(rec["source"], {}).setdefault(w, [0, 0])
             h[0] += name == gold
             h[1] += 1
-        print(f"{k + 1}/{len(recs)}", end="\r", flush=True)
-    print("\nsource".ljust(30) + "".join(f"{w:>8g}" for w in a.weights))
+    print("source".ljust(29) + "".join(f"{w:>8g}" for w in a.weights))
     calls = {w: [0, 0] for w in a.weights}
     for src, row in sorted(hits.items()):
         print(src.ljust(29) + "".join(f"{row[w][0] / row[w][1]:8.1%}" for w in a.weights))

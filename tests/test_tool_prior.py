@@ -66,6 +66,9 @@ def test_wave_rows_carry_each_names_prior_and_null_at_zero():
     _, _, choices = wave_rows(_request("weather in Oslo?", tool_choice=("required", None)))
     assert " null" not in choices[0]
     assert wave_rows(_request("weather", tool_choice=("named", "get_weather")))[2] == {}
+    # the pay-back estimate needs only the rows: no ranking, every prior 0, the same rows and prefix
+    rows, prefix, choices = wave_rows(_request("weather in Oslo?"), priors=False)
+    assert set(choices[0].values()) == {0.0} and (rows, prefix) == wave_rows(_request("weather in Oslo?"))[:2]
 
 
 @pytest.fixture(scope="module")

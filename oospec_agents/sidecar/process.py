@@ -426,7 +426,7 @@ def _serve(conn, spec: WorkerSpec, fault: str | None) -> None:
 
 def _estimate(wave, plain: dict) -> float | None:
     try:
-        rows, prefix, _ = wave_rows(_request(plain))
+        rows, prefix, _ = wave_rows(_request(plain), priors=False)
         return wave.estimate(prefix, rows)
     except Exception:  # no estimate: the wave runs
         return None

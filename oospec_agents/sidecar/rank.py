@@ -2,7 +2,8 @@
 
 On tool sets it never saw, the 135M sidecar often picks the wrong tool of many (`callnavi`'s 21-101
 tools: 40% function accuracy), while the words of the user's request name the right one: with this
-prior at a weight that all but decides (100), the function row chose right on all 40 of those records. The wave's function row adds `weight x prior` to the logits of each name it may write
+prior at a weight that all but decides (100), the function row chose right on all 40 of those records.
+The wave's function row adds `weight x prior` to the logits of each name it may write
 (`Wave(prior_weight=...)`), so the model still chooses, and a wrong lexical guess is outvoted when
 the model is sure.
 

@@ -54,7 +54,7 @@ class _WaveActor:
         self.cancels.setdefault(tid, threading.Event()).set()
 
     def estimate(self, plain: dict) -> float | None:
-        rows, prefix, _ = wave_rows(_request(plain))
+        rows, prefix, _ = wave_rows(_request(plain), priors=False)
         return self.wave.estimate(prefix, rows)
 
     def clear_prefix_cache(self) -> None:

@@ -66,7 +66,7 @@ class WaveSidecar:
         estimate = getattr(self.wave, "estimate", None)  # a wave function may keep no costs
         if estimate is None:
             return None
-        rows, prefix, _ = wave_rows(request)
+        rows, prefix, _ = wave_rows(request, priors=False)
         return estimate(prefix, rows)
 
     def submit(self, request: HintRequest) -> "Ticket":
@@ -146,16 +146,17 @@ def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.dev
         return {"error": f"sidecar failed: {type(e).__name__}: {e}"}
 
 
-def wave_rows(request: HintRequest) -> tuple[list[Row], str, dict[int, dict[str, float]]]:
+def wave_rows(request: HintRequest, *, priors: bool = True) -> tuple[list[Row], str, dict[int, dict[str, float]]]:
     """The rows this request needs. A named tool_choice needs only that tool's slot rows; otherwise
     the function row is constrained to the offered names (and `null` unless a call is required),
-    each with its lexical prior (`rank.tool_prior`; null's is 0)."""
+    each with its lexical prior (`rank.tool_prior`; null's is 0). `priors=False` (the pay-back
+    estimate, which needs only the rows) leaves every prior 0 and skips the ranking."""
     mode, named = request.tool_choice
     prefix, rows = expand_rows(request.messages, request.tools)
     if mode == "named":
         return [r for r in rows if r.tool == named], prefix, {}
-    names = {" " + json.dumps(t.name, ensure_ascii=False): p
-             for t, p in zip(request.tools, tool_prior(request.messages, request.tools))}
+    prior = tool_prior(request.messages, request.tools) if priors else [0.0] * len(request.tools)
+    names = {" " + json.dumps(t.name, ensure_ascii=False): p for t, p in zip(request.tools, prior)}
     return rows, prefix, {0: names if mode == "required" else names | {" null": 0.0}}
 
 

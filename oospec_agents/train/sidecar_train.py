@@ -83,10 +83,10 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     from ..formats import HermesFormat
     from ..sidecar import HintRequest
     from ..sidecar.rows import parse_value
-    from ..sidecar.wave import Wave
+    from ..sidecar.wave import PRIOR_WEIGHT, Wave
     from ..sidecar.worker import wave_rows
     from ..tools import normalize_tools
-    wave = Wave(model, tokenizer) if prior_weight is None else Wave(model, tokenizer, prior_weight=prior_weight)
+    wave = Wave(model, tokenizer, prior_weight=PRIOR_WEIGHT if prior_weight is None else prior_weight)
     recs = select([r for r in records if len(r["expected"]) == 1 or _no_call(r)], sources, limit_per_source)
     per: dict = {}
     declines: dict = {}
