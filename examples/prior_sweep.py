@@ -4,11 +4,14 @@ prefilled once and cached), and the script prints function-index accuracy per so
 docs/sidecar.md ("A lexical prior over the tools") has the tables.
 
     OMP_NUM_THREADS=2 .venv/bin/python examples/prior_sweep.py --set tune [--limit 40] [--adapter DIR]
+        [--query all|last|last-twice]
 
 Sets: `tune` (train-extra sources that no committed adapter was trained on and no report judges:
 acebench_normal, hammerbench_single, hammerbench_multi, bfcl_exec_multiple, apibank_l2, and
 hammerbench_irrelevant for declines) chooses the weight; `unseen` (the held-out sources of
 docs/training.md) and `dev` (dev.jsonl) only report it. Records with one call, or none ("no call").
+`--query` chooses the user turns the prior reads: `all` (the runtime's `rank.query_text`), the `last`
+alone, or the `last-twice` beside all of them (docs/sidecar.md, "Which user turns it reads").
 """
 from __future__ import annotations
 
@@ -26,6 +29,20 @@ SETS = {
     "dev": ("dev.jsonl", ("bfcl_simple", "bfcl_multiple", "apibank_l1")),
 }
 WEIGHTS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 100.0)
+
+
+def _users(messages: list[dict]) -> list[str]:
+    return [m.get("content") or "" for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+
+
+def _query(kind: str):
+    """The query text of `--query kind`: the runtime's own for `all`."""
+    from oospec_agents.sidecar import rank
+    if kind == "all":
+        return rank.query_text
+    last = lambda ms: (_users(ms) or [""])[-1:]  # noqa: E731
+    texts = last if kind == "last" else (lambda ms: _users(ms) + last(ms))
+    return lambda ms: rank.words(" ".join(texts(ms)))[-rank.MAX_QUERY_CHARS:]
 
 
 def main() -> None:
@@ -46,7 +63,11 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=40, help="records per source")
     p.add_argument("--adapter", default=None)
     p.add_argument("--weights", type=float, nargs="+", default=WEIGHTS)
+    p.add_argument("--query", choices=("all", "last", "last-twice"), default="all",
+                   help="the user turns the prior reads (default: all, as the runtime)")
     a = p.parse_args()
+    from oospec_agents.sidecar import rank
+    rank.query_text = _query(a.query)  # tool_prior reads the module's name at each call
     file, sources = SETS[a.set]
     # the records evaluate_sidecar scores: one call, or "no call"
     recs = select([r for r in load_records(DATA / file) if len(r["expected"]) == 1 or _no_call(r)],
