@@ -7,8 +7,14 @@
 Entries are keyed by token ids and matched by their longest common prefix with the new prompt, so a
 conversation's next turn reuses the previous turn's whole prompt, and another user message on the
 same tools reuses the system prompt and tool schemas. The budget counts cached tokens; the least
-recently used entries go first. A request never sees an entry itself, only a copy cropped to the hit,
-so verification's rollback can never change what the next request reuses.
+recently used entries go first. A request never sees an entry itself, only a cache of its own cut to
+the hit, so verification's rollback can never change what the next request reuses.
+
+That cache shares the entry's tensors where it can (`fork`): transformers' `DynamicLayer` never
+writes a tensor it holds (it grows by `torch.cat`, crops by slicing, and our tree rollback keeps
+paths with `index_select`), so a fork over the same tensors is as safe as a copy and costs nothing;
+any other cache type is deep-copied. On this CPU the two copies (lookup and store) took about 10 ms
+of a warm ~50-token prefill's 130 ms for SmolLM2-135M in float32.
 """
 from __future__ import annotations
 
@@ -47,13 +53,9 @@ class PrefixCache:
             if best is None or hit <= 0:
                 return 0, make_empty()
             self._entries.move_to_end(best)
-            cache = copy.deepcopy(self._entries[best])
-        if hit < len(best):
-            try:
-                cache.crop(-(len(best) - hit))
-            except (ValueError, RuntimeError):  # a layer that cannot roll back (a full sliding window)
-                return 0, make_empty()
-        return hit, cache
+            entry = self._entries[best]
+        cache = fork(entry, hit, len(best))
+        return (0, make_empty()) if cache is None else (hit, cache)
 
     def peek(self, ids: list[int]) -> int:
         """How many tokens `lookup(ids)` would reuse, without copying anything."""
@@ -70,7 +72,7 @@ class PrefixCache:
             if key in self._entries:  # a full hit: the entry already holds this prompt, no copy needed
                 self._entries.move_to_end(key)
                 return
-        snapshot = copy.deepcopy(cache)
+        snapshot = fork(cache, len(ids), len(ids))
         with self._lock:
             self._entries.pop(key, None)
             # an entry that is a prefix of the new one holds nothing the new one lacks
@@ -86,6 +88,36 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def fork(cache, keep: int, length: int):
+    """A cache of its own holding the first `keep` of `cache`'s `length` tokens, or None where the
+    cache cannot be cut back (a full sliding window). For a plain `DynamicCache` of `DynamicLayer`s
+    (what `Verifier.new_cache` and the wave build for full-attention models) the fork's layers are new
+    objects over views of the same tensors, which no layer method writes in place; anything else
+    (another layer type, offloading) is deep-copied, then cropped."""
+    if _append_only(cache):
+        out = copy.copy(cache)
+        out.layers = []
+        for layer in cache.layers:
+            mine = copy.copy(layer)
+            if keep < length and layer.is_initialized:
+                mine.keys, mine.values = layer.keys[..., :keep, :], layer.values[..., :keep, :]
+            out.layers.append(mine)
+        return out
+    out = copy.deepcopy(cache)
+    if keep < length:
+        try:
+            out.crop(-(length - keep))
+        except (ValueError, RuntimeError):  # a layer that cannot roll back (a full sliding window)
+            return None
+    return out
+
+
+def _append_only(cache) -> bool:
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    return type(cache) is DynamicCache and not getattr(cache, "offloading", False) \
+        and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def _common_prefix(a, b) -> int:

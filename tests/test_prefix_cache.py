@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from oospec_testing import greedy, tiny_model
 from oospec_agents import Engine
@@ -59,6 +60,49 @@ def test_a_cached_entry_is_unchanged_by_the_requests_that_reuse_it(engines):
         warm.clear_prefix_cache()
         for m in order:
             assert run(warm, m, "toolspec").token_ids == expected[id(m)]
+
+
+def test_a_reused_entry_shares_its_tensors_and_no_request_writes_them(engines):
+    """The fork a request gets is no copy (the same storage), yet after requests that reuse the entry --
+    a partial hit under toolspec and under oospec with a wrong hint (draft trees, crops and path
+    rollbacks on the fork) -- every tensor of the entry holds the values it held before."""
+    warm, cold = engines
+    warm.clear_prefix_cache()
+    a, b = ask("Weather in Oslo?"), ask("Weather in Lima, in c?")
+    run(warm, a, "toolspec")
+    (key, entry), = warm.prefix_cache._entries.items()
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in entry.layers]
+    ids_b = warm.prompt_ids(b, [WEATHER], tool_choice="required")
+    hit, fork = warm.prefix_cache.lookup(ids_b, lambda: None)
+    assert 0 < hit < len(key) and fork is not entry
+    assert all(f.keys.data_ptr() == e.keys.data_ptr() and f.keys.shape[-2] == hit
+               for f, e in zip(fork.layers, entry.layers))
+    wrong = '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Quito", "unit": "f"}}\n</tool_call>'
+    for method, kw in (("toolspec", {}), ("oospec", {"hint": wrong})):
+        gen = run(warm, b, method, **kw)
+        assert gen.stats.cached_prompt_tokens > 0
+        assert gen.token_ids == run(cold, b, method, **kw).token_ids
+        warm.prefix_cache._entries.pop(tuple(ids_b), None)  # so the next method hits `a`'s entry again
+    assert warm.prefix_cache._entries[key] is entry
+    for layer, (k, v) in zip(entry.layers, before):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+
+
+def test_a_cache_of_another_kind_is_copied_not_shared():
+    """Only transformers' append-only DynamicLayer is shared; a cache of any other type is deep-copied."""
+    from transformers.cache_utils import DynamicCache
+
+    class Other(DynamicCache):
+        pass
+    for kind, shared in ((DynamicCache, True), (Other, False)):
+        cache = kind()
+        cache.update(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4), 0)
+        pc = PrefixCache(100)
+        pc.store([1, 2, 3, 4, 5], cache)
+        hit, mine = pc.lookup([1, 2, 3, 9, 9], lambda: None)
+        assert hit == 3 and type(mine) is kind and mine.layers[0].keys.shape[-2] == 3
+        assert (mine.layers[0].keys.data_ptr() == cache.layers[0].keys.data_ptr()) is shared
+        assert torch.equal(mine.layers[0].keys, cache.layers[0].keys[..., :3, :])
 
 
 def test_an_evicted_prompt_is_a_miss_and_still_decodes_the_same(smollm2_tokenizer, engines):
