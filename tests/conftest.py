@@ -33,9 +33,11 @@ def tiny_engine(request, smollm2_tokenizer):
 
 @pytest.fixture(scope="session")
 def embedded_fp32():
-    """The embedded target in float32 (exact losslessness is a float32 property), no sidecar."""
+    """The embedded target in float32 (exact losslessness is a float32 property), no sidecar. Its
+    prefix cache holds the 20 slow-test records' prompts (about 430 tokens each) with room to spare,
+    and the slow tests' other engines on this target share it (`oospec_testing.on_target_of`)."""
     from oospec_agents import Engine
-    return Engine.from_pretrained("embedded", sidecar=False, dtype=torch.float32)
+    return Engine.from_pretrained("embedded", sidecar=False, dtype=torch.float32, prefix_cache_tokens=16384)
 
 
 @pytest.fixture(scope="session")

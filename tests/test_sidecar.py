@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from oospec_testing import InTime, check_events, greedy, tiny_model, trace_stream
+from oospec_testing import InTime, check_events, greedy, on_target_of, tiny_model, trace_stream
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.drafters import DraftContext, HintDrafter
@@ -458,7 +458,7 @@ def test_requests_from_several_threads_are_serialised_and_unchanged(tiny_target,
 @pytest.fixture(scope="module")
 def oospec_traces(embedded_fp32, embedded_sidecar, dev_records20):
     """Per record: the oospec engine's streamed events with their rounds (the hint in time)."""
-    oospec = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(embedded_sidecar))
+    oospec = on_target_of(embedded_fp32, InTime(embedded_sidecar))
     return oospec, [trace_stream(oospec, r["messages"], r["tools"], tool_choice="required", max_new_tokens=N,
                                  method="oospec") for r in dev_records20]
 
@@ -467,7 +467,7 @@ def oospec_traces(embedded_fp32, embedded_sidecar, dev_records20):
 def runs20(embedded_fp32, dev_records20, embedded_greedy48, oospec_traces):
     """Per record: plain greedy (the session's first N tokens of greedy's 48), toolspec, and oospec
     with the embedded sidecar's hint in time."""
-    toolspec = Engine(embedded_fp32.target, embedded_fp32.tokenizer)
+    toolspec = on_target_of(embedded_fp32)
     runs = []
     for r, greedy48, (events, _) in zip(dev_records20, embedded_greedy48, oospec_traces[1]):
         ref = greedy48[:N]
@@ -504,7 +504,7 @@ def test_oospec_takes_fewer_target_forwards_than_toolspec(runs20):
 
 @pytest.mark.slow
 def test_an_oracle_hint_takes_a_call_in_a_few_forwards(embedded_fp32, runs20):
-    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer)
+    engine = on_target_of(embedded_fp32)
     for r, ref, ts, _ in runs20[:3]:
         gen = engine.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N,
                                      method="oospec", hint=ts.text)
@@ -515,7 +515,7 @@ def test_an_oracle_hint_takes_a_call_in_a_few_forwards(embedded_fp32, runs20):
 
 @pytest.mark.slow
 def test_the_threaded_sidecar_races_the_target_without_changing_it(embedded_fp32, embedded_sidecar, runs20):
-    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer, embedded_sidecar)
+    engine = on_target_of(embedded_fp32, embedded_sidecar)
     for r, ref, ts, _ in runs20[:5]:
         gen = engine.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N)
         assert gen.token_ids == ref
@@ -529,7 +529,7 @@ def test_the_threaded_sidecar_races_the_target_without_changing_it(embedded_fp32
 def test_a_real_target_is_lossless_with_hints_from_a_sidecar_with_another_tokenizer(
         embedded_fp32, bpe_tokenizer, bpe_sidecar_model, runs20):
     side = WaveSidecar(Wave(bpe_sidecar_model, bpe_tokenizer, max_row_tokens=8))
-    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(side))
+    engine = on_target_of(embedded_fp32, InTime(side))
     for r, ref, *_ in runs20[:4]:
         gen = engine.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N)
         assert gen.token_ids == ref and gen.stats["hint_bytes"] and gen.stats["sidecar_error"] is None

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from oospec_testing import InTime, greedy, tiny_model
+from oospec_testing import InTime, greedy, on_target_of, tiny_model
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.formats import Llama3JsonFormat
@@ -262,7 +262,7 @@ def test_a_process_sidecar_is_lossless_and_saves_forwards_on_20_dev_records(embe
     assert isinstance(embedded_process, ProcessSidecar)
     assert embedded_process.name == "embedded:SmolLM2-135M-Instruct+smollm2-sidecar"
     # one engine for both methods: toolspec's prefill is cached, and oospec reuses it
-    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(embedded_process))
+    engine = on_target_of(embedded_fp32, InTime(embedded_process))
     n = 48  # the session's greedy references (conftest.embedded_greedy48)
     forwards = {"toolspec": 0, "oospec": 0}
     hint_tokens = 0

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oospec_agents import Engine
-from oospec_testing import InTime
+from oospec_testing import InTime, on_target_of
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
@@ -37,7 +36,7 @@ def test_the_actors_hints_are_verified_and_the_reply_stays_greedy(ray_sidecar, e
                                                                    embedded_greedy48):
     from oospec_agents.sidecar.ray_actor import RaySidecar
     assert isinstance(ray_sidecar, RaySidecar) and ray_sidecar.name.startswith("embedded:")
-    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(ray_sidecar))
+    engine = on_target_of(embedded_fp32, InTime(ray_sidecar))
     hint_tokens = 0
     for rec, reference in list(zip(dev_records20, embedded_greedy48))[:4]:
         gen = engine.generate(rec["messages"], rec["tools"], tool_choice="required", max_new_tokens=N)
@@ -49,7 +48,7 @@ def test_the_actors_hints_are_verified_and_the_reply_stays_greedy(ray_sidecar, e
 
 def test_a_killed_actor_is_a_fault_and_the_next_request_starts_another(ray_sidecar, embedded_fp32, dev_records20,
                                                                         embedded_greedy48):
-    engine = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(ray_sidecar))
+    engine = on_target_of(embedded_fp32, InTime(ray_sidecar))
     rec, reference = dev_records20[0], embedded_greedy48[0]
     old = ray_sidecar._actor
     ray.kill(old)

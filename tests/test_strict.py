@@ -187,9 +187,8 @@ def test_jump_forward_stops_at_max_new_tokens_like_the_reference(tiny_engine, n)
 def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp32, embedded_sidecar, dev_records20):
     """On the 20 embedded dev records (fp32, 48 tokens): ar, toolspec and oospec (the embedded sidecar's
     hint, waited for) under the grammar equal transformers' greedy decoding with the grammar's mask."""
-    from oospec_agents import Engine
-    from oospec_testing import InTime
-    oospec = Engine(embedded_fp32.target, embedded_fp32.tokenizer, InTime(embedded_sidecar))
+    from oospec_testing import InTime, on_target_of
+    oospec = on_target_of(embedded_fp32, InTime(embedded_sidecar))
     engines = {"ar": embedded_fp32, "toolspec": embedded_fp32, "oospec": oospec}
     forwards, hint = dict.fromkeys(METHODS, 0), 0
     for rec in dev_records20:
