@@ -209,6 +209,29 @@ def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp
     assert forwards["toolspec"] < forwards["ar"] and forwards["oospec"] < forwards["ar"], forwards
 
 
+@pytest.mark.slow
+def test_embedded_strict_under_auto_equals_the_masked_reference(embedded_fp32, embedded_sidecar, dev_records20):
+    """Under `auto` the grammar also allows text before the call markup: on one dev record of each
+    source (fp32, 48 tokens), ar, toolspec and oospec (its hint waited for) under the grammar equal
+    transformers' greedy decoding with the grammar's mask, and a finished call validates."""
+    from oospec_testing import InTime, on_target_of
+    oospec = on_target_of(embedded_fp32, InTime(embedded_sidecar))
+    engines = {"ar": embedded_fp32, "toolspec": embedded_fp32, "oospec": oospec}
+    records = dev_records20[:5]
+    assert len({rec["source"] for rec in records}) == 5
+    calls = 0
+    for rec in records:
+        ref = masked_reference(embedded_fp32, rec["messages"], rec["tools"], "auto", 48)
+        for method in METHODS:
+            gen = engines[method].generate(rec["messages"], rec["tools"], tool_choice="auto", method=method,
+                                           max_new_tokens=48, strict=True)
+            assert gen.token_ids == ref, (rec["id"], method)
+            if gen.finish_reason != "length":
+                assert not gen.invalid_tool_calls, (rec["id"], method, gen.text)
+        calls += bool(gen.tool_calls or gen.invalid_tool_calls)
+    assert calls >= 1  # the target chose to call on some records (a call cut off at 48 tokens counts)
+
+
 def test_per_tool_strict_flags_constrain_only_their_tools(grammars, smollm2_tokenizer):
     flagged = tool("weather", FEATURES[0]["function"]["parameters"]["properties"], ["city"])
     flagged["function"]["strict"] = True
