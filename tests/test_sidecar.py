@@ -51,9 +51,9 @@ def test_rows_are_exactly_the_function_row_then_one_slot_row_per_parameter():
     opener = '<tool_call>\n{"name": "get_weather", "arguments": {'
     assert rows == [
         Row("function", None, None, '<tool_call>\n{"name":', ' "get_weather"'),
-        Row("slot", "get_weather", "city", opener + '"city":', ' "Paris"'),
+        Row("slot", "get_weather", "city", opener + '"city":', ' "Paris"', required=True),
         Row("slot", "get_weather", "unit", opener + '"unit":', " null"),
-        Row("slot", "get_time", "tz", '<tool_call>\n{"name": "get_time", "arguments": {"tz":', None),
+        Row("slot", "get_time", "tz", '<tool_call>\n{"name": "get_time", "arguments": {"tz":', None, required=True),
         Row("slot", "get_time", "hours", '<tool_call>\n{"name": "get_time", "arguments": {"hours":', None),
     ]
     assert "nobody needs" not in prefix  # only a description's first sentence: the shared prefix stays compact
@@ -231,6 +231,41 @@ def test_the_function_row_picks_an_offered_name_and_rules_out_the_other_tools_ro
             assert text == tok.decode(alone)
         else:  # stopped as soon as the function row had chosen
             assert text in [tok.decode(alone[:k]) for k in range(len(alone))], text
+
+
+def test_a_required_parameters_row_never_answers_null(smollm2_tokenizer):
+    """A call without a required parameter does not validate, so the wave keeps that row off `null`
+    (every token that begins it) and it writes its best value; an optional parameter's row may still
+    answer null. The model here wants ` null` above all, then ` "` (a hook on its output layer)."""
+    from oospec_testing import tiny_model
+    tok = smollm2_tokenizer
+    model = tiny_model("llama", tok, seed=5)
+    null, quote = (tok.encode(t, add_special_tokens=False) for t in (" null", ' "'))
+    assert len(null) == len(quote) == 1
+
+    def wants_null(module, args, logits):
+        logits[..., null[0]] += 1e4
+        logits[..., quote[0]] += 5e3
+        return logits
+    req = _request(("named", "get_weather"))
+    rows, prefix, _ = wave_rows(req)
+    assert [(r.param, r.required) for r in rows] == [("city", True), ("unit", False)]
+    handle = model.lm_head.register_forward_hook(wants_null)
+    try:
+        city, unit = Wave(model, tok, max_row_tokens=4)(prefix, rows)
+    finally:
+        handle.remove()
+    assert unit == " null" and city.startswith(' "'), (city, unit)
+    # a required parameter whose schema takes null (OpenAI strict's optional parameters) may answer it
+    strict_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": ["string", "null"]}, "b": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "c": {"type": "string"}, "d": {"type": "string"}}, "required": ["a", "b", "c"]}}}
+    _, rows = expand_rows(normalize_messages(ASK), normalize_tools([strict_tool]))
+    assert [(r.param, r.required) for r in rows[1:]] == [("a", False), ("b", False), ("c", True), ("d", False)]
+    # every token the tokenizer spells with a leading "n" is kept off, after whitespace too
+    banned = Wave(model, tok).null_starts().tolist()
+    assert null[0] in banned and tok.encode("null", add_special_tokens=False)[0] in banned
+    assert all(tok.decode([i]).lstrip().startswith("n") for i in banned) and quote[0] not in banned
 
 
 @pytest.mark.parametrize("prior_weight", [None, 0.0])

@@ -45,7 +45,7 @@ def test_rows_are_exactly_as_specified():
     slot = lambda tool, p: OPEN + f' "{tool}", "arguments": {{"{p}":'
     assert rows == [
         Row("function", None, None, OPEN, ' "get_current_weather"'),
-        Row("slot", "get_current_weather", "city", slot("get_current_weather", "city"), ' "Paris"'),
+        Row("slot", "get_current_weather", "city", slot("get_current_weather", "city"), ' "Paris"', required=True),
         Row("slot", "get_current_weather", "unit", slot("get_current_weather", "unit"), " null"),
         Row("slot", "get_time", "tz", slot("get_time", "tz"), " null"),
         Row("slot", "get_time", "fmt", slot("get_time", "fmt"), " null"),

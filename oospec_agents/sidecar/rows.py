@@ -8,6 +8,8 @@ A request with tools T1..Tn becomes one shared prefix and a short suffix per row
     function row   suffix '<tool_call>\\n{"name":'                                target ' "get_weather"' | ' null'
     slot rows      suffix '<tool_call>\\n{"name": "get_weather", "arguments": {"city":'
                                                                                 target ' "Paris"' | ' null'
+                   (a required parameter's row, unless its schema allows null, is marked `required`:
+                   the wave never lets it answer null)
 
 Every row's answer is one JSON value, so one parser (`parse_value`) and one stop rule (`value_end`)
 serve all rows. The suffix starts the call the way a chat model writes it, so an instruct model
@@ -42,6 +44,7 @@ class Row:
     param: str | None           # the slot's parameter (None for the function row)
     suffix: str                 # text after the shared prefix; the model continues with a JSON value
     target: str | None = None   # " " + JSON text of the answer; None = unlabelled (inference, or not trained)
+    required: bool = False      # a required parameter that null does not satisfy: the wave never answers null
 
 
 def expand_rows(messages: list[dict], tools: list[Tool], call: dict | None = None) -> tuple[str, list[Row]]:
@@ -58,13 +61,30 @@ def expand_rows(messages: list[dict], tools: list[Tool], call: dict | None = Non
     if isinstance(args, str):
         args = json.loads(args) if args.strip() else {}
     for tool in tools:
+        required = {p for p in tool.required if not nullable(tool.properties.get(p))}
         labelled = call is not None and tool.name == call["name"]
         for param in tool.properties:
             suffix = CALL_OPEN + " " + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": {' + \
                 json.dumps(param, ensure_ascii=False) + ":"
             target = " " + json.dumps(args.get(param), ensure_ascii=False) if labelled else None
-            rows.append(Row("slot", tool.name, param, suffix, target))
+            rows.append(Row("slot", tool.name, param, suffix, target, param in required))
     return prefix, rows
+
+
+def nullable(spec: Any) -> bool:
+    """Whether this parameter's schema says outright that null is a value: type "null" (alone or in a
+    list), an enum or const with null, a nullable anyOf / oneOf member, or OpenAPI's `nullable: true`.
+    OpenAI's strict mode writes an optional parameter as required and nullable."""
+    if not isinstance(spec, dict):
+        return False
+    kind = spec.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind) or spec.get("nullable") is True:
+        return True
+    if "enum" in spec and None in (spec["enum"] or []):
+        return True
+    if "const" in spec and spec["const"] is None:
+        return True
+    return any(nullable(s) for key in ("anyOf", "oneOf") for s in spec.get(key) or [])
 
 
 def render_prefix(messages: list[dict], tools: list[Tool]) -> str:

@@ -250,5 +250,7 @@ def load_wave(spec):
     from .. import models
     from .wave import Wave
     model, tok = models.load_model(spec.ref, device=torch.device(spec.device), dtype=spec.dtype, adapter=spec.adapter)
-    return Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens,
+    wave = Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens,
                 max_rows=spec.max_rows, prior_weight=spec.prior_weight)
+    wave.null_starts()  # a pass over the vocabulary, here at load time rather than in the first wave
+    return wave

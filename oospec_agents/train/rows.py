@@ -11,7 +11,7 @@ the runtime wave). Training adds two things:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,11 +32,11 @@ def training_rows(messages, tools, call: dict | None) -> tuple[str, list[Row]]:
     tool_list = tools if tools and not isinstance(tools[0], dict) else normalize_tools(tools)
     if call is None:
         prefix, rows = expand_rows(msgs, tool_list)
-        return prefix, [Row(r.kind, r.tool, r.param, r.suffix, NULL) for r in rows if r.kind == "function"]
+        return prefix, [replace(r, target=NULL) for r in rows if r.kind == "function"]
     if call["name"] not in {t.name for t in tool_list}:
         raise ValueError(f"the trace calls {call['name']!r}, which is not among the offered tools")
     prefix, rows = expand_rows(msgs, tool_list, call)
-    return prefix, [r if r.target is not None else Row(r.kind, r.tool, r.param, r.suffix, NULL) for r in rows]
+    return prefix, [r if r.target is not None else replace(r, target=NULL) for r in rows]
 
 
 @dataclass

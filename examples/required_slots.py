@@ -1,0 +1,87 @@
+"""What keeping a required parameter's row off `null` does to the hint (#20): per record, the runtime's
+wave writes its rows twice, as shipped (a required parameter's row never answers null) and without
+that rule; each joined call, rendered in the target's format, is then verified by the embedded target
+as the hint of an `oospec` request (`engine.generate(hint=...)`: the hint is there from the first
+round, so the counts do not depend on timing). It prints, per source, the target forwards and the
+hint tokens the target accepted, beside `toolspec`'s forwards, and checks that every reply is
+token-identical to `toolspec`'s (lossless). docs/sidecar.md ("Required parameters") has the tables.
+
+    OMP_NUM_THREADS=2 .venv/bin/python examples/required_slots.py --set unseen [--limit 40]
+
+Sets: the records `oospec bench` takes for `--limit N` (round-robin over sources, with calls only):
+`unseen` = the held-out sources of docs/training.md in train-extra.jsonl, `dev` = dev.jsonl.
+Counts only: no wall clock, so it may run beside other work.
+"""
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+SETS = {"unseen": ("train-extra.jsonl", ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first")),
+        "dev": ("dev.jsonl", None)}
+
+
+def main() -> None:
+    from tqdm.auto import tqdm
+    from oospec_agents import Engine, models
+    from oospec_agents.bench.records import load_records, spread
+    from oospec_agents.chat import normalize_messages
+    from oospec_agents.sidecar import HintRequest
+    from oospec_agents.sidecar.join import JoinError, join
+    from oospec_agents.sidecar.wave import Wave
+    from oospec_agents.sidecar.worker import wave_rows
+    from oospec_agents.tools import normalize_tools
+    p = argparse.ArgumentParser()
+    p.add_argument("--set", choices=SETS, required=True)
+    p.add_argument("--limit", type=int, default=40, help="records, spread over the sources as the bench does")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    a = p.parse_args()
+    file, sources = SETS[a.set]
+    recs = [r for r in load_records(DATA / file) if r["expected"] and (sources is None or r["source"] in sources)]
+    recs = spread(recs, a.limit)
+    engine = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
+    model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
+                                   adapter=models.EMBEDDED_SIDECAR_ADAPTER)
+    shipped = Wave(model, tok)
+    without = Wave(model, tok, prefix_cache_tokens=0)
+    without.null_starts = lambda: torch.empty(0, dtype=torch.long)  # the rule off: no token kept off
+    sums: dict = defaultdict(lambda: defaultdict(int))
+    for rec in tqdm(recs, desc="required-slots"):
+        req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), engine.fmt,
+                          ("required", None))
+        rows, prefix, choices = wave_rows(req)
+        kw = dict(tool_choice="required", max_new_tokens=a.max_new_tokens)
+        engine.clear_call_memory()  # each reply drafts from its own request only, as in the bench
+        base = engine.generate(rec["messages"], rec["tools"], method="toolspec", **kw)
+        s = sums[rec["source"]]
+        s["n"] += 1
+        s["toolspec_forwards"] += base.stats["target_forwards"]
+        s["tokens"] += len(base.token_ids)
+        for name, wave in (("shipped", shipped), ("without", without)):
+            try:
+                call = join(rows, wave(prefix, rows, None, choices), req.tools, req.tool_choice)
+                hint = engine.fmt.render_call(call["name"], call["arguments"])
+            except JoinError:
+                hint = None  # no usable call: oospec is toolspec
+            engine.clear_call_memory()
+            gen = engine.generate(rec["messages"], rec["tools"], method="oospec", hint=hint, **kw)
+            if gen.token_ids != base.token_ids:
+                raise SystemExit(f"{rec['id']}: oospec ({name}) differs from toolspec: not lossless")
+            s[f"{name}_forwards"] += gen.stats["target_forwards"]
+            s[f"{name}_hint"] += gen.stats["accepted_by_source"]["hint"]
+    cols = ("n", "tokens", "toolspec_forwards", "without_forwards", "shipped_forwards", "without_hint", "shipped_hint")
+    print("| source | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
+    total = defaultdict(int)
+    for src, s in sorted(sums.items()):
+        print(f"| {src} | " + " | ".join(str(s[c]) for c in cols) + " |")
+        for c in cols:
+            total[c] += s[c]
+    print("| **all** | " + " | ".join(str(total[c]) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
