@@ -206,7 +206,11 @@ def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp
     """On the 20 embedded dev records under `required`: every method equals the masked reference."""
     forwards, hint = dict.fromkeys(METHODS, 0), 0
     for rec, method, gen in embedded_strict_runs(embedded_fp32, embedded_sidecar, dev_records20, "required"):
-        assert gen.stats.accepted_by_source["grammar"] > 0, rec["id"]  # at least '"name": "' is forced
+        # Tokens the grammar forces are committed without the target (jump-forward), unless a draft the
+        # target accepted in an earlier forward already carried them: a hint that is right from the first
+        # round may hold the whole call (47 of 48 tokens in one forward on one API-Bank record).
+        took = gen.stats.accepted_by_source
+        assert took["grammar"] > 0 or (method == "oospec" and took["hint"] > 0), (rec["id"], method, took)
         assert gen.finish_reason == "length" or gen.tool_calls, (rec["id"], gen.text)
         forwards[method] += gen.stats.target_forwards
         if method == "oospec":
