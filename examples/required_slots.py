@@ -31,9 +31,7 @@ def main() -> None:
     from oospec_agents.bench.records import load_records, spread
     from oospec_agents.chat import normalize_messages
     from oospec_agents.sidecar import HintRequest
-    from oospec_agents.sidecar.join import JoinError, join
     from oospec_agents.sidecar.wave import Wave
-    from oospec_agents.sidecar.worker import wave_rows
     from oospec_agents.tools import normalize_tools
     p = argparse.ArgumentParser()
     p.add_argument("--set", choices=SETS, required=True)
@@ -53,7 +51,6 @@ def main() -> None:
     for rec in tqdm(recs, desc="required-slots"):
         req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), engine.fmt,
                           ("required", None))
-        rows, prefix, choices = wave_rows(req)
         kw = dict(tool_choice="required", max_new_tokens=a.max_new_tokens)
         engine.clear_call_memory()  # each reply drafts from its own request only, as in the bench
         base = engine.generate(rec["messages"], rec["tools"], method="toolspec", **kw)
@@ -62,11 +59,7 @@ def main() -> None:
         s["toolspec_forwards"] += base.stats["target_forwards"]
         s["tokens"] += len(base.token_ids)
         for name, wave in (("shipped", shipped), ("without", without)):
-            try:
-                call = join(rows, wave(prefix, rows, None, choices), req.tools, req.tool_choice)
-                hint = engine.fmt.render_call(call["name"], call["arguments"])
-            except JoinError:
-                hint = None  # no usable call: oospec is toolspec
+            hint = wave_hint(wave, req, engine.fmt)
             engine.clear_call_memory()
             gen = engine.generate(rec["messages"], rec["tools"], method="oospec", hint=hint, **kw)
             if gen.token_ids != base.token_ids:
@@ -81,6 +74,19 @@ def main() -> None:
         for c in cols:
             total[c] += s[c]
     print("| **all** | " + " | ".join(str(total[c]) for c in cols) + " |")
+
+
+def wave_hint(wave, req, fmt) -> str | None:
+    """The call `wave` writes for `req`, joined and rendered in the target's format as the runtime does;
+    None when its rows join to no usable call (then `oospec` drafts as `toolspec`)."""
+    from oospec_agents.sidecar.join import JoinError, join
+    from oospec_agents.sidecar.worker import wave_rows
+    rows, prefix, choices = wave_rows(req)
+    try:
+        call = join(rows, wave(prefix, rows, None, choices), req.tools, req.tool_choice)
+    except JoinError:
+        return None
+    return fmt.render_call(call["name"], call["arguments"])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ joins it); then `toolspec` and `oospec` (that hint from the first round: `engine
 decode the record once per budget, all budgets back to back on the same record, so that a drift of
 the machine's speed over the run touches every budget alike. It prints, per method and budget, the
 target forwards, the draft nodes a round verifies, the decode seconds and the ms a round costs, and
-checks that every reply is token-identical to `toolspec`'s at the default budget (lossless).
+checks that every reply is token-identical to `toolspec`'s at the first budget given (lossless).
 docs/bench.md ("The tree budget on a CPU") has the run.
 
     OMP_NUM_THREADS=2 .venv/bin/python examples/tree_budget.py --set unseen --limit 20 --budgets 48,32,24,16,12,8
@@ -19,7 +19,7 @@ from collections import defaultdict
 
 import torch
 
-from required_slots import DATA, SETS
+from required_slots import DATA, SETS, wave_hint
 
 
 def main() -> None:
@@ -28,9 +28,7 @@ def main() -> None:
     from oospec_agents.bench.records import load_records, spread
     from oospec_agents.chat import normalize_messages
     from oospec_agents.sidecar import HintRequest
-    from oospec_agents.sidecar.join import JoinError, join
     from oospec_agents.sidecar.wave import Wave
-    from oospec_agents.sidecar.worker import wave_rows
     from oospec_agents.tools import normalize_tools
     p = argparse.ArgumentParser()
     p.add_argument("--set", choices=SETS, required=True)
@@ -54,12 +52,7 @@ def main() -> None:
     for rec in tqdm(recs, desc="tree-budget"):
         req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), engine.fmt,
                           ("required", None))
-        rows, prefix, choices = wave_rows(req)
-        try:
-            call = join(rows, wave(prefix, rows, None, choices), req.tools, req.tool_choice)
-            hint = engine.fmt.render_call(call["name"], call["arguments"])
-        except JoinError:
-            hint = None  # no usable call: oospec is toolspec
+        hint = wave_hint(wave, req, engine.fmt)
         reference = None
         for budget in budgets:
             engine.max_draft_nodes = budget
