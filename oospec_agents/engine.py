@@ -1,6 +1,6 @@
 """The decode loop: draft, verify in one target forward, commit, roll back -- until a stop.
 
-    hint = hints.poll()                       non-blocking; the sidecar's call as target-format text
+    hint = hints.poll(reply)                  non-blocking; the sidecar's call as target-format text
     drafts = schema + retrieval + hint        each behind the one Drafter interface
     path, next_token = verify(tree(drafts))   one target forward, greedy acceptance
     commit path + next_token; crop the KV cache past rejected nodes; emit the new events
@@ -32,7 +32,7 @@ from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
 from .sidecar import FixedHint, HintRequest
 from .sidecar.payback import DEFAULT_RATIO, PayBack
-from .sidecar.session import HintSession, shares_cores
+from .sidecar.session import HintSession, follows_up, shares_cores
 from .stats import SOURCES, DecodeStats
 from .tools import Tool, check_calls, normalize_tools, resolve_tool_choice
 from .verify import Verifier, build_tree, eos_ids
@@ -79,11 +79,15 @@ class Engine:
 
     def __init__(self, target, tokenizer, sidecar=None, *, fmt: ToolFormat | None = None,
                  model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32,
-                 prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO):
+                 prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO,
+                 hint_follow_up: bool | None = None):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
         `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected
-        seconds are at most this share of the expected decode (sidecar/payback.py); None always runs it."""
+        seconds are at most this share of the expected decode (sidecar/payback.py); None always runs it.
+        `hint_follow_up`: when the target writes a function the hint does not call, ask the sidecar for
+        that function's slots alone (sidecar/session.py); None, the default, does so where the sidecar
+        has cores of its own (a follow-up on the target's own CPU cores costs more than it saves)."""
         require_chat_template(tokenizer)
         self.target = target
         self.tokenizer = tokenizer
@@ -97,6 +101,7 @@ class Engine:
         self.memory = CallMemory(memory_size)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.payback = None if wave_payback is None else PayBack(wave_payback)
+        self.hint_follow_up = hint_follow_up
         self.eos_ids = eos_ids(target)
         self._verifier = Verifier(target)
         self._reply_text = ReplyText(tokenizer, self.fmt)
@@ -317,7 +322,7 @@ class Engine:
         """The candidate tree for the next forward: the forced tokens (committed, not yet in the KV
         cache) below the last token the target chose, then the hint, schema and retrieval drafts."""
         ctx.ids, ctx.text = list(reply.req.prompt_ids) + reply.new, reply.text
-        if hints is not None and ctx.hint is None and (hint := hints.poll()) is not None:
+        if hints is not None and (hint := hints.poll(reply.text)) is not None:
             ctx.hint = hint
             ctx.memo["pool"].append(self.tokenizer.encode(hint, add_special_tokens=False))
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
@@ -356,9 +361,10 @@ class Engine:
             stats.sidecar_skipped = self.payback.verdict(stats.wave_estimate_s, stats.decode_estimate_s)
             if stats.sidecar_skipped:
                 return None
+        follow_up = hint_text is None and follows_up(self.hint_follow_up, sidecar, self._verifier.device)
         return HintSession.open(sidecar, request, stats,
                                 target_device=self._verifier.device, faults=self._logged_faults,
-                                lend_cores=hint_text is None)
+                                lend_cores=hint_text is None, follow_up=follow_up)
 
     def _sync(self) -> None:
         if self._verifier.device.type == "cuda":

@@ -31,6 +31,7 @@ class DecodeStats(Mapping):
     sidecar: str | None = None           # the sidecar asked for a hint (method "oospec" with tools), by name
     sidecar_error: str | None = None
     sidecar_declined: bool = False
+    hint_follow_ups: int = 0             # follow-up waves asked for the function the target wrote (session.py)
     sidecar_skipped: str | None = None   # why the wave did not run: it could not pay back (payback.py)
     wave_estimate_s: float | None = None  # the pay-back rule's estimates, when it judged this request
     call_estimate_s: float | None = None   # the whole call (prefill + decode), for reports

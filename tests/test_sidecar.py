@@ -336,6 +336,81 @@ def test_poll_returns_at_once_while_the_wave_computes():
     assert hint.payload_bytes == len(b'{"f":"get_weather","a":{"city":"Paris"}}') and hint.ready_s > 0
 
 
+# ---------------------------------------------------------------- follow-up waves: the function the target wrote
+
+class Aimed:
+    """TEST DOUBLE: a sidecar whose hint for a request names `first` (or the named tool_choice's tool),
+    with the call text `calls[name]`; every request is recorded. `fail_named` makes a named submit raise."""
+
+    def __init__(self, calls: dict[str, str], first: str, fail_named: bool = False):
+        self.calls, self.first, self.fail_named, self.requests = calls, first, fail_named, []
+
+    def submit(self, request):
+        from oospec_agents.sidecar.base import FixedHint
+        self.requests.append(request)
+        mode, name = request.tool_choice
+        if mode == "named" and self.fail_named:
+            raise RuntimeError("the follow-up wave broke")
+        return FixedHint(self.calls[name if mode == "named" else self.first]).submit(request)
+
+
+def _session(sidecar, follow_up=True):
+    from oospec_agents.sidecar.session import HintSession
+    from oospec_agents.stats import DecodeStats
+    stats = DecodeStats("oospec")
+    return HintSession.open(sidecar, _request(), stats, target_device=torch.device("cpu"), faults=set(),
+                            lend_cores=False, follow_up=follow_up), stats
+
+
+WEATHER_CALL = HermesFormat().render_call("get_weather", {"city": "Paris"})
+TIME_CALL = HermesFormat().render_call("get_time", {"tz": "Europe/Paris"})
+
+
+def test_a_follow_up_wave_asks_for_the_function_the_target_wrote():
+    side = Aimed({"get_weather": WEATHER_CALL, "get_time": TIME_CALL}, first="get_weather")
+    hints, stats = _session(side)
+    assert hints.poll("") == WEATHER_CALL and hints.name == "get_weather"
+    assert hints.poll('<tool_call>\n{"name": "get_ti') is None  # the name is not written in full yet
+    assert hints.poll('<tool_call>\n{"name": "get_weather", "ar') is None  # the hint's own function
+    assert len(side.requests) == 1 and stats.hint_follow_ups == 0
+    reply = '<tool_call>\n{"name": "get_time", "'
+    assert hints.poll(reply) is None  # asked now; its hint is there at the next round
+    assert side.requests[-1].tool_choice == ("named", "get_time") and stats.hint_follow_ups == 1
+    assert hints.poll(reply) == TIME_CALL and hints.name == "get_time"
+    assert hints.poll(reply) is None and hints.poll(reply + 'arguments": {') is None
+    assert len(side.requests) == 2  # each name once
+    hints.close()
+    assert stats.sidecar_error is None
+
+
+def test_no_follow_up_for_a_name_not_offered_nor_when_it_is_off():
+    side = Aimed({"get_weather": WEATHER_CALL, "get_time": TIME_CALL}, first="get_weather")
+    hints, stats = _session(side)
+    hints.poll("")
+    assert hints.poll('<tool_call>\n{"name": "get_news", "') is None and len(side.requests) == 1
+    hints, stats = _session(side, follow_up=False)
+    assert hints.poll("") == WEATHER_CALL
+    assert hints.poll('<tool_call>\n{"name": "get_time", "') is None and stats.hint_follow_ups == 0
+    assert hints.poll('<tool_call>\n{"name": "get_time", "') is None
+
+
+def test_a_follow_up_that_fails_is_a_fault_and_no_hint():
+    side = Aimed({"get_weather": WEATHER_CALL}, first="get_weather", fail_named=True)
+    hints, stats = _session(side)
+    hints.poll("")
+    assert hints.poll('<tool_call>\n{"name": "get_time", "') is None
+    assert stats.sidecar_error.startswith("sidecar submit failed") and hints.text == WEATHER_CALL
+
+
+def test_follow_ups_are_on_by_default_only_where_the_sidecar_has_cores_of_its_own():
+    from oospec_agents.sidecar.session import follows_up
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    on_cpu = WaveSidecar(lambda *a: [], device="cpu")
+    assert not follows_up(None, on_cpu, cpu) and follows_up(True, on_cpu, cpu)
+    assert follows_up(None, on_cpu, gpu) and not follows_up(False, on_cpu, gpu)
+    assert follows_up(None, Aimed({}, first=""), cpu)  # no CPU device of its own: a remote sidecar
+
+
 # ---------------------------------------------------------------- faults change nothing in the target's output
 
 @pytest.fixture(scope="module")
@@ -614,3 +689,34 @@ def test_a_target_with_another_tokenizer_gets_the_embedded_sidecar(tmp_path, bpe
     assert gen.token_ids == greedy(engine, ids, 24)
     toolspec = engine.generate(ASK, [WEATHER, TIME], tool_choice="required", max_new_tokens=24, method="toolspec")
     assert toolspec.stats.sidecar is None
+
+
+@pytest.mark.slow
+def test_a_follow_up_wave_corrects_a_misaimed_hint_without_changing_the_tokens(embedded_fp32, runs20):
+    """The first hint calls another offered tool; the follow-up, asked once the target has written its
+    function's name, brings that function's call. Lossless either way, and fewer forwards with it."""
+    fmt = embedded_fp32.fmt
+    picked = [(r, ref) for r, ref, *_ in runs20 if len(r["tools"]) > 1][:3]
+    assert len(picked) == 3
+    forwards = {False: 0, True: 0}
+    for r, ref in picked:
+        whole = on_target_of(embedded_fp32).generate(r["messages"], r["tools"], tool_choice="required",
+                                                     max_new_tokens=128, method="toolspec")
+        call = whole.tool_calls[0]  # the target's whole first call: the follow-up's hint
+        other = next(t["function"]["name"] for t in r["tools"] if t["function"]["name"] != call["name"])
+        calls = {call["name"]: fmt.render_call(call["name"], call["arguments"]), other: fmt.render_call(other, {})}
+        runs = {}
+        for follow_up in (False, True):
+            side = Aimed(calls, first=other)
+            engine = on_target_of(embedded_fp32, side, hint_follow_up=follow_up)
+            gen = engine.generate(r["messages"], r["tools"], tool_choice="required", max_new_tokens=N, method="oospec")
+            assert gen.token_ids == ref, (r["id"], follow_up)
+            assert gen.stats["sidecar_error"] is None
+            assert gen.stats["hint_follow_ups"] == int(follow_up)
+            assert [q.tool_choice for q in side.requests][1:] == ([("named", call["name"])] if follow_up else [])
+            runs[follow_up] = gen.stats
+        assert runs[True]["target_forwards"] <= runs[False]["target_forwards"], r["id"]
+        assert runs[True]["accepted_by_source"]["hint"] > runs[False]["accepted_by_source"]["hint"], r["id"]
+        for follow_up in runs:
+            forwards[follow_up] += runs[follow_up]["target_forwards"]
+    assert forwards[True] < forwards[False], forwards

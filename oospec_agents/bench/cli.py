@@ -46,6 +46,9 @@ def add_parser(sub, name):
                    help="the pay-back rule for a sidecar on the target's CPU: run its wave only when its expected "
                         "seconds are at most SHARE of the expected decode (default: the engine's, "
                         "sidecar/payback.py); 'off' always runs it and still records the estimates")
+    p.add_argument("--hint-follow-up", choices=("auto", "on", "off"), default="auto",
+                   help="ask the sidecar again, for the function the target writes, when the hint calls another "
+                        "(Engine(hint_follow_up=...); auto: only where the sidecar has cores of its own)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")
     scenario = p.add_mutually_exclusive_group()
@@ -92,6 +95,8 @@ def run(args):
         payback["sidecar_adapter"] = args.sidecar_adapter
     if args.sidecar_prior_weight is not None:
         payback["sidecar_prior_weight"] = args.sidecar_prior_weight
+    if args.hint_follow_up != "auto":
+        payback["hint_follow_up"] = args.hint_follow_up == "on"
     sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
     engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device,
                                     sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)

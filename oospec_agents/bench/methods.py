@@ -46,6 +46,7 @@ class Run:
     decode_estimate_s: float | None = None
     host_s: float | None = None            # engine methods: decode time outside the target's forwards
     rounds: list | None = None             # engine methods: (tree nodes, accepted drafts, context) per round
+    hint_follow_ups: int = 0               # follow-up waves asked for the function the target wrote
 
 
 @dataclass
@@ -78,7 +79,8 @@ def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None,
     return Run(gen.token_ids, gen.text, s.prefill_s, s.decode_s, s.target_forwards, dict(s.accepted_by_source),
                s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile, s.prompt_tokens,
                s.cached_prompt_tokens, s.sidecar_cached_prompt_tokens, s.sidecar_skipped, s.wave_estimate_s,
-               s.call_estimate_s, s.decode_estimate_s, s.host_s, [list(r) for r in s.rounds])
+               s.call_estimate_s, s.decode_estimate_s, s.host_s, [list(r) for r in s.rounds],
+               hint_follow_ups=s.hint_follow_ups)
 
 
 def _wait_for_sidecar(engine) -> None:

@@ -85,6 +85,7 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         "hint_ready_s": _mean([r.get("hint_ready_s") for r in rows]),
         "hint_bytes": _mean([r.get("hint_bytes") for r in rows]),
         "hints": sum(r.get("hint_ready_s") is not None for r in rows),
+        "hint_follow_ups": sum(r.get("hint_follow_ups") or 0 for r in rows),
         # a hint that lands after the reply is finished is reported but could not be used
         "hints_in_time": sum(r.get("hint_ready_s") is not None and r["hint_ready_s"] < r["prefill_s"] + r["decode_s"]
                              for r in rows),

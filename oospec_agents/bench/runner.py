@@ -76,6 +76,7 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
                          "prompt_lookup_num_tokens": config.prompt_lookup_tokens, "warmup": config.warmup,
                          "scenario": config.scenario, "strict": config.strict, "wave_payback": _ratio(engine),
                          "sidecar_prior_weight": _prior_weight(engine),
+                         "hint_follow_up": engine.hint_follow_up,
                          "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
     results["records"] = measured
     if passes > 1:  # the same records cold, side by side
@@ -115,7 +116,7 @@ def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
            "sidecar_cached_prompt_tokens": r.sidecar_cached_prompt_tokens, "sidecar_skipped": r.sidecar_skipped,
            "wave_estimate_s": r.wave_estimate_s, "call_estimate_s": r.call_estimate_s,
            "decode_estimate_s": r.decode_estimate_s, "host_s": r.host_s,
-           "rounds": r.rounds, "check": check}
+           "rounds": r.rounds, "hint_follow_ups": r.hint_follow_ups, "check": check}
     if m == reference(m) or check["verdict"] != "exact":
         row["text"] = r.text
     return row
