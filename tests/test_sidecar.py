@@ -351,7 +351,19 @@ class Aimed:
         mode, name = request.tool_choice
         if mode == "named" and self.fail_named:
             raise RuntimeError("the follow-up wave broke")
+        if mode != "named" and self.first is None:
+            return _Declined()
         return FixedHint(self.calls[name if mode == "named" else self.first]).submit(request)
+
+
+class _Declined:
+    error, declined = None, True
+
+    def poll(self):
+        return None
+
+    def cancel(self):
+        pass
 
 
 def _session(sidecar, follow_up=True):
@@ -381,6 +393,16 @@ def test_a_follow_up_wave_asks_for_the_function_the_target_wrote():
     assert len(side.requests) == 2  # each name once
     hints.close()
     assert stats.sidecar_error is None
+
+
+def test_a_declining_wave_is_still_followed_up_when_the_target_writes_a_call():
+    side = Aimed({"get_time": TIME_CALL}, first=None)
+    hints, stats = _session(side)
+    assert hints.poll("") is None and hints.declined
+    reply = '<tool_call>\n{"name": "get_time", "'
+    assert hints.poll(reply) is None and hints.poll(reply) == TIME_CALL
+    hints.close()
+    assert stats.sidecar_declined and stats.hint_follow_ups == 1 and stats.sidecar_error is None
 
 
 def test_no_follow_up_for_a_name_not_offered_nor_when_it_is_off():

@@ -104,7 +104,8 @@ class HintSession:
             self._fault(f"sidecar submit failed: {type(e).__name__}: {e}")
             return None
         self.stats.hint_follow_ups += 1
-        self._lent = self._lend() if self._lend is not None and not self._lent else self._lent
+        if self._lend is not None and not self._lent:
+            self._lent = self._lend()  # the follow-up's wave runs: lend it the cores again, as the first
         return None
 
     def _read_next(self) -> str | None:
@@ -127,11 +128,14 @@ class HintSession:
     def close(self, abandoned: bool = False) -> None:
         """The reply is complete (or abandoned): account for a hint that never helped, stop the wave."""
         try:
-            if not abandoned and self.text is None and self.stats.sidecar_error is None:
+            if not abandoned and self.declined:
+                self.stats.sidecar_declined = True  # it predicted a text reply: no hint, no fault (a
+                # follow-up may still have brought the call the target wrote)
+            elif not abandoned and self.text is None and self.stats.sidecar_error is None:
                 if self._read() is not None:
                     self._fault("sidecar hint late: it arrived after the reply was complete (reported, not used)")
                 elif self.declined:
-                    self.stats.sidecar_declined = True  # it predicted a text reply: no hint, no fault
+                    self.stats.sidecar_declined = True
                 elif self.stats.sidecar_error is None:
                     self._fault("sidecar hint late: not ready when the reply was complete")
             for ticket in (self.ticket, self._next):
