@@ -20,13 +20,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from required_slots import DATA, SETS  # noqa: E402
+from required_slots import SETS, print_sums, set_records  # noqa: E402
 
 
 def main() -> None:
     from tqdm.auto import tqdm
     from oospec_agents import Engine
-    from oospec_agents.bench.records import load_records, spread
     from oospec_agents.models import resolve_dtype
     from oospec_agents.sidecar.worker import load_sidecar
     from oospec_testing import InTime
@@ -35,9 +34,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=40, help="records, spread over the sources as the bench does")
     p.add_argument("--max-new-tokens", type=int, default=256)
     a = p.parse_args()
-    file, sources = SETS[a.set]
-    recs = [r for r in load_records(DATA / file) if r["expected"] and (sources is None or r["source"] in sources)]
-    recs = spread(recs, a.limit)
+    recs = set_records(a.set, a.limit)
     cpu = torch.device("cpu")
     target = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
     side = InTime(load_sidecar("embedded", device=cpu, dtype=resolve_dtype(None, cpu), sidecar_placement="thread"))
@@ -63,16 +60,8 @@ def main() -> None:
             s[f"{name}_hint"] += gen.stats["accepted_by_source"]["hint"]
             s[f"{name}_nodes"] += gen.stats["draft_tokens"]
             s["follow_ups"] += gen.stats["hint_follow_ups"]
-    cols = ("n", "tokens", "toolspec_forwards", "off_forwards", "on_forwards", "off_hint", "on_hint",
-            "off_nodes", "on_nodes", "follow_ups")
-    print("| source | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
-    total = defaultdict(int)
-    for src, s in sorted(sums.items()):
-        print(f"| {src} | " + " | ".join(str(s[c]) for c in cols) + " |")
-        for c in cols:
-            total[c] += s[c]
-    print("| **all** | " + " | ".join(str(total[c]) for c in cols) + " |")
-
+    print_sums(sums, ("n", "tokens", "toolspec_forwards", "off_forwards", "on_forwards", "off_hint", "on_hint",
+                      "off_nodes", "on_nodes", "follow_ups"))
 
 if __name__ == "__main__":
     main()

@@ -28,7 +28,6 @@ SETS = {"unseen": ("train-extra.jsonl", ("tooltalk", "nestful", "callnavi", "bfc
 def main() -> None:
     from tqdm.auto import tqdm
     from oospec_agents import Engine, models
-    from oospec_agents.bench.records import load_records, spread
     from oospec_agents.chat import normalize_messages
     from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.wave import Wave
@@ -38,9 +37,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=40, help="records, spread over the sources as the bench does")
     p.add_argument("--max-new-tokens", type=int, default=256)
     a = p.parse_args()
-    file, sources = SETS[a.set]
-    recs = [r for r in load_records(DATA / file) if r["expected"] and (sources is None or r["source"] in sources)]
-    recs = spread(recs, a.limit)
+    recs = set_records(a.set, a.limit)
     engine = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
     model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
                                    adapter=models.EMBEDDED_SIDECAR_ADAPTER)
@@ -66,9 +63,21 @@ def main() -> None:
                 raise SystemExit(f"{rec['id']}: oospec ({name}) differs from toolspec: not lossless")
             s[f"{name}_forwards"] += gen.stats["target_forwards"]
             s[f"{name}_hint"] += gen.stats["accepted_by_source"]["hint"]
-    cols = ("n", "tokens", "toolspec_forwards", "without_forwards", "shipped_forwards", "without_hint", "shipped_hint")
+    print_sums(sums, ("n", "tokens", "toolspec_forwards", "without_forwards", "shipped_forwards", "without_hint",
+                      "shipped_hint"))
+
+def set_records(name: str, limit: int) -> list[dict]:
+    """The records with calls that `oospec bench --limit` takes from set `name` (round-robin over sources)."""
+    from oospec_agents.bench.records import load_records, spread
+    file, sources = SETS[name]
+    recs = [r for r in load_records(DATA / file) if r["expected"] and (sources is None or r["source"] in sources)]
+    return spread(recs, limit)
+
+
+def print_sums(sums: dict, cols: tuple[str, ...]) -> None:
+    """A markdown table: one row per source of `sums` (source -> column -> count), then their total."""
     print("| source | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
-    total = defaultdict(int)
+    total: dict = defaultdict(int)
     for src, s in sorted(sums.items()):
         print(f"| {src} | " + " | ".join(str(s[c]) for c in cols) + " |")
         for c in cols:

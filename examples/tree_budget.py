@@ -19,13 +19,12 @@ from collections import defaultdict
 
 import torch
 
-from required_slots import DATA, SETS, wave_hint
+from required_slots import SETS, set_records, wave_hint
 
 
 def main() -> None:
     from tqdm.auto import tqdm
     from oospec_agents import Engine, models
-    from oospec_agents.bench.records import load_records, spread
     from oospec_agents.chat import normalize_messages
     from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.wave import Wave
@@ -37,9 +36,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     a = p.parse_args()
     budgets = [int(b) for b in a.budgets.split(",")]
-    file, sources = SETS[a.set]
-    recs = [r for r in load_records(DATA / file) if r["expected"] and (sources is None or r["source"] in sources)]
-    recs = spread(recs, a.limit)
+    recs = set_records(a.set, a.limit)
     torch.set_num_threads(2)
     engine = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32,
                                     prefix_cache_tokens=0)  # every decode prefills alike; decode_s excludes it
