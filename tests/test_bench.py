@@ -185,9 +185,10 @@ def test_the_sidecar_flag_reaches_the_engine(monkeypatch, given, loaded):
     assert seen["sidecar"] == loaded and seen["sidecar_placement"] == "process"
 
 
-def test_sources_and_sidecar_adapter_reach_the_run(monkeypatch, capsys):
+def test_sources_sidecar_adapter_and_tree_budget_reach_the_run(monkeypatch, capsys):
     """#20: `--sources` benches only those sources' records (a source with none is an error naming it),
-    `--sidecar-adapter` and `--sidecar-prior-weight` reach the engine's sidecar loader."""
+    `--sidecar-adapter` and `--sidecar-prior-weight` reach the engine's sidecar loader, and
+    `--max-draft-nodes` the engine (0 is refused by name)."""
     from oospec_agents.bench import runner
     from oospec_agents.engine import Engine
     seen = {}
@@ -203,10 +204,15 @@ def test_sources_and_sidecar_adapter_reach_the_run(monkeypatch, capsys):
     monkeypatch.setattr(runner, "run_bench", bench)
     with pytest.raises(SystemExit):
         main(["bench", "--data", str(DATA / "dev.jsonl"), "--sources", "apibank_l1,bfcl_simple", "--limit", "4",
-              "--methods", "ar,toolspec", "--sidecar-adapter", "some/adapter", "--sidecar-prior-weight", "0"])
+              "--methods", "ar,toolspec", "--sidecar-adapter", "some/adapter", "--sidecar-prior-weight", "0",
+              "--max-draft-nodes", "12"])
     assert [r["source"] for r in seen["records"]] == ["bfcl_simple", "apibank_l1"] * 2
+    assert seen["max_draft_nodes"] == 12
     assert seen["sidecar_adapter"] == "some/adapter" and seen["data"].endswith("(sources apibank_l1,bfcl_simple)")
     assert seen["sidecar_prior_weight"] == 0.0
+    with pytest.raises(SystemExit):  # argparse: exit status 2, the flag and the value named
+        main(["bench", "--data", str(DATA / "dev.jsonl"), "--max-draft-nodes", "0"])
+    assert "--max-draft-nodes: expected an integer >= 1, got '0'" in capsys.readouterr().err
     assert main(["bench", "--data", str(DATA / "dev.jsonl"), "--sources", "tooltalk", "--methods", "ar"]) != 0
     err = capsys.readouterr().err  # the one check of oospec_agents/data.py, shared with training and evaluate
     assert "no record of source(s) ['tooltalk']" in err and "dev.jsonl" in err and "'bfcl_simple'" in err

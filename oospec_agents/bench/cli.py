@@ -49,6 +49,9 @@ def add_parser(sub, name):
     p.add_argument("--hint-follow-up", choices=("auto", "on", "off"), default="auto",
                    help="ask the sidecar again, for the function the target writes, when the hint calls another "
                         "(Engine(hint_follow_up=...); auto: only where the sidecar has cores of its own)")
+    p.add_argument("--max-draft-nodes", type=_positive, default=None, metavar="N",
+                   help="the most tree nodes (root included) a round verifies, for every method "
+                        "(Engine(max_draft_nodes=...); default 48; docs/bench.md, \"The tree budget on a CPU\")")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")
     scenario = p.add_mutually_exclusive_group()
@@ -97,6 +100,8 @@ def run(args):
         payback["sidecar_prior_weight"] = args.sidecar_prior_weight
     if args.hint_follow_up != "auto":
         payback["hint_follow_up"] = args.hint_follow_up == "on"
+    if args.max_draft_nodes is not None:
+        payback["max_draft_nodes"] = args.max_draft_nodes
     sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
     engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device,
                                     sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)
@@ -115,6 +120,18 @@ def run(args):
         print(paths["report"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _positive(text: str) -> int:
+    """--max-draft-nodes: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        import argparse
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
 
 
 def _payback(text: str) -> float:

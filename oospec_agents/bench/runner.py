@@ -76,7 +76,7 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
                          "prompt_lookup_num_tokens": config.prompt_lookup_tokens, "warmup": config.warmup,
                          "scenario": config.scenario, "strict": config.strict, "wave_payback": _ratio(engine),
                          "sidecar_prior_weight": _prior_weight(engine),
-                         "hint_follow_up": engine.hint_follow_up,
+                         "hint_follow_up": engine.hint_follow_up, "max_draft_nodes": engine.max_draft_nodes,
                          "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
     results["records"] = measured
     if passes > 1:  # the same records cold, side by side
