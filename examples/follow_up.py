@@ -12,7 +12,6 @@ dev.jsonl), with calls only. Counts only: no wall clock, so it may run beside ot
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from required_slots import SETS, print_sums, set_records  # noqa: E402
+from required_slots import print_sums, set_parser, set_records  # noqa: E402
 
 
 def main() -> None:
@@ -29,11 +28,7 @@ def main() -> None:
     from oospec_agents.models import resolve_dtype
     from oospec_agents.sidecar.worker import load_sidecar
     from oospec_testing import InTime
-    p = argparse.ArgumentParser()
-    p.add_argument("--set", choices=SETS, required=True)
-    p.add_argument("--limit", type=int, default=40, help="records, spread over the sources as the bench does")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    a = p.parse_args()
+    a = set_parser(40).parse_args()
     recs = set_records(a.set, a.limit)
     cpu = torch.device("cpu")
     target = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)

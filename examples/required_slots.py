@@ -32,11 +32,7 @@ def main() -> None:
     from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.wave import Wave
     from oospec_agents.tools import normalize_tools
-    p = argparse.ArgumentParser()
-    p.add_argument("--set", choices=SETS, required=True)
-    p.add_argument("--limit", type=int, default=40, help="records, spread over the sources as the bench does")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    a = p.parse_args()
+    a = set_parser(40).parse_args()
     recs = set_records(a.set, a.limit)
     engine = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
     model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
@@ -65,6 +61,15 @@ def main() -> None:
             s[f"{name}_hint"] += gen.stats["accepted_by_source"]["hint"]
     print_sums(sums, ("n", "tokens", "toolspec_forwards", "without_forwards", "shipped_forwards", "without_hint",
                       "shipped_hint"))
+
+def set_parser(limit: int) -> argparse.ArgumentParser:
+    """The counting scripts' common options: --set, --limit (default `limit`) and --max-new-tokens."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--set", choices=SETS, required=True)
+    p.add_argument("--limit", type=int, default=limit, help="records, spread over the sources as the bench does")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    return p
+
 
 def set_records(name: str, limit: int) -> list[dict]:
     """The records with calls that `oospec bench --limit` takes from set `name` (round-robin over sources)."""

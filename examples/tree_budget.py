@@ -14,12 +14,11 @@ Sets as in examples/required_slots.py. Wall clock: run it on an idle machine, ne
 """
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
 
 import torch
 
-from required_slots import SETS, set_records, wave_hint
+from required_slots import set_parser, set_records, wave_hint
 
 
 def main() -> None:
@@ -29,11 +28,8 @@ def main() -> None:
     from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.wave import Wave
     from oospec_agents.tools import normalize_tools
-    p = argparse.ArgumentParser()
-    p.add_argument("--set", choices=SETS, required=True)
-    p.add_argument("--limit", type=int, default=20, help="records, spread over the sources as the bench does")
+    p = set_parser(20)
     p.add_argument("--budgets", default="48,32,24,16,12,8", help="max_draft_nodes values, comma-separated")
-    p.add_argument("--max-new-tokens", type=int, default=256)
     a = p.parse_args()
     budgets = [int(b) for b in a.budgets.split(",")]
     recs = set_records(a.set, a.limit)
