@@ -2,6 +2,7 @@
 LoRA adapters, dtype and device placement."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -9,6 +10,7 @@ import os
 import platform
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -127,6 +129,37 @@ def embedded_gguf(name: str = "smollm2") -> Path:
     return path
 
 
+_GGUF_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _gguf_read_once():
+    """Within it, every `gguf.GGUFReader(path)` of one file is the same reader.
+
+    transformers parses a GGUF's metadata three times to load one model from it: for the config, for
+    the weights, and for the tokenizer (`load_gguf_checkpoint`, which imports `gguf.GGUFReader` at each
+    call). Parsing is the conversion's cost, not dequantizing: gguf-py reads every token of the
+    vocabulary as a few numpy memmap slices, 45 s per parse for Gemma-3's 262k tokens on a 2-core CPU
+    (dequantizing its weights: 6 s). A reader only maps the file read-only, so one can serve all three.
+    The lock keeps two conversions from patching the module over each other."""
+    import gguf
+    with _GGUF_LOCK:
+        real = gguf.GGUFReader
+        readers: dict = {}
+
+        def reader(path, mode="r"):
+            key = (os.fspath(path), mode)
+            if key not in readers:
+                readers[key] = real(path, mode)
+            return readers[key]
+
+        gguf.GGUFReader = reader
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = real
+
+
 def gguf_to_safetensors(gguf_path: Path) -> Path:
     """Dequantize a GGUF once into a bf16 safetensors directory under the cache; reuse it after."""
     gguf_path = Path(gguf_path).resolve()
@@ -137,8 +170,10 @@ def gguf_to_safetensors(gguf_path: Path) -> Path:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
     log.warning("converting %s to a bf16 safetensors cache at %s (once)", gguf_path.name, out)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    with _gguf_read_once():
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     # A GGUF-loaded model refuses save_pretrained while it still looks quantized; its weights are dequantized.
     model.hf_quantizer = None
     model.is_quantized = False
