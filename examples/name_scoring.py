@@ -1,0 +1,162 @@
+"""How the sidecar's function row should choose a tool name (#20): greedily, token by token (the
+runtime's wave), or by each offered name's whole probability.
+
+A constrained greedy row picks the best *first token* among the names, and a first token that many
+names share (`"Get`, `"Trip`) collects the probability of all of them: it can beat a name that is more
+likely as a whole. This script feeds the function row's prefix once, then every offered name (and
+`null`) as one token tree in a single forward (each name's tokens see the prefix and their own
+ancestors), and scores per record, from the same logits:
+
+    greedy   the runtime's rule: walk the tree, at each step the child token with the best logit plus
+             the best prior of the names it continues (`wave._constrain`)
+    sum      argmax over names of  sum of log p(token) over the name's tokens + weight x prior
+    mean     the same with the log-probability averaged over the name's tokens
+
+and prints function-index accuracy per source, method and prior weight.
+
+    OMP_NUM_THREADS=2 .venv/bin/python examples/name_scoring.py --set tune [--limit 40] [--weights 0 6]
+
+Sets as in `prior_sweep.py`: `tune` chooses, `unseen` and `dev` only report.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from prior_sweep import DATA, SETS
+
+
+def name_tree(choices: list[list[int]]) -> tuple[list[int], list[int], list[list[int]]]:
+    """The trie of the choices' tokens: (tokens, parents (-1: a child of the prefix), each choice's
+    node path). Every node but a choice's last is fed; its logits score the next token."""
+    tokens, parents, paths, index = [], [], [], {}
+    for c in choices:
+        path, parent = [], -1
+        for k, t in enumerate(c):
+            key = tuple(c[:k + 1])
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(t)
+                parents.append(parent)
+            parent = index[key]
+            path.append(parent)
+        paths.append(path)
+    return tokens, parents, paths
+
+
+def score_record(model, tok, prefix: str, suffix: str, choices: dict[str, float]):
+    """One prefill of prefix + suffix, then one forward of the names' token tree. Returns (names, their
+    token ids, the logits after the suffix, each tree node's logits, and the tree: tokens, parents, paths)."""
+    from transformers import DynamicCache
+
+    from oospec_agents.verify import cache_kwarg
+    kw = {cache_kwarg(model): None, "use_cache": True}
+
+    names = list(choices)
+    cands = [tok.encode(n, add_special_tokens=False) for n in names]
+    # the wave encodes the suffix and each choice apart; the same here
+    ids = tok.encode(prefix, add_special_tokens=False) + tok.encode(suffix, add_special_tokens=False)
+    kw[cache_kwarg(model)] = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        first = model(input_ids=torch.tensor([ids]), logits_to_keep=1, **kw).logits[0, -1].float()
+        tokens, parents, paths = name_tree(cands)
+        n, past = len(tokens), len(ids)
+        depth = [0] * n
+        for i, p in enumerate(parents):
+            depth[i] = 0 if p < 0 else depth[p] + 1
+        reach = torch.eye(n, dtype=torch.bool)
+        for i in range(n):
+            j = parents[i]
+            while j >= 0:
+                reach[i, j] = True
+                j = parents[j]
+        allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), reach], dim=1)
+        mask = torch.zeros(n, past + n).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
+        pos = torch.tensor([[past + d for d in depth]])
+        logits = model(input_ids=torch.tensor([tokens]), attention_mask=mask, position_ids=pos, **kw).logits[0].float()
+    return names, cands, first, logits, tokens, parents, paths
+
+
+def choose(method: str, names, cands, first, logits, tokens, parents, paths, prior: list[float], w: float) -> str:
+    """The name `method` picks (see the module's docstring), each name's prior weighed by `w`."""
+    if method == "greedy":
+        so_far, left = [], list(range(len(names)))
+        row = first
+        while len(left) > 1:
+            k = len(so_far)
+            best: dict[int, float] = {}
+            for j in left:
+                if len(cands[j]) > k:
+                    b = w * prior[j]
+                    best[cands[j][k]] = max(best.get(cands[j][k], b), b)
+            t = max(best, key=lambda t: float(row[t]) + best[t])
+            so_far.append(t)
+            left = [j for j in left if cands[j][:k + 1] == so_far]
+            node = paths[left[0]][k]
+            row = logits[node]
+        return names[left[0]]
+    lp_first = torch.log_softmax(first, -1)
+    lp = torch.log_softmax(logits, -1)
+    scores = []
+    for j, c in enumerate(cands):
+        s = float(lp_first[c[0]]) + sum(float(lp[paths[j][k - 1], c[k]]) for k in range(1, len(c)))
+        if method == "mean":
+            s /= len(c)
+        scores.append(s + w * prior[j])
+    return names[max(range(len(names)), key=scores.__getitem__)]
+
+
+def main() -> None:
+    from tqdm.auto import tqdm
+
+    from oospec_agents import models
+    from oospec_agents.chat import normalize_messages
+    from oospec_agents.data import load_records
+    from oospec_agents.formats import HermesFormat
+    from oospec_agents.sidecar import HintRequest
+    from oospec_agents.sidecar.rows import parse_value
+    from oospec_agents.sidecar.worker import wave_rows
+    from oospec_agents.tools import normalize_tools
+    from oospec_agents.train.data import select
+    from oospec_agents.train.sidecar_train import _no_call
+    p = argparse.ArgumentParser()
+    p.add_argument("--set", choices=SETS, required=True)
+    p.add_argument("--limit", type=int, default=40, help="records per source")
+    p.add_argument("--adapter", default=None)
+    p.add_argument("--weights", type=float, nargs="+", default=(0.0, 2.0, 4.0, 6.0, 8.0))
+    a = p.parse_args()
+    file, sources = SETS[a.set]
+    recs = select([r for r in load_records(DATA / file) if len(r["expected"]) == 1 or _no_call(r)],
+                  list(sources), a.limit)
+    model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
+                                   adapter=a.adapter or models.EMBEDDED_SIDECAR_ADAPTER)
+    methods = ("greedy", "sum", "mean")
+    hits: dict = {}
+    for rec in tqdm(recs, desc="name-scoring"):
+        req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
+                          ("auto", None))
+        rows, prefix, choices = wave_rows(req)
+        got = score_record(model, tok, prefix, rows[0].suffix, choices[0])
+        prior = list(choices[0].values())
+        gold = rec["expected"][0]["name"] if rec["expected"] else None
+        for m in methods:
+            for w in a.weights:
+                name = parse_value(choose(m, *got, prior, w))
+                h = hits.setdefault(rec["source"], {}).setdefault((m, w), [0, 0])
+                h[0] += name == gold
+                h[1] += 1
+    cols = [(m, w) for m in methods for w in a.weights]
+    print("source".ljust(29) + "".join(f"{m[:4]}{w:g}".rjust(9) for m, w in cols))
+    calls = {c: [0, 0] for c in cols}
+    for src, row in sorted(hits.items()):
+        print(src.ljust(29) + "".join(f"{row[c][0] / row[c][1]:9.1%}" for c in cols))
+        if not any(r["source"] == src and not r["expected"] for r in recs):
+            for c in cols:
+                calls[c][0] += row[c][0]
+                calls[c][1] += row[c][1]
+    print("calls, all sources".ljust(29) + "".join(f"{calls[c][0] / max(1, calls[c][1]):9.1%}" for c in cols))
+
+
+if __name__ == "__main__":
+    main()
