@@ -139,7 +139,7 @@ def _gguf_read_once():
     transformers parses a GGUF's metadata three times to load one model from it: for the config, for
     the weights, and for the tokenizer (`load_gguf_checkpoint`, which imports `gguf.GGUFReader` at each
     call). Parsing is the conversion's cost, not dequantizing: gguf-py reads every token of the
-    vocabulary as a few numpy memmap slices, 45 s per parse for Gemma-3's 262k tokens on a 2-core CPU
+    vocabulary as a few numpy memmap slices, 27 s a parse for Gemma-3's 262k tokens on a 2-core CPU
     (dequantizing its weights: 6 s). A reader only maps the file read-only, so one can serve all three.
     And each reader slices a plain ndarray view of the file's map, not the `np.memmap` itself, whose
     subclass hooks on every slice made two thirds of a parse (Gemma-3: 27 s -> 8 s; same fields, same
