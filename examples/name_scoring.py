@@ -27,83 +27,47 @@ import torch
 from prior_sweep import DATA, SETS
 
 
-def name_tree(choices: list[list[int]]) -> tuple[list[int], list[int], list[list[int]]]:
-    """The trie of the choices' tokens: (tokens, parents (-1: a child of the prefix), each choice's
-    node path). Every node but a choice's last is fed; its logits score the next token."""
-    tokens, parents, paths, index = [], [], [], {}
-    for c in choices:
-        path, parent = [], -1
-        for k, t in enumerate(c):
-            key = tuple(c[:k + 1])
-            if key not in index:
-                index[key] = len(tokens)
-                tokens.append(t)
-                parents.append(parent)
-            parent = index[key]
-            path.append(parent)
-        paths.append(path)
-    return tokens, parents, paths
-
-
 def score_record(model, tok, prefix: str, suffix: str, choices: dict[str, float]):
-    """One prefill of prefix + suffix, then one forward of the names' token tree. Returns (names, their
-    token ids, the logits after the suffix, each tree node's logits, and the tree: tokens, parents, paths)."""
+    """Prefill prefix + suffix but its last token, then feed that token with every choice's tokens below
+    it as one draft tree (`verify.build_tree`, verified as the target's trees are). Returns (names, their
+    token ids, the tree, the log-probabilities after each of its nodes: the root's score a name's first
+    token)."""
     from transformers import DynamicCache
 
-    from oospec_agents.verify import cache_kwarg
-    kw = {cache_kwarg(model): None, "use_cache": True}
-
+    from oospec_agents.drafters.base import Draft
+    from oospec_agents.verify import Verifier, build_tree
     names = list(choices)
     cands = [tok.encode(n, add_special_tokens=False) for n in names]
     # the wave encodes the suffix and each choice apart; the same here
     ids = tok.encode(prefix, add_special_tokens=False) + tok.encode(suffix, add_special_tokens=False)
-    kw[cache_kwarg(model)] = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        first = model(input_ids=torch.tensor([ids]), logits_to_keep=1, **kw).logits[0, -1].float()
-        tokens, parents, paths = name_tree(cands)
-        n, past = len(tokens), len(ids)
-        depth = [0] * n
-        for i, p in enumerate(parents):
-            depth[i] = 0 if p < 0 else depth[p] + 1
-        reach = torch.eye(n, dtype=torch.bool)
-        for i in range(n):
-            j = parents[i]
-            while j >= 0:
-                reach[i, j] = True
-                j = parents[j]
-        allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), reach], dim=1)
-        mask = torch.zeros(n, past + n).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
-        pos = torch.tensor([[past + d for d in depth]])
-        logits = model(input_ids=torch.tensor([tokens]), attention_mask=mask, position_ids=pos, **kw).logits[0].float()
-    return names, cands, first, logits, tokens, parents, paths
+    tree = build_tree(ids[-1], [Draft(c, "name") for c in cands], max_nodes=1 + sum(map(len, cands)))
+    verifier, cache = Verifier(model), DynamicCache(config=model.config)
+    verifier.forward(ids[:-1], cache, 0, last_only=True)
+    logits = verifier.forward(tree.tokens, cache, len(ids) - 1, tree)
+    return names, cands, tree, torch.log_softmax(logits.float(), -1)
 
 
-def choose(method: str, names, cands, first, logits, tokens, parents, paths, prior: list[float], w: float) -> str:
+def choose(method: str, names, cands, tree, logp, prior: list[float], w: float) -> str:
     """The name `method` picks (see the module's docstring), each name's prior weighed by `w`."""
-    if method == "greedy":
-        so_far, left = [], list(range(len(names)))
-        row = first
+    if method == "greedy":  # wave._constrain's walk: the best token plus the best prior it continues
+        node, left = 0, list(range(len(names)))
         while len(left) > 1:
-            k = len(so_far)
+            k = tree.depths[node]
             best: dict[int, float] = {}
             for j in left:
                 if len(cands[j]) > k:
-                    b = w * prior[j]
-                    best[cands[j][k]] = max(best.get(cands[j][k], b), b)
-            t = max(best, key=lambda t: float(row[t]) + best[t])
-            so_far.append(t)
-            left = [j for j in left if cands[j][:k + 1] == so_far]
-            node = paths[left[0]][k]
-            row = logits[node]
+                    best[cands[j][k]] = max(best.get(cands[j][k], w * prior[j]), w * prior[j])
+            t = max(best, key=lambda t: float(logp[node, t]) + best[t])
+            left = [j for j in left if len(cands[j]) > k and cands[j][k] == t]
+            node = tree.children[node][t]
         return names[left[0]]
-    lp_first = torch.log_softmax(first, -1)
-    lp = torch.log_softmax(logits, -1)
     scores = []
     for j, c in enumerate(cands):
-        s = float(lp_first[c[0]]) + sum(float(lp[paths[j][k - 1], c[k]]) for k in range(1, len(c)))
-        if method == "mean":
-            s /= len(c)
-        scores.append(s + w * prior[j])
+        node, s = 0, 0.0
+        for t in c:
+            s += float(logp[node, t])
+            node = tree.children[node][t]
+        scores.append((s / len(c) if method == "mean" else s) + w * prior[j])
     return names[max(range(len(names)), key=scores.__getitem__)]
 
 
