@@ -26,7 +26,9 @@ def test_freeze_collects_garbage_first_and_freezes_what_is_alive():
     alive = Node()
     count = freeze_gc_heap()
     assert dead() is None, "garbage must be collected before the heap is frozen, or it stays forever"
-    assert count == gc.get_freeze_count() > 0
+    # The count is the freeze's: a frozen object can still die by reference counting afterwards (another
+    # test's server or sidecar thread dropping one), so the count read later may only be smaller.
+    assert 0 < gc.get_freeze_count() <= count
     assert not any(o is alive for o in gc.get_objects()), "a live object is frozen: collections skip it"
     new = Node()
     assert any(o is new for o in gc.get_objects()), "objects made after the freeze are collected as usual"
