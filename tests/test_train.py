@@ -320,12 +320,15 @@ def test_training_smoke_loss_goes_down_and_adapter_reloads(kind, which, tmp_path
     else:
         examples, counts = build_sidecar_examples(tok, load_records(DATA / "train.jsonl", limit=2), max_len=2048)
         assert counts["function_rows"] == len(examples) and counts["slot_rows"] > 0
-    cfg = LoraConfigArgs(r=8, alpha=16, dropout=0.0, lr=1e-2 if which == "tiny" else 1e-3, epochs=6,
+    # The embedded model's loss has more than halved by the third step (target 0.36 -> 0.05, sidecar
+    # 6.4 -> 2.3 here); a step costs it seconds on CI's CPU, so it takes three where the tiny model takes six.
+    steps = 6 if which == "tiny" else 3
+    cfg = LoraConfigArgs(r=8, alpha=16, dropout=0.0, lr=1e-2 if which == "tiny" else 1e-3, epochs=steps,
                          batch_size=len(examples), seed=0, warmup=0.0, log_every=1, checkpoint_every=0,
                          autocast=None)
     peft_model, result = train_lora(model, examples, tmp_path / "adapter", cfg, progress=False)
     losses = [loss for _, loss in result.losses]
-    assert result.steps == 6 and losses[-1] < losses[0], losses
+    assert result.steps == steps == len(losses) and losses[-1] < losses[0], losses
     if which == "embedded":
         assert losses[-1] < 0.5 * losses[0], losses
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
