@@ -23,11 +23,11 @@ import torch
 from .chat import normalize_messages, render_prompt, require_chat_template, template_renders_tools
 from .drafters import DraftContext, HintDrafter, RetrievalDrafter, SchemaDrafter
 from .drafters.retrieval import CallMemory
-from .errors import ContextLengthError, OoOSpecError
+from .errors import ContextLengthError, OoOSpecError, ResponseFormatError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
 from .gcheap import freeze_gc_heap
-from .grammar import Grammars, Guide, StrictLogitsProcessor
+from .grammar import Grammars, Guide, StrictLogitsProcessor, response_schema
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
 from .sidecar import FixedHint, HintRequest
@@ -173,13 +173,18 @@ class Engine:
     # ------------------------------------------------------------------ requests
 
     def prepare(self, messages, tools=None, tool_choice="auto", max_new_tokens: int = 256, stop=None,
-                strict: bool = False) -> Prepared:
+                strict: bool = False, response_format=None) -> Prepared:
         """Check a request and render its prompt; bad input raises here, naming the problem. `strict`
         constrains the reply to valid calls of the offered tools (grammar.py); without it, the tools
-        flagged `"strict": true` are constrained."""
+        flagged `"strict": true` are constrained. `response_format` (OpenAI's: `json_object`, or
+        `json_schema` with its schema) constrains a reply without tools to one JSON value of that schema."""
         msgs = normalize_messages(messages)
         tool_list = normalize_tools(tools)
         mode, name = resolve_tool_choice(tool_choice, tool_list)
+        schema = response_schema(response_format)
+        if schema is not None and tool_list and mode != "none":
+            raise ResponseFormatError("response_format constrains a reply without tool calls: offer no tools, "
+                                      "or pass tool_choice=\"none\", with a JSON response_format")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise OoOSpecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         offered = [] if mode == "none" else tool_list
@@ -197,7 +202,8 @@ class Engine:
         for i, s in enumerate(stop):
             if not isinstance(s, str) or not s:
                 raise OoOSpecError(f"stop[{i}] is {s!r}; every stop sequence must be a non-empty string")
-        guide = self._grammars.guide(offered, mode, name, strict)
+        guide = self._grammars.guide(offered, mode, name, strict) if schema is None \
+            else self._grammars.json_guide(schema)
         return Prepared(msgs, offered, (mode, name), prefix, ids, min(max_new_tokens, self.context_window - len(ids)),
                         list(stop), guide)
 
@@ -205,16 +211,19 @@ class Engine:
         """The exact ids the target is conditioned on before its first free token."""
         return list(self.prepare(messages, tools, tool_choice).prompt_ids)
 
-    def logits_processor(self, messages, tools=None, *, tool_choice="auto", strict: bool = True) -> StrictLogitsProcessor:
+    def logits_processor(self, messages, tools=None, *, tool_choice="auto", strict: bool = True,
+                         response_format=None) -> StrictLogitsProcessor:
         """The masked reference of a strict request: `target.generate(prompt_ids, logits_processor=[it],
-        do_sample=False)` is what `generate(..., strict=True)` must reproduce. Single use."""
-        req = self.prepare(messages, tools, tool_choice, strict=strict)
+        do_sample=False)` is what `generate(..., strict=True)` must reproduce (or, with a JSON
+        `response_format`, `generate(..., response_format=...)`). Single use."""
+        req = self.prepare(messages, tools, tool_choice, strict=strict, response_format=response_format)
         return StrictLogitsProcessor(req.guide, len(req.prompt_ids))
 
     def generate(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                  method: str = "oospec", stop=None, hint: str | None = None, **kw) -> Generation:
         """Decode a reply greedily. `hint` injects a fixed call text instead of the sidecar's; `strict=True`
-        decodes under the grammar of valid calls (the reference is `logits_processor`)."""
+        decodes under the grammar of valid calls, and a JSON `response_format` under its schema's (the
+        reference of both is `logits_processor`)."""
         gen = None
         for item in self.stream(messages, tools, tool_choice=tool_choice, max_new_tokens=max_new_tokens,
                                 method=method, stop=stop, hint=hint, **kw):
@@ -224,14 +233,15 @@ class Engine:
     def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                method: str = "oospec", stop=None, hint: str | None = None,
                record_margins: bool = False, cancel: threading.Event | None = None,
-               strict: bool = False) -> Iterator[Event]:
+               strict: bool = False, response_format=None) -> Iterator[Event]:
         """Yield `TextDelta`s and `ToolCallDelta`s in the round that commits their tokens, then the
         final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply early; or
         set `cancel` from any thread: the reply ends, with no Generation, after the round in progress
         (whether or not that round had an event to yield)."""
         if method not in METHODS:
             raise OoOSpecError(f"unknown method {method!r}; expected one of {METHODS}")
-        req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict)  # bad input raises here, eagerly
+        req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict,  # bad input raises here, eagerly
+                           response_format)
         return self._locked(self._decode(req, method, hint, record_margins, cancel))
 
     def clear_prefix_cache(self) -> None:

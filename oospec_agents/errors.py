@@ -3,6 +3,8 @@
 
 class OoOSpecError(ValueError):
     """Base class for every input error the engine raises."""
+    #: the request field it names, for front-ends that report one (OpenAI's error `param`)
+    param: str | None = None
 
 
 class ToolSchemaError(OoOSpecError):
@@ -27,3 +29,8 @@ class DeviceError(OoOSpecError):
 
 class ModelLoadError(OoOSpecError):
     """A model reference cannot be resolved to weights."""
+
+
+class ResponseFormatError(OoOSpecError):
+    """`response_format` is malformed, or its JSON Schema is beyond the grammar."""
+    param = "response_format"

@@ -9,6 +9,9 @@ so the grammar starts right after it. Objects are closed, as in OpenAI's strict 
 Lossless under a grammar means: the reply equals greedy decoding of the target whose logits are
 masked by the same grammar (`StrictLogitsProcessor` is that reference for `transformers.generate`).
 llguidance decides what is allowed; the schema drafter only drafts.
+
+The same machinery constrains a reply to OpenAI's `response_format` (JSON mode, or a JSON Schema):
+`response_schema` reads it, and `Grammars.json_guide` compiles the reply's grammar.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from collections import OrderedDict
 import torch
 from transformers import LogitsProcessor
 
-from .errors import OoOSpecError
+from .errors import OoOSpecError, ResponseFormatError
 from .formats import ToolFormat
 from .tools import Tool
 
@@ -106,6 +109,29 @@ class Grammars:
             self._cache.move_to_end(key)
             return Guide(matcher.deep_copy(), self.vocab_size)
 
+    def json_guide(self, schema: dict) -> "Guide":
+        """A fresh matcher for a reply that is one JSON value valid against `schema` (a
+        `response_format`'s, see `response_schema`), then EOS. A schema beyond llguidance is a
+        ResponseFormatError naming its keyword: a structured reply is never decoded unconstrained."""
+        key = ("json", json.dumps(schema, sort_keys=True))
+        with self._lock:
+            matcher = self._cache.get(key)
+            if matcher is None:
+                styled = dict(schema, **{"x-guidance": JSON_STYLE})
+                error = self._schema_error(styled)
+                if error is not None:
+                    keyword = self._culprit(styled)
+                    raise ResponseFormatError(
+                        f"response_format's JSON Schema cannot be decoded under a grammar"
+                        f"{f' (its {keyword!r} keyword)' if keyword else ''}: {error.splitlines()[0]}")
+                import llguidance
+                matcher = self._compile_matcher(llguidance.LLMatcher.grammar_from_json_schema(styled))
+                self._cache[key] = matcher
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(key)
+            return Guide(matcher.deep_copy(), self.vocab_size)
+
     def lark(self, tools: list[Tool], mode: str, name: str | None) -> str:
         """The reply's grammar in llguidance's Lark dialect, starting after the forced prefix."""
         fmt = self.fmt
@@ -175,11 +201,57 @@ class Grammars:
 
     def _compile(self, lark: str):
         import llguidance
-        matcher = llguidance.LLMatcher(self.lltok, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+        return self._compile_matcher(llguidance.LLMatcher.grammar_from_lark(lark))
+
+    def _compile_matcher(self, grammar: str):
+        import llguidance
+        matcher = llguidance.LLMatcher(self.lltok, grammar, log_level=0)
         if matcher.is_error():
             raise OoOSpecError(f"the strict grammar did not compile: {matcher.get_error()}")
         self.compiles += 1
         return matcher
+
+
+#: the response_format types, as OpenAI's Chat Completions API names them
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def response_schema(response_format) -> dict | None:
+    """The JSON Schema a reply must follow under OpenAI's `response_format`, or None for plain text.
+
+    - `{"type": "text"}` (or None): no constraint.
+    - `{"type": "json_object"}`: any JSON object (JSON mode).
+    - `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": bool}}`: a value
+      of that schema; with `"strict": true` its objects are closed as in strict tool calls (`closed`).
+      Without a schema, any JSON object.
+    Bad input is a ResponseFormatError that names the field."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise ResponseFormatError(f"response_format must be an object such as {{\"type\": \"json_schema\", "
+                                  f"\"json_schema\": {{...}}}}, got {type(response_format).__name__}")
+    kind = response_format.get("type")
+    if kind not in RESPONSE_FORMATS:
+        raise ResponseFormatError(f"response_format.type is {kind!r}; expected one of {list(RESPONSE_FORMATS)}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ResponseFormatError("response_format.json_schema must be an object with a \"name\" and a "
+                                  f"\"schema\", got {type(spec).__name__}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise ResponseFormatError(f"response_format.json_schema.name must be a non-empty string, got {name!r}")
+    schema = spec.get("schema", {"type": "object"})
+    if not isinstance(schema, dict):
+        raise ResponseFormatError(f"response_format.json_schema.schema must be a JSON Schema object, "
+                                  f"got {type(schema).__name__}")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ResponseFormatError(f"response_format.json_schema.strict must be a boolean, got {strict!r}")
+    return closed(schema) if strict else schema
 
 
 def _keywords(schema, path=()):
