@@ -34,12 +34,15 @@ class ChatRequest:
     max_new_tokens: int = 256
     method: str = "oospec"
     stop: list[str] | None = None
+    response_format: dict | None = None  # OpenAI's: a JSON reply of a schema, without tools
 
     def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
         """The engine's event stream for this request (bad input raises here, eagerly); setting
         `cancel` ends it after the round in progress."""
+        extra = {} if self.response_format is None else {"response_format": self.response_format}
         return engine.stream(self.messages, self.tools, tool_choice=self.tool_choice or "auto",
-                             max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop, cancel=cancel)
+                             max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop, cancel=cancel,
+                             **extra)
 
     def generate(self, engine: Engine) -> Generation:
         with closing(self.stream(engine)) as events:

@@ -57,6 +57,23 @@ def test_chat_openai_bind_tools_invoke(embedded_server):
     assert reply.response_metadata["finish_reason"] == "tool_calls"
 
 
+def test_chat_openai_structured_output_with_a_json_schema(embedded_server):
+    """ChatOpenAI's `with_structured_output(method="json_schema")` sends the schema as
+    `response_format`: the reply is decoded under its grammar and parses into the model."""
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        city: str = Field(max_length=24)
+        temperature_celsius: int
+
+    structured = chat_openai(embedded_server).with_structured_output(Weather, method="json_schema", strict=True,
+                                                                     include_raw=True)
+    out = structured.invoke("It is 22 degrees Celsius in Paris today. Give the city and its temperature.")
+    assert out["parsing_error"] is None and isinstance(out["parsed"], Weather), out
+    assert json.loads(out["raw"].content) == out["parsed"].model_dump()
+    assert out["raw"].response_metadata["finish_reason"] == "stop"
+
+
 def test_chat_openai_create_agent_calls_the_tool_then_answers(embedded_server):
     calls = []
 

@@ -262,7 +262,11 @@ BAD_REQUESTS = {
                                           'integer (got "ten")'),
     "unknown method": ({"method": "beam"}, "method"),
     "empty stop": ({"stop": ["\nObservation:", ""]}, "stop[1] is ''"),
-    "response_format": ({"response_format": {"type": "json_object"}}, "'json_object'"),
+    "response_format type": ({"response_format": {"type": "xml"}}, "response_format.type is 'xml'"),
+    "response_format schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
+                               "response_format.json_schema.schema"),
+    "response_format with tools": ({"tools": [WEATHER], "response_format": {"type": "json_object"}},
+                                   "without tool calls"),
 }
 
 
@@ -274,6 +278,34 @@ def test_bad_input_is_a_400_naming_it(url, case):
     error = r.json()["error"]
     assert named in error["message"], error
     assert error["type"] == "invalid_request_error"
+
+
+def test_a_bad_response_format_names_its_param(url):
+    r = post(url, {"model": MODEL, "messages": ASK, "response_format": {"type": "json_schema"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
+def test_structured_outputs_through_the_openai_clients_parse(client):
+    """`client.chat.completions.parse(response_format=Model)`: the SDK sends the model's strict JSON
+    Schema, the reply is decoded under its grammar, and the SDK parses it -- from a random model.
+    Streamed, the content deltas add up to the same JSON."""
+    from pydantic import BaseModel, Field
+
+    class Forecast(BaseModel):
+        city: str = Field(max_length=10)
+        days: int = Field(ge=1, le=7)
+        sunny: bool
+
+    r = client.chat.completions.parse(model=MODEL, messages=ASK, response_format=Forecast, max_tokens=80)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop" and message.tool_calls in (None, [])
+    assert isinstance(message.parsed, Forecast) and 1 <= message.parsed.days <= 7
+    assert json.loads(message.content) == message.parsed.model_dump()
+    body = {"type": "json_schema", "json_schema": {"name": "Forecast", "strict": True,
+                                                   "schema": openai.lib._pydantic.to_strict_json_schema(Forecast)}}
+    streamed = collect(client.chat.completions.create(model=MODEL, messages=ASK, response_format=body,
+                                                      max_tokens=80, stream=True))
+    assert streamed["content"] == message.content and streamed["finish_reason"] == "stop"
 
 
 def test_openai_client_raises_bad_request(client):

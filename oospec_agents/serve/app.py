@@ -114,7 +114,8 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         eng = state.ready_engine()
         method = req.method or state.method
         chat = ChatRequest(req.messages, req.tools, req.tool_choice or "auto", method=method,
-                           stop=[req.stop] if isinstance(req.stop, str) else req.stop)
+                           stop=[req.stop] if isinstance(req.stop, str) else req.stop,
+                           response_format=req.response_format)
         if req.max_completion_tokens or req.max_tokens:
             chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
         # Bad input raises here, on the loop, before the request takes a place in the queue.

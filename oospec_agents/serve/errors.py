@@ -69,7 +69,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OoOSpecError)
     async def _engine_refused(request: Request, exc: OoOSpecError):
         code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else type(exc).__name__
-        return error_response(400, str(exc), None, code)
+        return error_response(400, str(exc), exc.param, code)
 
     @app.exception_handler(QueueFull)
     async def _full(request: Request, exc: QueueFull):

@@ -71,10 +71,6 @@ def refuse_sampling(req: ChatCompletionRequest) -> None:
         raise RequestError("logit_bias is not served: it would change the target's greedy tokens", "logit_bias")
     if req.logprobs:
         raise RequestError("logprobs=true is not supported", "logprobs")
-    kind = (req.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise RequestError(f"response_format type {kind!r} is not supported; pass the schema as a tool "
-                           "with tool_choice naming it to get structured output", "response_format")
 
 
 _JSON_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a decimal"), (str, "a string"),
