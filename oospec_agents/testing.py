@@ -38,7 +38,8 @@ class ScriptedEngine(Engine):
                stop=None, **kw) -> Iterator[Event]:
         _, offered = self.prepare(messages, tools, tool_choice, max_new_tokens, stop)
         self.requests.append({"messages": messages, "tools": tools, "tool_choice": tool_choice,
-                              "max_new_tokens": max_new_tokens, "method": method, "stop": stop})
+                              "max_new_tokens": max_new_tokens, "method": method, "stop": stop,
+                              **{k: v for k, v in kw.items() if k == "response_format"}})
         text = self.replies.pop(0)
         cuts = [i for s in stop or [] if (i := text.find(s)) >= 0]
         text = text[:min(cuts)] if cuts else text

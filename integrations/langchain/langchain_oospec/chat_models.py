@@ -28,7 +28,7 @@ from oospec_agents.tools import normalize_tools, resolve_tool_choice
 from ._messages import to_openai_messages
 
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
-_CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature")
+_CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature", "response_format")
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -166,8 +166,9 @@ class ChatOoOSpec(BaseChatModel):
         """Return output matching `schema` (pydantic class, TypedDict or JSON Schema).
 
         "function_calling" and "json_schema" both force one call of a tool whose parameters are the
-        schema, so the output is parsed from a call the engine has validated. "json_mode" asks
-        for nothing structural: the prompt must request JSON, and the reply's text is parsed.
+        schema, so the output is parsed from a call the engine has validated. "json_mode" decodes
+        the reply under JSON mode's grammar (`response_format={"type": "json_object"}`, as ChatOpenAI
+        sends it): any JSON object, whose keys the prompt must ask for; the reply's text is parsed.
         `strict=True` binds that tool strict (`bind_tools(strict=True)`): the call is decoded under
         the schema's grammar, so it always parses (unless `max_tokens` cuts it off). As in
         `ChatOpenAI`, `strict` is refused with "json_mode".
@@ -187,7 +188,7 @@ class ChatOoOSpec(BaseChatModel):
                             else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
             parser: Runnable = RunnableLambda(_reject_invalid_call) | tools_parser
         elif method == "json_mode":
-            llm = self.bind(ls_structured_output_format=ls_format)
+            llm = self.bind(response_format={"type": "json_object"}, ls_structured_output_format=ls_format)
             parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
         else:
             raise ValueError(f"method must be 'function_calling', 'json_schema' or 'json_mode', got {method!r}")
@@ -274,6 +275,7 @@ class ChatOoOSpec(BaseChatModel):
             max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
             method=kwargs.get("method", self.method),
             stop=self.stop if stop is None else stop,
+            response_format=kwargs.get("response_format"),
         )
         return self._engines.get(kwargs.get("model")), request
 

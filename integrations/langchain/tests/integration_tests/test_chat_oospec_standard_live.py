@@ -32,6 +32,10 @@ class TestChatOoOSpecStandardLive(ChatModelIntegrationTests):
         # Enough for a whole call of the suite's tools; plain replies stop at EOS or here.
         return {"model": "embedded", "max_tokens": 40}
 
+    @property
+    def supports_json_mode(self) -> bool:
+        return True  # method="json_mode" decodes under JSON mode's grammar (response_format json_object)
+
     @pytest.mark.xfail(reason=WRONG_ARGS, strict=False)
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_tool_calling(self, model: Any) -> None:

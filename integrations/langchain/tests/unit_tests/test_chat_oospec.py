@@ -405,8 +405,10 @@ def test_structured_output_streams(scripted):
 
 def test_json_mode_parses_the_reply_text(scripted):
     reply = '{"name": "Ada", "age": 41}'
-    assert ChatOoOSpec(engine=scripted(reply)).with_structured_output(
+    engine = scripted(reply)
+    assert ChatOoOSpec(engine=engine).with_structured_output(
         Person, method="json_mode").invoke("Ada as JSON") == Person(name="Ada", age=41)
+    assert engine.requests[-1]["response_format"] == {"type": "json_object"}  # JSON mode's grammar, as ChatOpenAI
 
 
 def test_unknown_structured_output_method_is_an_error():
