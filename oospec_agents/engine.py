@@ -23,7 +23,7 @@ import torch
 from .chat import normalize_messages, render_prompt, require_chat_template, template_renders_tools
 from .drafters import DraftContext, HintDrafter, RetrievalDrafter, SchemaDrafter
 from .drafters.retrieval import CallMemory
-from .errors import ContextLengthError, OoOSpecError, ResponseFormatError
+from .errors import ContextLengthError, OoOSpecError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
 from .gcheap import freeze_gc_heap
@@ -177,14 +177,13 @@ class Engine:
         """Check a request and render its prompt; bad input raises here, naming the problem. `strict`
         constrains the reply to valid calls of the offered tools (grammar.py); without it, the tools
         flagged `"strict": true` are constrained. `response_format` (OpenAI's: `json_object`, or
-        `json_schema` with its schema) constrains a reply without tools to one JSON value of that schema."""
+        `json_schema` with its schema) makes a reply that calls no tool one JSON value of that schema,
+        as OpenAI does: the whole reply without tools, the alternative to calls under `auto`, nothing
+        where `tool_choice` forces a call."""
         msgs = normalize_messages(messages)
         tool_list = normalize_tools(tools)
         mode, name = resolve_tool_choice(tool_choice, tool_list)
         schema = response_schema(response_format)
-        if schema is not None and tool_list and mode != "none":
-            raise ResponseFormatError("response_format constrains a reply without tool calls: offer no tools, "
-                                      "or pass tool_choice=\"none\", with a JSON response_format")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise OoOSpecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         offered = [] if mode == "none" else tool_list
@@ -202,8 +201,8 @@ class Engine:
         for i, s in enumerate(stop):
             if not isinstance(s, str) or not s:
                 raise OoOSpecError(f"stop[{i}] is {s!r}; every stop sequence must be a non-empty string")
-        guide = self._grammars.guide(offered, mode, name, strict) if schema is None \
-            else self._grammars.json_guide(schema)
+        guide = self._grammars.json_guide(schema) if schema is not None and not offered \
+            else self._grammars.guide(offered, mode, name, strict, reply=schema)
         return Prepared(msgs, offered, (mode, name), prefix, ids, min(max_new_tokens, self.context_window - len(ids)),
                         list(stop), guide)
 

@@ -85,55 +85,73 @@ class Grammars:
         self._cache: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
 
-    def guide(self, tools: list[Tool], mode: str, name: str | None, strict: bool = True) -> "Guide | None":
+    def guide(self, tools: list[Tool], mode: str, name: str | None, strict: bool = True,
+              reply: dict | None = None) -> "Guide | None":
         """A fresh matcher for one reply, or None when nothing is constrained (no tools offered,
         `tool_choice="none"`, or a format the grammar does not cover: that warns). `strict` makes
         every tool strict; otherwise only tools flagged `"strict": true` are, and the arguments of
-        the others are any JSON object (their calls still follow the format's markup)."""
-        if mode == "none" or not tools or not (strict or any(t.strict for t in tools)):
+        the others are any JSON object (their calls still follow the format's markup).
+
+        `reply`, a `response_format`'s schema (`response_schema`), is what a reply that calls no tool
+        must be under `auto`: that JSON value instead of free text (and a reply that calls writes no
+        text before its calls). A forced call has no such reply."""
+        if mode == "none" or not tools:
+            return None
+        if mode != "auto":
+            reply = None
+        if reply is None and not (strict or any(t.strict for t in tools)):
             return None
         if not strict:
             tools = [t if t.strict else Tool(t.name, t.description, _ANY_OBJECT) for t in tools]
+        if reply is not None and (self.fmt.calls_in_one_list or not self.fmt.call_start.strip()):
+            why = ("the grammar does not cover its calls" if self.fmt.calls_in_one_list
+                   else "it writes calls as bare JSON, which a JSON reply could not be told from")
+            raise ResponseFormatError(f"a JSON response_format beside tools is not served for the target's format "
+                                      f"{self.fmt.name!r} ({why}): offer no tools, or pass tool_choice=\"none\"")
         if self.fmt.calls_in_one_list:
             warnings.warn(f"strict decoding covers the hermes and llama3_json formats; the target's format "
                           f"{self.fmt.name!r} decodes non-strict", StrictFallbackWarning, stacklevel=3)
             return None
-        key = (mode, name, tuple((t.name, json.dumps(t.parameters, sort_keys=True)) for t in tools))
-        with self._lock:
-            matcher = self._cache.get(key)
-            if matcher is None:
-                matcher = self._compile(self.lark(tools, mode, name))
-                self._cache[key] = matcher
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
-            self._cache.move_to_end(key)
-            return Guide(matcher.deep_copy(), self.vocab_size)
+        styled = None if reply is None else self._reply_schema(reply)
+        key = (mode, name, tuple((t.name, json.dumps(t.parameters, sort_keys=True)) for t in tools),
+               json.dumps(styled, sort_keys=True))
+        return self._cached(key, lambda: self._compile(self.lark(tools, mode, name, styled)))
 
     def json_guide(self, schema: dict) -> "Guide":
         """A fresh matcher for a reply that is one JSON value valid against `schema` (a
         `response_format`'s, see `response_schema`), then EOS. A schema beyond llguidance is a
         ResponseFormatError naming its keyword: a structured reply is never decoded unconstrained."""
-        key = ("json", json.dumps(schema, sort_keys=True))
+        import llguidance
+        styled = self._reply_schema(schema)
+        return self._cached(("json", json.dumps(styled, sort_keys=True)),
+                            lambda: self._compile_matcher(llguidance.LLMatcher.grammar_from_json_schema(styled)))
+
+    def _cached(self, key: tuple, compile_it) -> "Guide":
+        """A fresh matcher of the grammar cached under `key`, compiled on a miss."""
         with self._lock:
             matcher = self._cache.get(key)
             if matcher is None:
-                styled = dict(schema, **{"x-guidance": JSON_STYLE})
-                error = self._schema_error(styled)
-                if error is not None:
-                    keyword = self._culprit(styled)
-                    raise ResponseFormatError(
-                        f"response_format's JSON Schema cannot be decoded under a grammar"
-                        f"{f' (its {keyword!r} keyword)' if keyword else ''}: {error.splitlines()[0]}")
-                import llguidance
-                matcher = self._compile_matcher(llguidance.LLMatcher.grammar_from_json_schema(styled))
+                matcher = compile_it()
                 self._cache[key] = matcher
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
             self._cache.move_to_end(key)
             return Guide(matcher.deep_copy(), self.vocab_size)
 
-    def lark(self, tools: list[Tool], mode: str, name: str | None) -> str:
-        """The reply's grammar in llguidance's Lark dialect, starting after the forced prefix."""
+    def _reply_schema(self, schema: dict) -> dict:
+        """A response_format's schema in the calls' JSON style, or a ResponseFormatError naming the
+        keyword llguidance cannot express."""
+        styled = dict(schema, **{"x-guidance": JSON_STYLE})
+        error = self._schema_error(styled)
+        if error is not None:
+            keyword = self._culprit(styled)
+            raise ResponseFormatError(f"response_format's JSON Schema cannot be decoded under a grammar"
+                                      f"{f' (its {keyword!r} keyword)' if keyword else ''}: {error.splitlines()[0]}")
+        return styled
+
+    def lark(self, tools: list[Tool], mode: str, name: str | None, reply: dict | None = None) -> str:
+        """The reply's grammar in llguidance's Lark dialect, starting after the forced prefix; under
+        `auto`, a reply is free text (and calls after it), or, where `reply` is given, its JSON value or calls."""
         fmt = self.fmt
         allowed = [t for t in tools if mode != "named" or t.name == name]
         prefix = fmt.forced_prefix(name if mode == "named" else None) if mode in ("required", "named") else ""
@@ -148,7 +166,9 @@ class Grammars:
                   f"call: {_lit(fmt.call_start)} body" if fmt.call_start else "call: body"]
         if mode == "auto":
             tag = fmt.call_start.strip()
-            if tag:
+            if reply is not None:  # the response_format's JSON, or calls (no text before them, as OpenAI's)
+                rules += ["start: reply | call more", f"reply: %json {json.dumps(reply, ensure_ascii=False)}"]
+            elif tag:
                 # Text that never opens a call; or text up to the first call's opener (a lazy lexeme:
                 # it ends at the opener), then calls. A greedy text lexeme could not give back "<tool_call".
                 rules += ["start: TEXT? | opener body more",

@@ -1,6 +1,6 @@
-"""OpenAI's `response_format` (structured outputs): a reply without tools decoded under the grammar of
-a JSON Schema (`json_schema`) or of any JSON object (`json_object`), by the same llguidance machinery
-as strict tool calls. Lossless means what it means under strict: every method's tokens equal
+"""OpenAI's `response_format` (structured outputs): a reply that calls no tool decoded under the grammar
+of a JSON Schema (`json_schema`) or of any JSON object (`json_object`), by the same llguidance
+machinery as strict tool calls; beside tools under `auto`, calls or that JSON. Lossless means what it means under strict: every method's tokens equal
 transformers' greedy decoding masked by the same grammar (`engine.logits_processor(...,
 response_format=...)`)."""
 from __future__ import annotations
@@ -30,10 +30,10 @@ def json_schema(schema, strict=True, name="weather"):
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
 
 
-def masked_reference(engine, messages, response_format, max_new_tokens):
-    ids = engine.prompt_ids(messages)
+def masked_reference(engine, messages, response_format, max_new_tokens, tools=None):
+    ids = engine.prompt_ids(messages, tools)
     inp = torch.tensor([ids], device=engine.target.device)
-    proc = engine.logits_processor(messages, response_format=response_format)
+    proc = engine.logits_processor(messages, tools, strict=False, response_format=response_format)
     with torch.inference_mode():
         out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), logits_processor=[proc],
                                      do_sample=False, max_new_tokens=max_new_tokens)
@@ -104,13 +104,32 @@ def test_a_bad_response_format_is_an_error_that_names_it(tiny_engine, response_f
     assert e.value.param == "response_format" and isinstance(e.value, OoOSpecError)
 
 
-def test_tools_and_a_json_response_format_are_one_or_the_other(tiny_engine):
-    with pytest.raises(ResponseFormatError, match="without tool calls"):
-        tiny_engine.generate(ASK, [TOOL], response_format={"type": "json_object"}, max_new_tokens=4)
-    # tool_choice="none" offers no tools: the reply is the JSON
-    gen = tiny_engine.generate(ASK, [TOOL], tool_choice="none", response_format={"type": "json_object"},
-                               max_new_tokens=4)
-    assert gen.text.startswith("{")
+def test_beside_tools_the_json_is_the_reply_that_calls_nothing(tiny_engine):
+    """As in OpenAI's API: under `auto` the reply is calls or the JSON (lossless against the masked
+    reference, which holds both); a forced call is the reply, whatever the response_format; with
+    tool_choice="none" the reply is the JSON."""
+    rf = json_schema(WEATHER)
+    ref = masked_reference(tiny_engine, ASK, rf, 48, tools=[TOOL])
+    for method in ("ar", "toolspec", "oospec"):
+        assert tiny_engine.generate(ASK, [TOOL], response_format=rf, method=method,
+                                    max_new_tokens=48).token_ids == ref, method
+    forced = tiny_engine.generate(ASK, [TOOL], tool_choice="required", max_new_tokens=12, method="ar")
+    assert tiny_engine.generate(ASK, [TOOL], tool_choice="required", response_format=rf, max_new_tokens=12,
+                                method="ar").token_ids == forced.token_ids
+    none = tiny_engine.generate(ASK, [TOOL], tool_choice="none", response_format={"type": "json_object"},
+                                max_new_tokens=4)
+    assert none.text.startswith("{")
+
+
+def test_a_format_that_writes_calls_as_bare_json_refuses_a_json_reply_beside_tools(smollm2_tokenizer):
+    from oospec_agents.formats.llama3_json import Llama3JsonFormat
+    from oospec_agents.grammar import Grammars
+    from oospec_agents.tools import normalize_tools
+    tok = smollm2_tokenizer
+    grammars = Grammars(tok, Llama3JsonFormat(), {tok.eos_token_id}, len(tok))
+    with pytest.raises(ResponseFormatError, match="'llama3_json' .*bare JSON"):
+        grammars.guide(normalize_tools([TOOL]), "auto", None, strict=False, reply={"type": "object"})
+    assert grammars.json_guide({"type": "object"}) is not None  # without tools, the JSON is the whole reply
 
 
 @pytest.mark.slow

@@ -74,6 +74,31 @@ def test_chat_openai_structured_output_with_a_json_schema(embedded_server):
     assert out["raw"].response_metadata["finish_reason"] == "stop"
 
 
+def test_openai_parse_with_tools_calls_then_answers_in_the_schema(embedded_server):
+    """Tools and a response_format together, as OpenAI serves them: under `auto` the reply is calls
+    or the schema's JSON. The 135M calls the tool first; the turn after the tool's result, with
+    tool_choice="none", is the JSON, parsed by the SDK."""
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        city: str = Field(max_length=24)
+        temperature_celsius: int
+
+    strict_tool = {"type": "function", "function": {**WEATHER["function"], "strict": True, "parameters": {
+        **WEATHER["function"]["parameters"], "additionalProperties": False}}}  # parse() takes strict tools only
+    client = openai.OpenAI(base_url=embedded_server + "/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": QUESTION}]
+    first = client.chat.completions.parse(model="embedded", messages=messages, tools=[strict_tool],
+                                          response_format=Weather, max_tokens=64)
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "get_current_weather"
+    messages += [first.choices[0].message.model_dump(include={"role", "content", "tool_calls"}),
+                 {"role": "tool", "tool_call_id": call.id, "content": "It is 22 degrees Celsius and sunny in Paris."}]
+    second = client.chat.completions.parse(model="embedded", messages=messages, tools=[strict_tool], tool_choice="none",
+                                           response_format=Weather, max_tokens=64)
+    assert second.choices[0].message.parsed == Weather(city="Paris", temperature_celsius=22)
+
+
 def test_chat_openai_create_agent_calls_the_tool_then_answers(embedded_server):
     calls = []
 

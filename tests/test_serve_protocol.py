@@ -265,8 +265,6 @@ BAD_REQUESTS = {
     "response_format type": ({"response_format": {"type": "xml"}}, "response_format.type is 'xml'"),
     "response_format schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
                                "response_format.json_schema.schema"),
-    "response_format with tools": ({"tools": [WEATHER], "response_format": {"type": "json_object"}},
-                                   "without tool calls"),
 }
 
 
