@@ -112,22 +112,21 @@ class Grammars:
             warnings.warn(f"strict decoding covers the hermes and llama3_json formats; the target's format "
                           f"{self.fmt.name!r} decodes non-strict", StrictFallbackWarning, stacklevel=3)
             return None
-        styled = None if reply is None else self._reply_schema(reply)
         key = (mode, name, tuple((t.name, json.dumps(t.parameters, sort_keys=True)) for t in tools),
-               json.dumps(styled, sort_keys=True))
-        return self._cached(key, lambda: self._compile(self.lark(tools, mode, name, styled)))
+               json.dumps(reply, sort_keys=True))
+        return self._cached(key, lambda: self._compile(self.lark(
+            tools, mode, name, None if reply is None else self._reply_schema(reply))))
 
     def json_guide(self, schema: dict) -> "Guide":
         """A fresh matcher for a reply that is one JSON value valid against `schema` (a
         `response_format`'s, see `response_schema`), then EOS. A schema beyond llguidance is a
         ResponseFormatError naming its keyword: a structured reply is never decoded unconstrained."""
         import llguidance
-        styled = self._reply_schema(schema)
-        return self._cached(("json", json.dumps(styled, sort_keys=True)),
-                            lambda: self._compile_matcher(llguidance.LLMatcher.grammar_from_json_schema(styled)))
+        return self._cached(("json", json.dumps(schema, sort_keys=True)), lambda: self._compile_matcher(
+            llguidance.LLMatcher.grammar_from_json_schema(self._reply_schema(schema))))
 
     def _cached(self, key: tuple, compile_it) -> "Guide":
-        """A fresh matcher of the grammar cached under `key`, compiled on a miss."""
+        """A fresh matcher of the grammar cached under `key`, compiled (and checked) on a miss only."""
         with self._lock:
             matcher = self._cache.get(key)
             if matcher is None:

@@ -79,13 +79,15 @@ def test_text_is_unconstrained_and_strict_closes_objects(tiny_engine):
                                 method="ar").token_ids == plain.token_ids
 
 
-def test_the_compiled_grammar_is_cached_per_schema(tiny_engine):
+def test_the_compiled_grammar_is_cached_per_schema(tiny_engine, monkeypatch):
     grammars = tiny_engine._grammars
     schema = {"type": "object", "properties": {"cached": {"type": "boolean"}}, "required": ["cached"]}
     tiny_engine.generate(ASK, response_format=json_schema(schema), max_new_tokens=4)
     before = grammars.compiles
+    checks = []
+    monkeypatch.setattr(grammars, "_schema_error", lambda styled: checks.append(styled))
     tiny_engine.generate(ASK, response_format=json_schema(schema), max_new_tokens=4)
-    assert grammars.compiles == before
+    assert grammars.compiles == before and checks == []  # neither compiled nor checked again
 
 
 @pytest.mark.parametrize("response_format, says", [
