@@ -34,7 +34,7 @@ class ChatRequest:
     max_new_tokens: int = 256
     method: str = "oospec"
     stop: list[str] | None = None
-    response_format: dict | None = None  # OpenAI's: a JSON reply of a schema, without tools
+    response_format: dict | None = None  # OpenAI's: a reply that calls no tool is JSON of its schema
 
     def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
         """The engine's event stream for this request (bad input raises here, eagerly); setting
