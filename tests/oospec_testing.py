@@ -69,11 +69,12 @@ def greedy(engine, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
-def masked_reference(engine, messages, tools, tool_choice, max_new_tokens: int) -> list[int]:
-    """Greedy decoding with the strict grammar's logits processor: the reference strict decoding must reproduce."""
+def masked_reference(engine, messages, tools, tool_choice, max_new_tokens: int, **grammar) -> list[int]:
+    """Greedy decoding with the strict grammar's logits processor: the reference strict decoding must reproduce.
+    `grammar` goes to `engine.logits_processor` (`strict=False`, `response_format=...`)."""
     ids = engine.prompt_ids(messages, tools, tool_choice=tool_choice)
     inp = torch.tensor([ids], device=engine.target.device)
-    proc = engine.logits_processor(messages, tools, tool_choice=tool_choice)
+    proc = engine.logits_processor(messages, tools, tool_choice=tool_choice, **grammar)
     with torch.inference_mode():
         out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), logits_processor=[proc],
                                      do_sample=False, max_new_tokens=max_new_tokens)

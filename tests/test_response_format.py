@@ -1,16 +1,16 @@
 """OpenAI's `response_format` (structured outputs): a reply that calls no tool decoded under the grammar
 of a JSON Schema (`json_schema`) or of any JSON object (`json_object`), by the same llguidance
-machinery as strict tool calls; beside tools under `auto`, calls or that JSON. Lossless means what it means under strict: every method's tokens equal
-transformers' greedy decoding masked by the same grammar (`engine.logits_processor(...,
-response_format=...)`)."""
+machinery as strict tool calls; beside tools under `auto`, calls or that JSON. Lossless means what it
+means under strict: every method's tokens equal transformers' greedy decoding masked by the same
+grammar (`engine.logits_processor(..., response_format=...)`)."""
 from __future__ import annotations
 
 import json
 
 import jsonschema
 import pytest
-import torch
 
+import oospec_testing
 from oospec_agents.errors import OoOSpecError, ResponseFormatError
 from oospec_agents.grammar import response_schema
 
@@ -31,13 +31,10 @@ def json_schema(schema, strict=True, name="weather"):
 
 
 def masked_reference(engine, messages, response_format, max_new_tokens, tools=None):
-    ids = engine.prompt_ids(messages, tools)
-    inp = torch.tensor([ids], device=engine.target.device)
-    proc = engine.logits_processor(messages, tools, strict=False, response_format=response_format)
-    with torch.inference_mode():
-        out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), logits_processor=[proc],
-                                     do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, len(ids):].tolist()
+    """The shared masked reference (`transformers.generate` with the grammar's logits processor), for
+    a reply under `response_format`: non-strict tools, as the requests here are."""
+    return oospec_testing.masked_reference(engine, messages, tools, "auto", max_new_tokens, strict=False,
+                                           response_format=response_format)
 
 
 @pytest.mark.parametrize("response_format", [json_schema(WEATHER), {"type": "json_object"}],
