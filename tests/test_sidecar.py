@@ -336,6 +336,33 @@ def test_poll_returns_at_once_while_the_wave_computes():
     assert hint.payload_bytes == len(b'{"f":"get_weather","a":{"city":"Paris"}}') and hint.ready_s > 0
 
 
+def _new_thread_count() -> int:
+    """The intra-op thread count a thread started now begins with."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def test_a_wave_runs_on_its_own_threads_and_leaves_every_other_threads_count_alone():
+    """A wave thread sets its own count (`threads=1`); `torch.set_num_threads` also sets the count new
+    threads start with, which must come back after the wave: a server's request threads started after
+    the first wave would otherwise decode the target on one core."""
+    before = (torch.get_num_threads(), _new_thread_count())
+    seen = []
+
+    def wave(prefix, rows, cancel, choices):
+        seen.append(torch.get_num_threads())
+        return [' "get_weather"', ' "Paris"', " null", " null", " null"]
+    ticket = InTime(WaveSidecar(wave, threads=1)).submit(_request())
+    assert ticket.poll() is not None and seen == [1]
+    deadline = time.perf_counter() + 10
+    while _new_thread_count() != before[1] and time.perf_counter() < deadline:  # the wave thread's finally
+        time.sleep(0.01)
+    assert (torch.get_num_threads(), _new_thread_count()) == before
+
+
 # ---------------------------------------------------------------- follow-up waves: the function the target wrote
 
 class Aimed:

@@ -100,8 +100,23 @@ class WaveSidecar:
         if self.stream is not None:
             return torch.cuda.stream(self.stream)
         if self.threads:
-            torch.set_num_threads(self.threads)  # this thread's own count; the target's thread is untouched
+            return own_threads(self.threads)
         return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def own_threads(n: int):
+    """`n` intra-op threads for the calling (wave) thread. `torch.set_num_threads` sets the calling
+    thread's count, and also the process-wide count that every thread started later begins with (the
+    target thread's own count is untouched). So the count this thread began with is put back after:
+    otherwise, after the first wave, every new thread (a server's request threads, an async front-end's
+    executor) would decode the target on one core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 #: wave threads still running, with their tickets. At interpreter exit they are cancelled and
