@@ -16,7 +16,7 @@ from langchain_core.output_parsers import (JsonOutputKeyToolsParser, JsonOutputP
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.function_calling import convert_to_openai_function, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -165,13 +165,16 @@ class ChatOoOSpec(BaseChatModel):
     ) -> Runnable[LanguageModelInput, dict | Any]:
         """Return output matching `schema` (pydantic class, TypedDict or JSON Schema).
 
-        "function_calling" and "json_schema" both force one call of a tool whose parameters are the
-        schema, so the output is parsed from a call the engine has validated. "json_mode" decodes
-        the reply under JSON mode's grammar (`response_format={"type": "json_object"}`, as ChatOpenAI
-        sends it): any JSON object, whose keys the prompt must ask for; the reply's text is parsed.
-        `strict=True` binds that tool strict (`bind_tools(strict=True)`): the call is decoded under
-        the schema's grammar, so it always parses (unless `max_tokens` cuts it off). As in
-        `ChatOpenAI`, `strict` is refused with "json_mode".
+        As in `ChatOpenAI`:
+        - "function_calling" forces one call of a tool whose parameters are the schema; the output is
+          parsed from a call the engine has validated. `strict=True` binds that tool strict
+          (`bind_tools(strict=True)`): the call is decoded under the schema's grammar.
+        - "json_schema" binds `response_format={"type": "json_schema", "json_schema": {"name", "schema",
+          "strict"}}`: the reply's text is decoded under the schema's grammar (closed objects where
+          `strict=True`) and parsed.
+        - "json_mode" binds `response_format={"type": "json_object"}`: any JSON object, whose keys the
+          prompt must ask for; the reply's text is parsed. `strict` is refused with it.
+        Output decoded under a grammar always parses, unless `max_tokens` cuts it off.
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
@@ -179,16 +182,18 @@ class ChatOoOSpec(BaseChatModel):
             raise ValueError("Argument `strict` is not supported with `method`='json_mode'")
         is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         ls_format = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
-        if method in ("function_calling", "json_schema"):
-            if schema is None:
-                raise ValueError(f"schema must be given for method={method!r}")
+        if method in ("function_calling", "json_schema") and schema is None:
+            raise ValueError(f"schema must be given for method={method!r}")
+        if method == "function_calling":
             name = convert_to_openai_tool(schema)["function"]["name"]
             llm = self.bind_tools([schema], tool_choice=name, strict=strict, ls_structured_output_format=ls_format)
             tools_parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
                             else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
             parser: Runnable = RunnableLambda(_reject_invalid_call) | tools_parser
-        elif method == "json_mode":
-            llm = self.bind(response_format={"type": "json_object"}, ls_structured_output_format=ls_format)
+        elif method in ("json_schema", "json_mode"):
+            response_format = (_json_schema_response_format(schema, strict) if method == "json_schema"
+                               else {"type": "json_object"})
+            llm = self.bind(response_format=response_format, ls_structured_output_format=ls_format)
             parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
         else:
             raise ValueError(f"method must be 'function_calling', 'json_schema' or 'json_mode', got {method!r}")
@@ -333,6 +338,19 @@ def _openai_tool(tool: Any, position: int, strict: bool | None = None) -> dict:
     except (ValueError, TypeError) as e:
         reason = " ".join(str(e).split())
         raise ToolSchemaError(f"tools[{position}] ({tool!r:.80}) cannot be converted to an OpenAI tool: {reason}") from e
+
+
+def _json_schema_response_format(schema: dict | type, strict: bool | None) -> dict:
+    """OpenAI's `response_format` for `schema`, built as ChatOpenAI builds it for method="json_schema": a
+    dict already in that form (whole, or its inner {"name", "schema"}) is kept; anything else (pydantic,
+    TypedDict, JSON Schema) becomes {"name", "description", "schema"[, "strict"]}."""
+    if isinstance(schema, dict) and schema.get("type") == "json_schema" and "json_schema" in schema:
+        return schema
+    if isinstance(schema, dict) and "name" in schema and "schema" in schema:
+        return {"type": "json_schema", "json_schema": schema}
+    function = convert_to_openai_function(schema, strict=strict)
+    function["schema"] = function.pop("parameters")
+    return {"type": "json_schema", "json_schema": function}
 
 
 def _reject_invalid_call(message: AIMessage) -> AIMessage:

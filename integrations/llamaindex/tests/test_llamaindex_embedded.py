@@ -3,6 +3,8 @@
 Tests marked `needs_adapter` rely on the model deciding to call a tool by itself, which
 SmolLM2-135M-Instruct only does with the embedded tool-calling adapter.
 """
+import json
+
 import pytest
 from llama_index.core.agent.workflow import (AgentOutput, AgentStream, AgentWorkflow, FunctionAgent,
                                              ToolCallResult)
@@ -112,6 +114,18 @@ def test_structured_predict_returns_a_pydantic_object(embedded_llm):
     album = embedded_llm.structured_predict(
         Album, PromptTemplate("Name one album by {artist}: its title and release year."), artist="Joni Mitchell")
     assert isinstance(album, Album)
+
+
+def test_response_format_decodes_the_reply_under_the_schema(embedded_llm):
+    """OpenAI's `response_format` (strict json_schema) as a chat keyword: the reply is JSON with exactly
+    the schema's keys, whatever the 135M model would have written unconstrained."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "Album", "strict": True, "schema": Album.model_json_schema()}}
+    response = embedded_llm.chat([ChatMessage(role="user", content="Name one album by Joni Mitchell as JSON.")],
+                                 response_format=fmt, max_new_tokens=64)
+    assert response.message.content.lstrip().startswith("{")
+    if response.raw["finish_reason"] == "stop":
+        assert Album.model_validate_json(response.message.content)
+        assert json.loads(response.message.content).keys() == {"title", "year"}
 
 
 async def run_agent(agent, **kwargs):

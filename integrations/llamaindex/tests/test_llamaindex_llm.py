@@ -134,6 +134,27 @@ def test_chat_sends_the_chat_and_settings(scripted):
     assert response.message.content == "Hello!"
 
 
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {
+    "name": "Person", "strict": True,
+    "schema": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+               "required": ["name", "age"]}}}
+
+
+@pytest.mark.parametrize("call", ["chat", "stream_chat", "complete"])
+def test_response_format_reaches_the_engine_as_openai_sends_it(scripted, call):
+    """OpenAI's `response_format` as a chat keyword (as `llama_index.llms.openai.OpenAI` passes it):
+    the engine decodes the reply under the schema's grammar; the reply's text is the JSON."""
+    llm, engine = scripted(('{"name": "Ada", "age": 41}', []))
+    if call == "complete":
+        text = llm.complete("Ada, 41, as JSON", response_format=PERSON_FORMAT).text
+    elif call == "chat":
+        text = llm.chat(USER, response_format=PERSON_FORMAT).message.content
+    else:
+        text = list(llm.stream_chat(USER, response_format=PERSON_FORMAT))[-1].message.content
+    assert json.loads(text) == {"name": "Ada", "age": 41}
+    assert engine.requests[-1]["response_format"] == PERSON_FORMAT
+
+
 def test_chat_reports_usage_and_speculation_stats(scripted):
     llm, _ = scripted(("Hello!", []))
     raw = llm.chat(USER).raw

@@ -169,6 +169,21 @@ def test_structured_output_plumbing(model):
         assert result["parsed"] == Person(**raw.tool_calls[0]["args"])
 
 
+def test_json_schema_structured_output_decodes_the_reply_under_the_schema():
+    """method="json_schema" (ChatOpenAI's response_format path): no call, and the reply's text is JSON
+    under the closed schema's grammar, so a reply that ends parses into the model class."""
+    model = ChatOoOSpec(max_tokens=64)
+    result = model.with_structured_output(Person, method="json_schema", strict=True, include_raw=True).invoke(
+        "Ada Lovelace is 36 years old.")
+    raw = result["raw"]
+    assert not raw.tool_calls and not raw.invalid_tool_calls
+    assert raw.content.lstrip().startswith("{")
+    if raw.response_metadata["finish_reason"] == "stop":
+        assert result["parsing_error"] is None
+        assert result["parsed"] == Person(**json.loads(raw.content))
+        assert json.loads(raw.content).keys() == {"name", "age"}  # strict: closed, every key required
+
+
 def test_duplicate_tool_names_are_a_clear_error(model):
     same_name = {"type": "function", "function": {"name": "get_current_weather", "parameters": {"type": "object"}}}
     with pytest.raises(ToolSchemaError, match="duplicate tool name 'get_current_weather'"):

@@ -372,12 +372,52 @@ def _person_reply(name: str = "Person", age: str = "41") -> str:
     (PersonDict, {"name": "Ada", "age": 41}),
     (PERSON_JSON_SCHEMA, {"name": "Ada", "age": 41}),
 ])
-@pytest.mark.parametrize("method", ["function_calling", "json_schema"])
-def test_structured_output_forces_the_schema_tool(scripted, schema, expected, method):
+def test_structured_output_forces_the_schema_tool(scripted, schema, expected):
     name = "PersonDict" if schema is PersonDict else "Person"
     engine = scripted(_person_reply(name))
-    assert ChatOoOSpec(engine=engine).with_structured_output(schema, method=method).invoke("Ada, 41") == expected
+    assert ChatOoOSpec(engine=engine).with_structured_output(schema).invoke("Ada, 41") == expected
     assert engine.requests[0]["tool_choice"] == name
+    assert engine.requests[0].get("response_format") is None
+
+
+@pytest.mark.parametrize("schema, expected", [
+    (Person, Person(name="Ada", age=41)),
+    (PersonDict, {"name": "Ada", "age": 41}),
+    (PERSON_JSON_SCHEMA, {"name": "Ada", "age": 41}),
+])
+@pytest.mark.parametrize("strict", [None, True])
+def test_json_schema_binds_response_format_and_parses_the_reply_text(scripted, schema, expected, strict):
+    """method="json_schema" is OpenAI's structured outputs, as in ChatOpenAI: the schema goes out as
+    `response_format` (no tool is forced) and the reply's text is the JSON that is parsed."""
+    engine = scripted('{"name": "Ada", "age": 41}')
+    structured = ChatOoOSpec(engine=engine).with_structured_output(schema, method="json_schema", strict=strict)
+    assert structured.invoke("Ada, 41") == expected
+    request = engine.requests[-1]
+    assert not request["tools"] and request["tool_choice"] in (None, "none", "auto")
+    fmt = request["response_format"]
+    assert fmt["type"] == "json_schema"
+    spec = fmt["json_schema"]
+    assert spec["name"] == ("PersonDict" if schema is PersonDict else "Person")
+    assert spec["schema"]["properties"].keys() == {"name", "age"}
+    assert spec.get("strict") is strict
+
+
+@pytest.mark.parametrize("fmt", [
+    {"name": "Person", "schema": PERSON_JSON_SCHEMA, "strict": True},
+    {"type": "json_schema", "json_schema": {"name": "Person", "schema": PERSON_JSON_SCHEMA}},
+])
+def test_json_schema_keeps_a_response_format_it_is_given(scripted, fmt):
+    engine = scripted('{"name": "Ada", "age": 41}')
+    assert ChatOoOSpec(engine=engine).with_structured_output(fmt, method="json_schema").invoke("Ada") == {
+        "name": "Ada", "age": 41}
+    assert engine.requests[-1]["response_format"] == (fmt if "type" in fmt else {"type": "json_schema", "json_schema": fmt})
+
+
+def test_json_schema_include_raw_reports_a_reply_that_is_not_the_schema(scripted):
+    result = ChatOoOSpec(engine=scripted('{"name": "Ada"')).with_structured_output(
+        Person, method="json_schema", include_raw=True).invoke("Ada")
+    assert result["parsed"] is None and result["parsing_error"] is not None
+    assert result["raw"].content == '{"name": "Ada"'
 
 
 def test_structured_output_include_raw(scripted):
