@@ -69,16 +69,42 @@ def greedy(engine, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
-def masked_reference(engine, messages, tools, tool_choice, max_new_tokens: int, **grammar) -> list[int]:
+def masked_reference(engine, messages, tools, tool_choice, max_new_tokens: int, *, greedy_ids=None,
+                     **grammar) -> list[int]:
     """Greedy decoding with the strict grammar's logits processor: the reference strict decoding must reproduce.
-    `grammar` goes to `engine.logits_processor` (`strict=False`, `response_format=...`)."""
+    `grammar` goes to `engine.logits_processor` (`strict=False`, `response_format=...`).
+
+    `greedy_ids`, where given, are this prompt's unconstrained greedy tokens (`greedy`: `max_new_tokens`
+    of them, or fewer ending in EOS). If the processor allows each of them in turn, they *are* what
+    `generate` under it returns, and the forwards are not run again: the processor only masks, and an
+    allowed unmasked argmax is the masked argmax (argmax takes the first maximum; a mask only lowers
+    others), so step by step the same token is chosen from the same prefix. Otherwise `generate` runs
+    under the mask. `test_strict` checks the shortcut against `generate` on embedded records."""
     ids = engine.prompt_ids(messages, tools, tool_choice=tool_choice)
+    if greedy_ids is not None:
+        greedy_ids = list(greedy_ids[:max_new_tokens])
+        eos = engine.target.generation_config.eos_token_id
+        ended = len(greedy_ids) == max_new_tokens or greedy_ids[-1] in (eos if isinstance(eos, list) else [eos])
+        if ended and allowed_in_turn(engine.logits_processor(messages, tools, tool_choice=tool_choice, **grammar),
+                                     ids, greedy_ids, engine.target.get_output_embeddings().weight.shape[0]):
+            return greedy_ids
     inp = torch.tensor([ids], device=engine.target.device)
     proc = engine.logits_processor(messages, tools, tool_choice=tool_choice, **grammar)
     with torch.inference_mode():
         out = engine.target.generate(inp, attention_mask=torch.ones_like(inp), logits_processor=[proc],
                                      do_sample=False, max_new_tokens=max_new_tokens)
     return out[0, len(ids):].tolist()
+
+
+def allowed_in_turn(proc, prompt_ids: list[int], tokens: list[int], vocab: int) -> bool:
+    """Whether logits processor `proc` (single use), called as `generate` calls it (the whole sequence so
+    far, then scores of one row), leaves each of `tokens` finite in its turn."""
+    scores = torch.zeros(1, vocab)
+    for t, token in enumerate(tokens):
+        masked = proc(torch.tensor([prompt_ids + tokens[:t]]), scores)
+        if masked[0, token] == float("-inf"):
+            return False
+    return True
 
 
 def trace_stream(engine, *args, **kwargs) -> tuple[list[tuple[int, object]], list[int]]:

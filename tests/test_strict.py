@@ -183,15 +183,18 @@ def test_jump_forward_stops_at_max_new_tokens_like_the_reference(tiny_engine, n)
         assert gen.stats.accepted_by_source["grammar"] <= n
 
 
-def embedded_strict_runs(embedded_fp32, embedded_sidecar, records, tool_choice):
+def embedded_strict_runs(embedded_fp32, embedded_sidecar, records, tool_choice, greedy48=None):
     """Per record and method (ar, toolspec, oospec with the embedded sidecar's hint waited for): the
     strict Generation (fp32, 48 tokens), each checked token for token against transformers' greedy
-    decoding with the grammar's mask, and, where it ended before the limit, its calls valid."""
+    decoding with the grammar's mask, and, where it ended before the limit, its calls valid.
+    `greedy48`: the records' unconstrained greedy tokens under this tool_choice, which are the masked
+    reference wherever the mask allows them all (`oospec_testing.masked_reference`)."""
     from oospec_testing import InTime, on_target_of
     oospec = on_target_of(embedded_fp32, InTime(embedded_sidecar))
     engines = {"ar": embedded_fp32, "toolspec": embedded_fp32, "oospec": oospec}
-    for rec in records:
-        ref = masked_reference(embedded_fp32, rec["messages"], rec["tools"], tool_choice, 48)
+    for i, rec in enumerate(records):
+        ref = masked_reference(embedded_fp32, rec["messages"], rec["tools"], tool_choice, 48,
+                               greedy_ids=None if greedy48 is None else greedy48[i])
         for method in METHODS:
             gen = engines[method].generate(rec["messages"], rec["tools"], tool_choice=tool_choice, method=method,
                                            max_new_tokens=48, strict=True)
@@ -202,10 +205,12 @@ def embedded_strict_runs(embedded_fp32, embedded_sidecar, records, tool_choice):
 
 
 @pytest.mark.slow
-def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp32, embedded_sidecar, dev_records20):
+def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp32, embedded_sidecar, dev_records20,
+                                                                    embedded_greedy48):
     """On the 20 embedded dev records under `required`: every method equals the masked reference."""
     forwards, hint = dict.fromkeys(METHODS, 0), 0
-    for rec, method, gen in embedded_strict_runs(embedded_fp32, embedded_sidecar, dev_records20, "required"):
+    for rec, method, gen in embedded_strict_runs(embedded_fp32, embedded_sidecar, dev_records20, "required",
+                                                 embedded_greedy48):
         # Tokens the grammar forces are committed without the target (jump-forward), unless a draft the
         # target accepted in an earlier forward already carried them: a hint that is right from the first
         # round may hold the whole call (47 of 48 tokens in one forward on one API-Bank record).
@@ -220,6 +225,29 @@ def test_embedded_strict_equals_the_masked_reference_in_every_method(embedded_fp
     # (here, 2026-12-01: ar 264, toolspec 66, oospec 68 -- under the grammar the hint's branch does not
     # always beat the schema drafts it shares a tree with; the bench's --strict rows measure it)
     assert forwards["toolspec"] < forwards["ar"] and forwards["oospec"] < forwards["ar"], forwards
+
+
+@pytest.mark.slow
+def test_greedy_tokens_the_mask_allows_are_the_masked_reference(embedded_fp32, dev_records20, embedded_greedy48):
+    """The shortcut `masked_reference(greedy_ids=...)` takes, against `generate` under the mask itself: on
+    the first embedded record whose greedy tokens the strict mask allows, the two are the same tokens;
+    on the first where it forbids one, greedy is not the reference, so the shortcut must not be (and is
+    not) taken there. (11 of the 20 records allow every greedy token, 2026-12-03.)"""
+    from oospec_testing import allowed_in_turn
+    vocab = embedded_fp32.target.get_output_embeddings().weight.shape[0]
+    seen = {True: 0, False: 0}
+    for rec, greedy48 in zip(dev_records20, embedded_greedy48):
+        ids = embedded_fp32.prompt_ids(rec["messages"], rec["tools"], tool_choice="required")
+        allowed = allowed_in_turn(embedded_fp32.logits_processor(rec["messages"], rec["tools"], tool_choice="required"),
+                                  ids, greedy48, vocab)
+        if seen[allowed] == 1:
+            continue
+        seen[allowed] += 1
+        literal = masked_reference(embedded_fp32, rec["messages"], rec["tools"], "required", 48)
+        assert (literal == greedy48) == allowed, rec["id"]
+        assert masked_reference(embedded_fp32, rec["messages"], rec["tools"], "required", 48,
+                                greedy_ids=greedy48) == literal, rec["id"]
+    assert seen[True] >= 1, seen
 
 
 @pytest.mark.slow
