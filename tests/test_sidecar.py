@@ -363,6 +363,32 @@ def test_a_wave_runs_on_its_own_threads_and_leaves_every_other_threads_count_alo
     assert (torch.get_num_threads(), _new_thread_count()) == before
 
 
+def test_a_wave_begun_while_the_target_lent_it_cores_leaves_the_target_threads_count():
+    """The engine lends a CPU wave the target thread's cores right after submitting it, and gives them
+    back when the reply ends, maybe before the wave does. A wave thread that began inside the loan
+    must not leave the loan's count to the threads started after it."""
+    before = torch.get_num_threads()
+    release = threading.Event()
+    seen = []
+
+    def wave(prefix, rows, cancel, choices):
+        seen.append(torch.get_num_threads())
+        release.wait(10)
+        return [' "get_weather"', ' "Paris"', " null", " null", " null"]
+    sidecar = WaveSidecar(wave, threads=1)
+    sidecar._one_wave.acquire()            # hold the wave thread until the loan has begun
+    ticket = sidecar.submit(_request())
+    torch.set_num_threads(max(before - 1, 1))  # the loan (session._lend_cores)
+    sidecar._one_wave.release()
+    while not seen:
+        time.sleep(0.001)
+    torch.set_num_threads(before)          # given back before the wave ends
+    release.set()
+    while ticket.poll() is None and ticket.error is None:
+        time.sleep(0.001)
+    assert (torch.get_num_threads(), _new_thread_count()) == (before, before)
+
+
 # ---------------------------------------------------------------- follow-up waves: the function the target wrote
 
 class Aimed:

@@ -71,52 +71,55 @@ class WaveSidecar:
 
     def submit(self, request: HintRequest) -> "Ticket":
         ticket = Ticket(request, self.timeout_s)
-        thread = threading.Thread(target=self._run, args=(request, ticket), name="oospec-sidecar", daemon=True)
+        # the submitting thread's count, read before the engine lends the wave any of its cores: what
+        # the wave thread leaves for the threads started after it (`own_threads`)
+        after = torch.get_num_threads()
+        thread = threading.Thread(target=self._run, args=(request, ticket, after), name="oospec-sidecar", daemon=True)
         _LIVE[thread] = ticket
         thread.start()
         return ticket
 
-    def _run(self, request: HintRequest, ticket: "Ticket") -> None:
+    def _run(self, request: HintRequest, ticket: "Ticket", after: int) -> None:
         try:
-            self._wave_and_post(request, ticket)
+            self._wave_and_post(request, ticket, after)
         finally:
             _LIVE.pop(threading.current_thread(), None)
 
-    def _wave_and_post(self, request: HintRequest, ticket: "Ticket") -> None:
+    def _wave_and_post(self, request: HintRequest, ticket: "Ticket", after: int) -> None:
         if not self._one_wave.acquire(timeout=self.timeout_s):
             ticket.post(error=f"sidecar timeout: an earlier wave has held the sidecar for over {self.timeout_s:g}s")
             return
         try:
             if ticket.cancelled.is_set():
                 return
-            with self._placement():
+            with self._placement(after):
                 outcome = run_wave(self.wave, request, ticket.cancelled, device=self.device, stream=self.stream)
         finally:
             self._one_wave.release()
         if outcome is not None:
             ticket.post(**outcome)
 
-    def _placement(self):
+    def _placement(self, after: int):
         if self.stream is not None:
             return torch.cuda.stream(self.stream)
         if self.threads:
-            return own_threads(self.threads)
+            return own_threads(self.threads, after)
         return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def own_threads(n: int):
-    """`n` intra-op threads for the calling (wave) thread. `torch.set_num_threads` sets the calling
-    thread's count, and also the process-wide count that every thread started later begins with (the
-    target thread's own count is untouched). So the count this thread began with is put back after:
-    otherwise, after the first wave, every new thread (a server's request threads, an async front-end's
-    executor) would decode the target on one core."""
-    before = torch.get_num_threads()
+def own_threads(n: int, after: int):
+    """`n` intra-op threads for the calling (wave) thread, then `after` (the submitting thread's count).
+    `torch.set_num_threads` sets the calling thread's count, and also the process-wide count that every
+    thread started later begins with (the target thread's own count is untouched). So it is set to
+    `after` when the wave ends: otherwise, after the first wave, every new thread (a server's request
+    threads, an async front-end's executor) would decode the target on one core. Not the count this
+    thread began with: it may have begun while the engine lent the wave the target's cores."""
     torch.set_num_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(after)
 
 
 #: wave threads still running, with their tickets. At interpreter exit they are cancelled and
