@@ -181,6 +181,17 @@ def gguf_to_safetensors(gguf_path: Path) -> Path:
     out = cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
     if (out / "config.json").exists():
         return out
+    from filelock import FileLock
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Processes that start together on a fresh cache (test workers, server replicas) convert it once:
+    # the others wait here, then find it done.
+    with FileLock(f"{out}.lock"):
+        if not (out / "config.json").exists():
+            _convert_gguf(gguf_path, out)
+    return out
+
+
+def _convert_gguf(gguf_path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     log.warning("converting %s to a bf16 safetensors cache at %s (once)", gguf_path.name, out)
     with _gguf_read_once():
@@ -193,15 +204,13 @@ def gguf_to_safetensors(gguf_path: Path) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.to(torch.bfloat16)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     try:
         tmp.rename(out)
-    except OSError:  # another process finished first
+    except OSError:  # a process without the lock (an older version) finished first
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 # --------------------------------------------------------------------------- models

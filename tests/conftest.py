@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oospec_testing import greedy, load_records, spread, tiny_model  # noqa: F401
+from oospec_testing import greedy, load_records, once_per_run, spread, tiny_model  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -53,11 +53,13 @@ def embedded_sidecar():
 
 
 @pytest.fixture(scope="session")
-def embedded_greedy48(embedded_fp32, dev_records20) -> list[list[int]]:
+def embedded_greedy48(embedded_fp32, dev_records20, tmp_path_factory) -> list[list[int]]:
     """Per record of `dev_records20`: transformers' greedy 48 tokens under tool_choice="required" --
-    the reference every embedded method must reproduce (its first n tokens are greedy's n tokens)."""
-    return [greedy(embedded_fp32, embedded_fp32.prompt_ids(r["messages"], r["tools"], tool_choice="required"), 48)
-            for r in dev_records20]
+    the reference every embedded method must reproduce (its first n tokens are greedy's n tokens).
+    Computed once per run: xdist workers (same machine, same thread count) share it."""
+    return once_per_run(tmp_path_factory, "embedded_greedy48.json", lambda: [
+        greedy(embedded_fp32, embedded_fp32.prompt_ids(r["messages"], r["tools"], tool_choice="required"), 48)
+        for r in dev_records20])
 
 
 @pytest.fixture(scope="session")

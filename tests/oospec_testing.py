@@ -60,6 +60,25 @@ def on_target_of(engine, sidecar=None, **kw):
     return other
 
 
+def once_per_run(tmp_path_factory, name: str, compute):
+    """`compute()` (JSON-able) once per test run, however many xdist workers ask for it: the first
+    computes it under a file lock in the run's shared temporary folder, the others wait and read it
+    (pytest-xdist's documented pattern for session fixtures). Without xdist, just `compute()`."""
+    import json
+    import os
+
+    from filelock import FileLock
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return compute()
+    path = tmp_path_factory.getbasetemp().parent / name
+    with FileLock(f"{path}.lock"):
+        if path.is_file():
+            return json.loads(path.read_text())
+        value = compute()
+        path.write_text(json.dumps(value))
+    return value
+
+
 def greedy(engine, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Plain transformers greedy decoding: the reference every method must reproduce."""
     inp = torch.tensor([prompt_ids], device=engine.target.device)

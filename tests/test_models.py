@@ -31,6 +31,46 @@ def test_gguf_is_converted_once_then_reused(monkeypatch):
     assert gguf_to_safetensors(embedded_gguf()) == first
 
 
+def test_processes_that_start_together_on_a_fresh_cache_convert_a_gguf_once(tmp_path, monkeypatch):
+    """Test workers or server replicas started at once: one converts, the other waits for it (a file
+    lock beside the cache entry), then loads its result."""
+    import multiprocessing
+    monkeypatch.setenv("OOSPEC_CACHE", str(tmp_path / "cache"))
+    gguf_file = tmp_path / "model.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    ctx = multiprocessing.get_context("spawn")
+    together = ctx.Barrier(2)
+    procs = [ctx.Process(target=_convert_slowly, args=(str(gguf_file), str(tmp_path / f"log{i}"), together))
+             for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    logs = sorted(p.read_text().split() for p in tmp_path.glob("log*"))
+    assert [how for how, _ in logs] == ["converted", "reused"] and logs[0][1] == logs[1][1]
+
+
+def _convert_slowly(gguf_file: str, log: str, together) -> None:
+    """In a fresh process: `gguf_to_safetensors` with a conversion that takes a while; logs whether this
+    process converted or reused, and the path."""
+    import time
+    from pathlib import Path
+    from oospec_agents import models
+    how = "reused"
+
+    def convert(path, out):
+        nonlocal how
+        time.sleep(1.0)
+        out.mkdir(parents=True)  # fails if the other process converted too
+        (out / "config.json").write_text("{}")
+        how = "converted"
+    models._convert_gguf = convert
+    together.wait(60)  # both imported: ask at the same moment
+    out = models.gguf_to_safetensors(Path(gguf_file))
+    Path(log).write_text(f"{how} {out}")
+
+
 def test_a_conversion_parses_the_gguf_once(tmp_path, monkeypatch):
     """transformers parses a GGUF for the config, the weights and the tokenizer; within a conversion all
     three share one reader (a parse of Gemma-3's 262k-token vocabulary takes 45 s on 2 cores)."""
