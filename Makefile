@@ -32,11 +32,11 @@ serve: $(STAMP)
 	$(BIN)/oospec serve
 
 # The suite runs in parallel (pytest-xdist; conftest.py): one worker per core, at most 4 (each loads its
-# own models), each test file in one worker. TEST_WORKERS=0 runs it in this process.
+# own models), each test file in one worker, the longest files first. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= logical
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadgroup --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV)

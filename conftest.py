@@ -1,5 +1,5 @@
 """Suite-wide settings for running the tests in parallel: `make test` runs them under pytest-xdist
-(`-n auto --dist loadgroup`); plain `pytest` runs them in one process, as before.
+(`-n logical --dist loadgroup --no-loadscope-reorder`); plain `pytest` runs them in one process, as before.
 
 - Each worker process gets its share of the cores for torch. Two workers of two threads each on a
   two-core machine would oversubscribe every forward; one thread each keeps both cores busy where one
@@ -23,6 +23,7 @@ def _cores() -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_LongestFirst(), "oospec-longest-first")
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")  # set in each xdist worker
     if not workers:
         return
@@ -34,6 +35,21 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# The groups that take longest, longest first (`pytest --durations=0` of a serial run, seconds summed per
+# file, 2026-12-03): handed out first, so that no long group starts when the others are nearly done.
+# The rest follow in collection order (`make test` passes --no-loadscope-reorder, which keeps this order).
+LONGEST_FIRST = ["tests/test_strict.py", "tests/test_bench.py", "tests/test_engine.py", "ray",
+                 "tests/test_sidecar_process.py", "tests/test_gemma3.py", "tests/test_serve_langchain_standard.py",
+                 "tests/test_sidecar.py", "tests/test_notebooks.py", "tests/test_train.py",
+                 "tests/test_prefix_cache.py",
+                 "integrations/langchain/tests/integration_tests/test_chat_oospec_standard_live.py"]
+
+
+def _group(item: pytest.Item) -> str:
+    mark = next(item.iter_markers("xdist_group"), None)
+    return mark.args[0] if mark is not None and mark.args else mark.kwargs["name"] if mark else ""
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("dist", "no") != "loadgroup":
@@ -41,3 +57,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if next(item.iter_markers("xdist_group"), None) is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+class _LongestFirst:
+    @pytest.hookimpl(trylast=True)  # after pytest's own reordering (by parametrized session fixtures)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if config.getoption("dist", "no") != "loadgroup":
+            return
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: groups keep their order

@@ -205,6 +205,29 @@ def test_models_health_metrics(url, client):
         assert name in text, f"{name} missing from /metrics"
 
 
+@pytest.mark.parametrize("error, ready_s, counted", [
+    (None, 0.2, ("in_time", 0)),
+    ("sidecar hint late: not ready when the reply was complete", None, ("late", 0)),
+    ("sidecar hint late: it arrived after the reply was complete (reported, not used)", 1.5, ("late", 0)),
+    ("sidecar worker died: exit code -9", None, (None, 1)),
+])
+def test_metrics_count_a_late_hint_as_late_and_a_fault_as_a_fault(error, ready_s, counted):
+    """The session reports a late hint in `stats.sidecar_error` as it reports faults; /metrics counts it
+    under `oospec_hints_total{arrival="late"}`, not as a sidecar fault."""
+    from types import SimpleNamespace
+
+    from oospec_agents.serve.metrics import Metrics
+    m = Metrics()
+    m.record(SimpleNamespace(stats={"sidecar_error": error, "hint_ready_s": ready_s, "target_forwards": 3},
+                             prompt_tokens=10, token_ids=[1, 2, 3]), hint_asked=True)
+    text = m.exposition().decode()
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("oospec_")}
+    arrival, faults = counted
+    for label in ("in_time", "late"):
+        assert value[f'oospec_hints_total{{arrival="{label}"}}'] == (label == arrival)
+    assert value["oospec_sidecar_faults_total"] == faults
+
+
 # ----------------------------------------------------------------------------- scripted replies
 
 TWO_CALLS = ('Let me check both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'

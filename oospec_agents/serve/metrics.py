@@ -40,10 +40,14 @@ class Metrics:
         self.target_forwards.inc(stats.get("target_forwards") or 0)
         for source, n in (stats.get("accepted_by_source") or {}).items():
             self.accepted.labels(source).inc(n)
-        if stats.get("sidecar_error"):
+        error = stats.get("sidecar_error") or ""
+        # The session reports a late hint in `sidecar_error` too ("sidecar hint late: ..."); here it is
+        # a hint that came late, not a fault.
+        late = error.startswith("sidecar hint late")
+        if error and not late:
             self.sidecar_faults.inc()
         elif hint_asked:
-            self.hints.labels("late" if stats.get("hint_ready_s") is None else "in_time").inc()
+            self.hints.labels("late" if late or stats.get("hint_ready_s") is None else "in_time").inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
