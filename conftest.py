@@ -47,7 +47,9 @@ LONGEST_FIRST = ["tests/test_strict.py", "tests/test_bench.py", "tests/test_engi
 
 def _group(item: pytest.Item) -> str:
     mark = next(item.iter_markers("xdist_group"), None)
-    return mark.args[0] if mark is not None and mark.args else mark.kwargs["name"] if mark else ""
+    if mark is None:
+        return ""
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))  # as xdist reads it
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
