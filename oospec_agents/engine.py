@@ -277,7 +277,8 @@ class Engine:
                 cancel: threading.Event | None):
         stats = DecodeStats(method, prompt_tokens=len(req.prompt_ids), margins=[] if record_margins else None)
         ids = "call_" + uuid.uuid4().hex[:12]
-        reply = _Reply(req, self._reply_text, self.eos_ids, ReplyEvents(self.fmt, lambda i: f"{ids}_{i}"))
+        reading = self.fmt.for_forced_reply(req.choice[0])  # a forced opener makes the reply calls
+        reply = _Reply(req, self._reply_text, self.eos_ids, ReplyEvents(reading, lambda i: f"{ids}_{i}"))
         hints = self._open_hints(req, method, hint_text, stats)
         ctx = DraftContext(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix,
                            tools=req.tools, fmt=self.fmt, tokenizer=self.tokenizer,
@@ -380,7 +381,7 @@ class Engine:
             torch.cuda.synchronize(self._verifier.device)
 
     def _finish(self, req: Prepared, reply: "_Reply", stats: DecodeStats, ids: str) -> Generation:
-        content, parsed = self.fmt.parse(reply.text)
+        content, parsed = reply.events.fmt.parse(reply.text)  # read as the stream was
         calls, invalid = check_calls(reply.events.settle(reply.text, parsed), req.tools, id_prefix=ids)
         finish = reply.finish
         if calls and finish == "stop":

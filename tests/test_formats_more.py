@@ -247,6 +247,27 @@ def test_an_invalid_calls_fragments_are_its_arguments(fmt, text):
     assert "error" in settled[-1]
 
 
+@pytest.mark.parametrize("text", ['[ unit="c(city="Paris", unit="celsius"), get_time(tz="Europe/Paris")]',
+                                  "[1, 2]", "[", "[get_weather(city='Paris')]"])
+def test_a_reply_whose_list_the_prompt_forced_is_calls_however_it_goes_on(text):
+    """Under tool_choice="required" the prompt ends with the pythonic list's `[`: the reply is a call
+    list, valid or not, never text (a free reply's `[` opens calls only before `name(`). The stream and
+    the final reading agree, and a named tool's prefix (`[name(`) needs no such reading."""
+    forced = PYTHONIC.for_forced_reply("required")
+    assert PYTHONIC.for_forced_reply("named") is PYTHONIC and MISTRAL.for_forced_reply("required") is MISTRAL
+    content, parsed = forced.parse(text)
+    assert content == "" and parsed and PYTHONIC.forced_list is False
+    valid = [c for c in parsed if "error" not in c]
+    assert valid == ([{"name": "get_weather", "arguments": {"city": "Paris"}}] if "get_weather" in text else [])
+    settled = ReplyEvents(forced, str).settle(text, parsed)
+    got_content, got = joined(replay(forced, text))
+    assert got_content == "" and len(got) == len(settled)
+    assert [c["arguments"] for c in got.values()] == [
+        c["arguments"] if isinstance(c["arguments"], str) else json.dumps(c["arguments"]) for c in settled]
+    if not valid:  # the free reading: text
+        assert PYTHONIC.parse(text) == (text.strip(), [])
+
+
 def test_text_that_may_open_a_call_waits_until_it_is_decided():
     events = ReplyEvents(PYTHONIC, str)
     assert events.feed("[get_wea") == []
@@ -352,9 +373,9 @@ def callers(smollm2_tokenizer) -> dict[str, Engine]:
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     torch.manual_seed(0)
     # On two threads, whatever this process's count (one in a `make test` worker on two cores): the
-    # trained weights depend on how the sums are split, and the tests below read this model's answers.
-    # Trained on one thread, it writes `[ unit="c(...` under "required", which the pythonic format
-    # reads as text, not a call (a gap left open: see the README's Tests section).
+    # trained weights depend on how the sums are split, and the tests below read this model's exact
+    # answers. (Trained on one thread, it wrote `[ unit="c(...` under "required", which the engine then
+    # read as text: now as an invalid call, test_a_random_models_reply_to_a_forced_pythonic_list_...)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -418,6 +439,22 @@ def test_a_forced_call_is_lossless(caller, tool_choice):
     # whatever follows, the reply is read as a call
     calls = gen.tool_calls + gen.invalid_tool_calls
     assert calls and (tool_choice == "required" or calls[0]["name"] == "get_weather")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_random_models_reply_to_a_forced_pythonic_list_is_calls_and_streams_as_it_reads(smollm2_tokenizer, seed):
+    """An untrained model writes anything after the `[` that tool_choice="required" forced: the engine
+    reads it as calls (most of them invalid), never as text, and the stream joins to that reading."""
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.chat_template = TEMPLATES["pythonic"]
+    engine = Engine(tiny_model("llama", tok, seed=seed), tok)
+    events, _ = trace_stream(engine, ASK, TOOLS, tool_choice="required", max_new_tokens=24, method="toolspec")
+    gen = events[-1][1]
+    assert gen.token_ids == greedy(engine, engine.prompt_ids(ASK, TOOLS, tool_choice="required"), 24)
+    assert gen.text.startswith("[") and gen.tool_calls + gen.invalid_tool_calls
+    content, got = joined([e for _, e in events[:-1]])
+    assert content == gen.content
+    assert len(got) == len(gen.tool_calls) + len(gen.invalid_tool_calls)
 
 
 def test_the_stream_of_a_decoded_reply_joins_to_its_calls(caller):

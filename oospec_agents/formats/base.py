@@ -57,6 +57,12 @@ class ToolFormat(ABC):
     def render_tool_result(self, content: str) -> str:
         return self.tool_result_start + content + self.tool_result_end
 
+    def for_forced_reply(self, mode: str) -> "ToolFormat":
+        """The format that reads a reply whose opener the prompt forced (`mode`: tool_choice's
+        "required" or "named"): such a reply is calls, however it goes on. Most formats' forced
+        openers already say so; the format itself."""
+        return self
+
     def forced_prefix(self, name: str | None = None) -> str:
         """Assistant text prefilled to force a call (and, with `name`, that tool)."""
         if name is None:

@@ -12,6 +12,7 @@ characters are decoded, and its closing quote waits for the next token (Python j
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import math
 import re
@@ -38,34 +39,51 @@ class PythonicFormat(ToolFormat):
     def call_text(self, name, arguments):
         return name + "(" + ", ".join(f"{k}={python_literal(v)}" for k, v in arguments.items()) + ")"
 
+    #: the prompt forced the list's `[` (tool_choice "required"): the reply is a call list whatever
+    #: follows it, where a free reply's `[` opens one only before `name(`
+    forced_list = False
+
     def forced_prefix(self, name=None):
         return "[" if name is None else "[" + name + "("
 
+    def for_forced_reply(self, mode):
+        if mode != "required":  # a named tool's prefix, `[name(`, already opens a call
+            return self
+        forced = copy.copy(self)
+        forced.forced_list = True
+        return forced
+
+    def _is_list(self, text: str) -> bool:
+        return bool(_OPENER.match(text) or self.forced_list and text.lstrip().startswith("["))
+
+    def _list_begun(self, text: str) -> bool:
+        return self._is_list(text) or _list_begun(text)
+
     def parse(self, text):
-        if not _OPENER.match(text):
+        if not self._is_list(text):
             return text.strip(), []
         scan = scan_calls(text)
         calls = [_read_call(text[c.start:c.end], finished=c.end is not None) for c in scan.calls]
         return ("" if scan.end is None else text[scan.end:].strip()), calls
 
     def segments(self, text):
-        if not _OPENER.match(text):
+        if not self._is_list(text):
             return [("text", text)]
         scan = scan_calls(text)
         segs = [("call", c.json()) for c in scan.calls]
         return segs if scan.end is None else segs + [("text", text[scan.end:])]
 
     def undecided_tail(self, text):
-        return len(text) if _UNDECIDED.fullmatch(text) else 0
+        return len(text) if _UNDECIDED.fullmatch(text) and not self._is_list(text) else 0
 
     def open_call_json(self, text):
-        if not _list_begun(text):
+        if not self._list_begun(text):
             return None
         scan = scan_calls(text)
         return None if scan.end is not None else scan.calls[-1].json()
 
     def calls_start(self, text):
-        return text.find("[") if _list_begun(text) else -1
+        return text.find("[") if self._list_begun(text) else -1
 
     def forced_next(self, text, tools):
         """`[`, a tool name's unique completion and `(`, the next required keyword and `=`, an enum's
@@ -74,7 +92,7 @@ class PythonicFormat(ToolFormat):
             return ""
         if not text.strip():
             return "["
-        if not _list_begun(text):
+        if not self._list_begun(text):
             return ""
         scan = scan_calls(text)
         if scan.end is not None:
