@@ -56,7 +56,8 @@ class PythonicFormat(ToolFormat):
     def _is_list(self, text: str) -> bool:
         return bool(_OPENER.match(text) or self.forced_list and text.lstrip().startswith("["))
 
-    def _list_begun(self, text: str) -> bool:
+    def _begun(self, text: str) -> bool:
+        """A call list, or the start of what may still become one."""
         return self._is_list(text) or _list_begun(text)
 
     def parse(self, text):
@@ -77,13 +78,13 @@ class PythonicFormat(ToolFormat):
         return len(text) if _UNDECIDED.fullmatch(text) and not self._is_list(text) else 0
 
     def open_call_json(self, text):
-        if not self._list_begun(text):
+        if not self._begun(text):
             return None
         scan = scan_calls(text)
         return None if scan.end is not None else scan.calls[-1].json()
 
     def calls_start(self, text):
-        return text.find("[") if self._list_begun(text) else -1
+        return text.find("[") if self._begun(text) else -1
 
     def forced_next(self, text, tools):
         """`[`, a tool name's unique completion and `(`, the next required keyword and `=`, an enum's
@@ -92,7 +93,7 @@ class PythonicFormat(ToolFormat):
             return ""
         if not text.strip():
             return "["
-        if not self._list_begun(text):
+        if not self._begun(text):
             return ""
         scan = scan_calls(text)
         if scan.end is not None:

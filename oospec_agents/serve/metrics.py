@@ -4,6 +4,7 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..engine import SOURCES
+from ..sidecar.session import LATE
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 
@@ -41,9 +42,7 @@ class Metrics:
         for source, n in (stats.get("accepted_by_source") or {}).items():
             self.accepted.labels(source).inc(n)
         error = stats.get("sidecar_error") or ""
-        # The session reports a late hint in `sidecar_error` too ("sidecar hint late: ..."); here it is
-        # a hint that came late, not a fault.
-        late = error.startswith("sidecar hint late")
+        late = error.startswith(LATE)  # the session reports a late hint as a fault; here it is late
         if error and not late:
             self.sidecar_faults.inc()
         elif hint_asked:

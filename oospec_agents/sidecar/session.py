@@ -30,6 +30,9 @@ log = logging.getLogger("oospec_agents.engine")
 
 #: the most follow-up waves one request asks for (one per function name the target writes)
 MAX_FOLLOW_UPS = 4
+#: how `stats.sidecar_error` begins for a hint that was not ready when the reply was complete (a late
+#: hint, which /metrics counts apart from the other faults)
+LATE = "sidecar hint late"
 
 
 class HintSession:
@@ -133,11 +136,11 @@ class HintSession:
                 # follow-up may still have brought the call the target wrote)
             elif not abandoned and self.text is None and self.stats.sidecar_error is None:
                 if self._read() is not None:
-                    self._fault("sidecar hint late: it arrived after the reply was complete (reported, not used)")
+                    self._fault(f"{LATE}: it arrived after the reply was complete (reported, not used)")
                 elif self.declined:
                     self.stats.sidecar_declined = True
                 elif self.stats.sidecar_error is None:
-                    self._fault("sidecar hint late: not ready when the reply was complete")
+                    self._fault(f"{LATE}: not ready when the reply was complete")
             for ticket in (self.ticket, self._next):
                 try:
                     if ticket is not None:
