@@ -1,7 +1,7 @@
 """The decode loop: draft, verify in one target forward, commit, roll back -- until a stop.
 
     hint = hints.poll(reply)                  non-blocking; the sidecar's call as target-format text
-    drafts = schema + retrieval + hint        each behind the one Drafter interface
+    drafts = prediction + hint + schema + retrieval   each behind the one Drafter interface
     path, next_token = verify(tree(drafts))   one target forward, greedy acceptance
     commit path + next_token; crop the KV cache past rejected nodes; emit the new events
 
@@ -21,7 +21,8 @@ from typing import Iterator, Union
 import torch
 
 from .chat import normalize_messages, render_prompt, require_chat_template, template_renders_tools
-from .drafters import DraftContext, HintDrafter, RetrievalDrafter, SchemaDrafter
+from .drafters import DraftContext, HintDrafter, PredictionDrafter, RetrievalDrafter, SchemaDrafter
+from .drafters.prediction import matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
 from .errors import ContextLengthError, OoOSpecError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
@@ -105,7 +106,8 @@ class Engine:
         self.eos_ids = eos_ids(target)
         self._verifier = Verifier(target)
         self._reply_text = ReplyText(tokenizer, self.fmt)
-        self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter()}
+        self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter(),
+                          "prediction": PredictionDrafter()}
         self._grammars = Grammars(tokenizer, self.fmt, self.eos_ids, target.config.get_text_config().vocab_size)
         # One request at a time owns the target: requests from several threads are serialised.
         self._lock = threading.Lock()
@@ -222,7 +224,8 @@ class Engine:
                  method: str = "oospec", stop=None, hint: str | None = None, **kw) -> Generation:
         """Decode a reply greedily. `hint` injects a fixed call text instead of the sidecar's; `strict=True`
         decodes under the grammar of valid calls, and a JSON `response_format` under its schema's (the
-        reference of both is `logits_processor`)."""
+        reference of both is `logits_processor`); `prediction` (OpenAI's Predicted Outputs: the text, or
+        `{"type": "content", "content": ...}`) is drafted wherever the reply agrees with it."""
         gen = None
         for item in self.stream(messages, tools, tool_choice=tool_choice, max_new_tokens=max_new_tokens,
                                 method=method, stop=stop, hint=hint, **kw):
@@ -232,7 +235,7 @@ class Engine:
     def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                method: str = "oospec", stop=None, hint: str | None = None,
                record_margins: bool = False, cancel: threading.Event | None = None,
-               strict: bool = False, response_format=None) -> Iterator[Event]:
+               strict: bool = False, response_format=None, prediction=None) -> Iterator[Event]:
         """Yield `TextDelta`s and `ToolCallDelta`s in the round that commits their tokens, then the
         final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply early; or
         set `cancel` from any thread: the reply ends, with no Generation, after the round in progress
@@ -241,7 +244,8 @@ class Engine:
             raise OoOSpecError(f"unknown method {method!r}; expected one of {METHODS}")
         req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict,  # bad input raises here, eagerly
                            response_format)
-        return self._locked(self._decode(req, method, hint, record_margins, cancel))
+        predicted = prediction_text(prediction)
+        return self._locked(self._decode(req, method, hint, record_margins, cancel, predicted))
 
     def clear_prefix_cache(self) -> None:
         """Drop every cached prompt KV, the target's and the sidecar's wave's: the next request
@@ -274,7 +278,7 @@ class Engine:
     # ------------------------------------------------------------------ the loop
 
     def _decode(self, req: Prepared, method: str, hint_text: str | None, record_margins: bool,
-                cancel: threading.Event | None):
+                cancel: threading.Event | None, predicted: str | None = None):
         stats = DecodeStats(method, prompt_tokens=len(req.prompt_ids), margins=[] if record_margins else None)
         ids = "call_" + uuid.uuid4().hex[:12]
         reading = self.fmt.for_forced_reply(req.choice[0])  # a forced opener makes the reply calls
@@ -283,6 +287,9 @@ class Engine:
         ctx = DraftContext(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix,
                            tools=req.tools, fmt=self.fmt, tokenizer=self.tokenizer,
                            memo={"pool": self.memory.recall(req.tools)})
+        if predicted:
+            ctx.memo["prediction"] = self.tokenizer.encode(predicted, add_special_tokens=False)
+            stats.prediction_tokens = len(ctx.memo["prediction"])
         done = False
         try:
             t0 = time.perf_counter()
@@ -317,6 +324,8 @@ class Engine:
                 hints.close(abandoned=not done)
         self.memory.remember(req.tools, reply.new)
         yield from reply.close()
+        if stats.prediction_tokens:
+            stats.prediction_matched = matched_tokens(ctx.memo["prediction"], reply.new)
         yield self._finish(req, reply, stats, ids)
 
     def _forced(self, req: Prepared, limit: int, stats: DecodeStats) -> list[int]:
@@ -330,7 +339,7 @@ class Engine:
     def _draft(self, method: str, ctx: DraftContext, reply: "_Reply", hints: HintSession | None,
                forced: list[int]):
         """The candidate tree for the next forward: the forced tokens (committed, not yet in the KV
-        cache) below the last token the target chose, then the hint, schema and retrieval drafts."""
+        cache) below the last token the target chose, then the prediction, hint, schema and retrieval drafts."""
         ctx.ids, ctx.text = list(reply.req.prompt_ids) + reply.new, reply.text
         if hints is not None and (hint := hints.poll(reply.text)) is not None:
             ctx.hint = hint
@@ -338,6 +347,8 @@ class Engine:
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
         if ctx.hint:
             drafters.insert(0, self._drafters["hint"])
+        if method != "ar" and ctx.memo.get("prediction"):
+            drafters.insert(0, self._drafters["prediction"])
         return build_tree(reply.new[-1 - len(forced)], [d for dr in drafters for d in dr.propose(ctx)],
                           self.max_draft_nodes, chain=not self._verifier.layout.tree, forced=forced)
 

@@ -34,3 +34,8 @@ class ModelLoadError(OoOSpecError):
 class ResponseFormatError(OoOSpecError):
     """`response_format` is malformed, or its JSON Schema is beyond the grammar."""
     param = "response_format"
+
+
+class PredictionError(OoOSpecError):
+    """`prediction` is not OpenAI's `{"type": "content", "content": ...}` (or a string)."""
+    param = "prediction"

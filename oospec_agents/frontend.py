@@ -35,11 +35,13 @@ class ChatRequest:
     method: str = "oospec"
     stop: list[str] | None = None
     response_format: dict | None = None  # OpenAI's: a reply that calls no tool is JSON of its schema
+    prediction: Any = None               # OpenAI's Predicted Outputs: drafted where the reply agrees with it
 
     def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
         """The engine's event stream for this request (bad input raises here, eagerly); setting
         `cancel` ends it after the round in progress."""
-        extra = {} if self.response_format is None else {"response_format": self.response_format}
+        extra = {k: v for k, v in (("response_format", self.response_format), ("prediction", self.prediction))
+                 if v is not None}
         return engine.stream(self.messages, self.tools, tool_choice=self.tool_choice or "auto",
                              max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop, cancel=cancel,
                              **extra)
@@ -63,6 +65,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int = 0
+    accepted_prediction_tokens: int = 0  # of a `prediction`'s tokens, those in the reply (in order) ...
+    rejected_prediction_tokens: int = 0  # ... and those not: OpenAI's two counts
 
     @property
     def total_tokens(self) -> int:
@@ -70,7 +74,17 @@ class Usage:
 
     @classmethod
     def of(cls, gen: Generation) -> "Usage":
-        return cls(gen.prompt_tokens, len(gen.token_ids), gen.stats.cached_prompt_tokens)
+        s = gen.stats
+        return cls(gen.prompt_tokens, len(gen.token_ids), s.cached_prompt_tokens, s.prediction_matched,
+                   s.prediction_tokens - s.prediction_matched)
+
+    def openai(self) -> dict:
+        """OpenAI's `usage` object."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_prompt_tokens},
+                "completion_tokens_details": {"accepted_prediction_tokens": self.accepted_prediction_tokens,
+                                              "rejected_prediction_tokens": self.rejected_prediction_tokens}}
 
 
 @dataclass

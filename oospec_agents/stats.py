@@ -7,8 +7,9 @@ from typing import Any
 
 #: sources of the committed tokens other than each forward's own next token: the drafts the target
 #: accepted, by drafter; and "grammar", the tokens a strict request's grammar forced (jump-forward:
-#: committed unverified, then fed to the target along with the next forward's drafts)
-SOURCES = ("schema", "retrieval", "hint", "grammar")
+#: committed unverified, then fed to the target along with the next forward's drafts); "prediction" is
+#: the caller's predicted output (OpenAI's `prediction`), drafted where the reply agrees with it
+SOURCES = ("schema", "retrieval", "hint", "grammar", "prediction")
 
 
 @dataclass
@@ -42,6 +43,8 @@ class DecodeStats(Mapping):
     #: acceptance trace that `oospec project` prices with a measured cost table
     rounds: list[tuple[int, int, int]] = field(default_factory=list)
     margins: list[float] | None = None   # top-2 logit margin per new token, when asked for
+    prediction_tokens: int = 0           # the caller's prediction, in target tokens (0: none given)
+    prediction_matched: int = 0          # of them, those the reply has, in order (OpenAI's accepted_prediction_tokens)
 
     @property
     def accepted_tokens(self) -> int:

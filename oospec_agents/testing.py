@@ -39,7 +39,7 @@ class ScriptedEngine(Engine):
         _, offered = self.prepare(messages, tools, tool_choice, max_new_tokens, stop)
         self.requests.append({"messages": messages, "tools": tools, "tool_choice": tool_choice,
                               "max_new_tokens": max_new_tokens, "method": method, "stop": stop,
-                              **{k: v for k, v in kw.items() if k == "response_format"}})
+                              **{k: v for k, v in kw.items() if k in ("response_format", "prediction")}})
         text = self.replies.pop(0)
         cuts = [i for s in stop or [] if (i := text.find(s)) >= 0]
         text = text[:min(cuts)] if cuts else text

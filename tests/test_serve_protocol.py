@@ -138,7 +138,7 @@ def test_oospec_object(client):
     extra = r.model_extra["oospec"]
     assert extra["stats"]["method"] == "toolspec"
     assert extra["stats"]["target_forwards"] >= 1
-    assert set(extra["stats"]["accepted_by_source"]) == {"schema", "retrieval", "hint", "grammar"}
+    assert set(extra["stats"]["accepted_by_source"]) == {"schema", "retrieval", "hint", "grammar", "prediction"}
     assert extra["replica"]
     # a call cut off at max_tokens cannot satisfy its schema: the failure names the call and says why
     if r.choices[0].finish_reason == "length":
@@ -288,6 +288,8 @@ BAD_REQUESTS = {
     "response_format type": ({"response_format": {"type": "xml"}}, "response_format.type is 'xml'"),
     "response_format schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
                                "response_format.json_schema.schema"),
+    "prediction type": ({"prediction": {"type": "text", "content": "x"}}, "prediction.type is 'text'"),
+    "prediction content": ({"prediction": {"type": "content", "content": 5}}, "prediction.content must be"),
 }
 
 
@@ -327,6 +329,48 @@ def test_structured_outputs_through_the_openai_clients_parse(client):
     streamed = collect(client.chat.completions.create(model=MODEL, messages=ASK, response_format=body,
                                                       max_tokens=80, stream=True))
     assert streamed["content"] == message.content and streamed["finish_reason"] == "stop"
+
+
+def test_a_bad_prediction_names_its_param(url):
+    r = post(url, {"model": MODEL, "messages": ASK, "prediction": ["not", "an", "object"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prediction", r.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_predicted_outputs_through_the_openai_client(client, engine, stream):
+    """OpenAI's Predicted Outputs: `prediction` drafts the reply, which stays the same tokens, and usage
+    reports how many of the prediction's tokens the reply has (accepted) and has not (rejected)."""
+    engine.clear_call_memory()
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=40, extra_body={"method": "toolspec"})
+    text = plain.choices[0].message.content
+    prediction = {"type": "content", "content": [{"type": "text", "text": text[:20]}, {"type": "text", "text": text[20:]}]}
+    engine.clear_call_memory()  # retrieval would draft the first reply: the prediction alone drafts it here
+    kw = dict(model=MODEL, messages=ASK, max_tokens=40, prediction=prediction, extra_body={"method": "toolspec"})
+    if stream:
+        streamed = collect(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+        content, usage, extra = streamed["content"], streamed["usage"], streamed["oospec"]
+    else:
+        r = client.chat.completions.create(**kw)
+        content, usage, extra = r.choices[0].message.content, r.usage, r.model_extra["oospec"]
+    assert content == text
+    details, stats = usage.completion_tokens_details, extra["stats"]
+    predicted = len(engine.tokenizer.encode(text, add_special_tokens=False))
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == predicted
+    assert details.accepted_prediction_tokens == stats["prediction_matched"] > predicted // 2
+    assert stats["accepted_by_source"]["prediction"] > 0
+    assert stats["target_forwards"] < plain.model_extra["oospec"]["stats"]["target_forwards"]
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0  # no prediction: nothing to count
+
+
+def test_chat_openai_passes_a_prediction_through(url, engine):
+    from langchain_openai import ChatOpenAI
+    model = ChatOpenAI(model=MODEL, base_url=url + "/v1", api_key=API_KEY, max_tokens=24, max_retries=0)
+    engine.clear_call_memory()
+    text = model.invoke(ASK).content
+    engine.clear_call_memory()
+    reply = model.invoke(ASK, prediction={"type": "content", "content": text})
+    assert reply.content == text
+    assert reply.response_metadata["token_usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
 
 
 def test_openai_client_raises_bad_request(client):

@@ -115,7 +115,7 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         method = req.method or state.method
         chat = ChatRequest(req.messages, req.tools, req.tool_choice or "auto", method=method,
                            stop=[req.stop] if isinstance(req.stop, str) else req.stop,
-                           response_format=req.response_format)
+                           response_format=req.response_format, prediction=req.prediction)
         if req.max_completion_tokens or req.max_tokens:
             chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
         # Bad input raises here, on the loop, before the request takes a place in the queue.

@@ -46,6 +46,7 @@ class ChatCompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     response_format: dict[str, Any] | None = None
+    prediction: Any = None   # OpenAI's Predicted Outputs; the engine checks it and names what is wrong
     #: oospec's own field: the decoding method (all three give the same tokens; only the speed differs)
     method: Literal[METHODS] | None = None  # type: ignore[valid-type]
 
@@ -91,9 +92,7 @@ def check_tools(req: ChatCompletionRequest) -> None:
 
 
 def usage(gen) -> dict:
-    u = Usage.of(gen)
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
+    return Usage.of(gen).openai()
 
 
 def oospec_object(gen, calls: list[dict], replica: str) -> dict:

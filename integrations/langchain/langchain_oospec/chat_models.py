@@ -28,7 +28,8 @@ from oospec_agents.tools import normalize_tools, resolve_tool_choice
 from ._messages import to_openai_messages
 
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
-_CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature", "response_format")
+_CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature", "response_format",
+                "prediction")
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -281,6 +282,7 @@ class ChatOoOSpec(BaseChatModel):
             method=kwargs.get("method", self.method),
             stop=self.stop if stop is None else stop,
             response_format=kwargs.get("response_format"),
+            prediction=kwargs.get("prediction"),
         )
         return self._engines.get(kwargs.get("model")), request
 
@@ -375,4 +377,4 @@ def _response_metadata(gen: Generation, model_name: str) -> dict:
     return {"model_name": model_name, "finish_reason": gen.finish_reason, "method": stats.method,
             "target_forwards": stats.target_forwards, "accepted_by_source": stats.accepted_by_source,
             "hint_bytes": stats.hint_bytes, "prefill_s": stats.prefill_s, "decode_s": stats.decode_s,
-            "sidecar": stats.sidecar}
+            "sidecar": stats.sidecar, "token_usage": Usage.of(gen).openai()}

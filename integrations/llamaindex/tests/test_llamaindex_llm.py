@@ -155,11 +155,25 @@ def test_response_format_reaches_the_engine_as_openai_sends_it(scripted, call):
     assert engine.requests[-1]["response_format"] == PERSON_FORMAT
 
 
+@pytest.mark.parametrize("call", ["chat", "stream_chat", "complete"])
+def test_a_prediction_reaches_the_engine(scripted, call):
+    """OpenAI's Predicted Outputs as a keyword, like `response_format`: the engine drafts it."""
+    llm, engine = scripted(("Hello!", []))
+    prediction = {"type": "content", "content": "Hello!"}
+    if call == "complete":
+        llm.complete("Say hello", prediction=prediction)
+    elif call == "chat":
+        llm.chat(USER, prediction=prediction)
+    else:
+        list(llm.stream_chat(USER, prediction=prediction))
+    assert engine.requests[-1]["prediction"] == prediction
+
+
 def test_chat_reports_usage_and_speculation_stats(scripted):
     llm, _ = scripted(("Hello!", []))
     raw = llm.chat(USER).raw
     assert raw["usage"] == {"prompt_tokens": 11, "completion_tokens": 1, "total_tokens": 12,
-                            "cached_prompt_tokens": 0}
+                            "cached_prompt_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
     assert type(raw["stats"]) is dict and json.loads(json.dumps(raw["stats"])) == raw["stats"]
     assert raw["stats"]["target_forwards"] == 3
     assert raw["stats"]["accepted_by_source"]["schema"] == 5

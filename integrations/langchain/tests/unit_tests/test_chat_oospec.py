@@ -236,7 +236,14 @@ def test_invoke_returns_calls_with_ids_usage_and_stats(scripted):
                                          "method": "oospec", "target_forwards": 3, "hint_bytes": 40,
                                          "accepted_by_source": {"schema": 5, "retrieval": 0, "hint": 2},
                                          "prefill_s": 0.0, "decode_s": 0.0,  # the double times nothing
-                                         "sidecar": None}  # and asks no sidecar
+                                         "sidecar": None,  # and asks no sidecar
+                                         # OpenAI's usage object, where ChatOpenAI keeps it
+                                         "token_usage": {"prompt_tokens": 11, "completion_tokens": out,
+                                                         "total_tokens": 11 + out,
+                                                         "prompt_tokens_details": {"cached_tokens": 0},
+                                                         "completion_tokens_details": {
+                                                             "accepted_prediction_tokens": 0,
+                                                             "rejected_prediction_tokens": 0}}}
     request = engine.requests[0]
     assert request["tools"][0]["function"]["name"] == "get_current_weather"
     assert request["messages"] == [{"role": "user", "content": "Weather in Paris?"}]
@@ -264,6 +271,13 @@ def test_call_arguments_and_settings_reach_the_engine(scripted):
     model.invoke("x", stop=["STOP"], max_tokens=3, method="ar")
     assert [(r["max_new_tokens"], r["stop"], r["method"]) for r in engine.requests] == [
         (7, ["END"], "toolspec"), (3, ["STOP"], "ar")]
+
+
+def test_a_prediction_reaches_the_engine_as_chat_openai_sends_it(scripted):
+    engine = scripted("a")
+    prediction = {"type": "content", "content": "a"}
+    ChatOoOSpec(engine=engine).invoke("x", prediction=prediction)
+    assert engine.requests[0]["prediction"] == prediction
 
 
 # ---------------------------------------------------------------- streaming

@@ -37,7 +37,7 @@ from oospec_agents.frontend import CallsSoFar, ChatRequest, LazyEngine, Usage, a
 from .messages import assistant_message, to_engine_messages, tool_calls_of
 
 # What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three.
-_CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format")
+_CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format", "prediction")
 
 
 class OoOSpec(FunctionCallingLLM):
@@ -238,7 +238,8 @@ class OoOSpec(FunctionCallingLLM):
         request = ChatRequest(messages=to_engine_messages(messages), tools=tools,
                               tool_choice=kwargs.get("tool_choice", "auto"),
                               max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
-                              method=self.method, response_format=kwargs.get("response_format"))
+                              method=self.method, response_format=kwargs.get("response_format"),
+                              prediction=kwargs.get("prediction"))
         return request, kwargs.get("allow_parallel_tool_calls", True)
 
     def _final(self, generation: Generation, keep_all: bool, delta: Optional[str] = None) -> ChatResponse:
