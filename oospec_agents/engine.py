@@ -33,7 +33,7 @@ from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
 from .sidecar import FixedHint, HintRequest
 from .sidecar.payback import DEFAULT_RATIO, PayBack
-from .sidecar.session import HintSession, follows_up, shares_cores
+from .sidecar.session import HintSession, follows_up, shares_cores, take_back_lent_cores
 from .stats import SOURCES, DecodeStats
 from .tools import Tool, check_calls, normalize_tools, resolve_tool_choice
 from .verify import Verifier, build_tree, eos_ids
@@ -368,6 +368,7 @@ class Engine:
         return [tree.tokens[i] for i in drafted] + [nxt], logits[tree.start:]
 
     def _open_hints(self, req: Prepared, method: str, hint_text: str | None, stats: DecodeStats):
+        take_back_lent_cores()  # what an earlier reply of this thread lent, if another thread closed it
         if method != "oospec" or not req.tools:
             return None
         sidecar = FixedHint(hint_text) if hint_text is not None else self.sidecar

@@ -389,6 +389,68 @@ def test_a_wave_begun_while_the_target_lent_it_cores_leaves_the_target_threads_c
     assert (torch.get_num_threads(), _new_thread_count()) == (before, before)
 
 
+class _Pending:
+    """TEST DOUBLE: a ticket whose wave never answers."""
+    error, declined = None, False
+
+    def poll(self):
+        return None
+
+    def cancel(self):
+        pass
+
+
+class _SlowCPUSidecar:
+    """TEST DOUBLE: a sidecar on the target's CPU, with one thread of its own, whose waves never answer:
+    the reply decodes on with the cores it lent."""
+    device, threads, name = "cpu", 1, "slow-cpu"
+
+    def submit(self, request):
+        return _Pending()
+
+
+def test_a_stream_closed_on_another_thread_gives_the_lent_cores_back_to_the_thread_that_lent_them(smollm2_tokenizer):
+    """`torch.set_num_threads` sets the calling thread's count. A reply lends its CPU wave the decoding
+    thread's cores; closed from another thread (or collected there), it used to add them to that thread
+    and leave the decoding thread short of them for good. The decoding thread takes them back at its
+    next request, and the closing thread's count is untouched."""
+    engine = Engine(tiny_model("llama", smollm2_tokenizer), smollm2_tokenizer, _SlowCPUSidecar(), wave_payback=None)
+    counts: dict[str, int] = {}
+    streams = []
+
+    def decode(closed: threading.Event):
+        torch.set_num_threads(2)
+        counts["before"] = torch.get_num_threads()
+        events = engine.stream(ASK, [WEATHER], tool_choice="required", max_new_tokens=24)
+        next(events)                                   # the wave is asked for; its cores are lent
+        counts["lent"] = torch.get_num_threads()
+        streams.append(events)
+        closed.wait(10)
+        counts["after close"] = torch.get_num_threads()
+        engine.generate(ASK, max_new_tokens=2, method="ar")  # the next request on this thread
+        counts["next request"] = torch.get_num_threads()
+
+    def close(closed: threading.Event):
+        torch.set_num_threads(2)
+        counts["closer before"] = torch.get_num_threads()  # (a thread's first get initialises its count)
+        ready.set()
+        while not streams:
+            time.sleep(0.001)
+        streams[0].close()                             # on this thread: the reply's finally runs here
+        counts["closer"] = torch.get_num_threads()
+        closed.set()
+
+    closed, ready = threading.Event(), threading.Event()
+    threads = [threading.Thread(target=close, args=(closed,)), threading.Thread(target=decode, args=(closed,))]
+    threads[0].start()
+    ready.wait(10)  # the closer has its own count before the decoder lends any
+    threads[1].start()
+    for t in threads:
+        t.join(30)
+    assert counts == {"before": 2, "lent": 1, "closer before": 2, "closer": 2, "after close": 1,
+                      "next request": 2}, counts
+
+
 # ---------------------------------------------------------------- follow-up waves: the function the target wrote
 
 class Aimed:

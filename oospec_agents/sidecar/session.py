@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+import weakref
 
 import torch
 
@@ -33,6 +35,10 @@ MAX_FOLLOW_UPS = 4
 #: how `stats.sidecar_error` begins for a hint that was not ready when the reply was complete (a late
 #: hint, which /metrics counts apart from the other faults)
 LATE = "sidecar hint late"
+#: threads a reply lent its wave and that another thread gave back (a stream closed, or collected,
+#: off the thread that decoded it): per lending thread, what it takes back at its next request
+_OWED: "weakref.WeakKeyDictionary[threading.Thread, int]" = weakref.WeakKeyDictionary()
+_OWED_LOCK = threading.Lock()
 
 
 class HintSession:
@@ -45,6 +51,7 @@ class HintSession:
         self.declined = False
         self._faults = faults
         self._lent = lent
+        self._lender = threading.current_thread()  # the thread whose count the loans lower
         self._sidecar, self._request = sidecar, request
         self._follow_up = follow_up and sidecar is not None and request is not None
         self._lend = lend                # () -> threads lent for a follow-up wave (0: none)
@@ -109,6 +116,7 @@ class HintSession:
         self.stats.hint_follow_ups += 1
         if self._lend is not None and not self._lent:
             self._lent = self._lend()  # the follow-up's wave runs: lend it the cores again, as the first
+            self._lender = threading.current_thread()
         return None
 
     def _read_next(self) -> str | None:
@@ -165,9 +173,26 @@ class HintSession:
         _fault(self.stats, self._faults, message)
 
     def _give_back_cores(self) -> None:
+        """`torch.set_num_threads` sets the calling thread's count: on another thread than the lender's,
+        the loan is recorded for the lender to take back (`take_back_lent_cores`), not added here."""
         if self._lent:
-            torch.set_num_threads(torch.get_num_threads() + self._lent)
+            if threading.current_thread() is self._lender:
+                torch.set_num_threads(torch.get_num_threads() + self._lent)
+            else:
+                with _OWED_LOCK:
+                    _OWED[self._lender] = _OWED.get(self._lender, 0) + self._lent
             self._lent = 0
+
+
+def take_back_lent_cores() -> None:
+    """The calling thread takes back the threads it lent a wave and another thread gave back for it
+    (the engine calls this as each request begins)."""
+    if not _OWED:
+        return
+    with _OWED_LOCK:
+        owed = _OWED.pop(threading.current_thread(), 0)
+    if owed:
+        torch.set_num_threads(torch.get_num_threads() + owed)
 
 
 def _call_name(request: HintRequest | None, text: str) -> str | None:
