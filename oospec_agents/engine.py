@@ -27,6 +27,7 @@ from .drafters.retrieval import CallMemory
 from .errors import ContextLengthError, OoOSpecError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
+from .formats.base import ENDED_INSIDE, UNTERMINATED
 from .gcheap import freeze_gc_heap
 from .grammar import Grammars, Guide, StrictLogitsProcessor, response_schema
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
@@ -394,6 +395,8 @@ class Engine:
 
     def _finish(self, req: Prepared, reply: "_Reply", stats: DecodeStats, ids: str) -> Generation:
         content, parsed = reply.events.fmt.parse(reply.text)  # read as the stream was
+        if reply.finish == "stop" and reply.new and reply.new[-1] in self.eos_ids:  # not cut off: the model ended
+            parsed = [dict(c, error=ENDED_INSIDE) if c.get("error") == UNTERMINATED else c for c in parsed]
         calls, invalid = check_calls(reply.events.settle(reply.text, parsed), req.tools, id_prefix=ids)
         finish = reply.finish
         if calls and finish == "stop":

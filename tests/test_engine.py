@@ -232,6 +232,27 @@ def test_hitting_max_new_tokens_inside_a_call_reports_it_invalid(tiny_engine):
     assert gen.finish_reason == "length"
     assert gen.tool_calls == []
     assert "unterminated tool call" in gen.invalid_tool_calls[0]["error"]
+    assert "max_new_tokens" in gen.invalid_tool_calls[0]["error"]
+
+
+def test_a_model_that_ends_its_reply_inside_a_call_is_told_from_one_cut_off(smollm2_tokenizer):
+    """A call the model itself ended (its end-of-sequence token inside the forced call) is invalid
+    for that reason, not for a max_new_tokens or stop string that never came."""
+    from oospec_testing import tiny_model
+    model = tiny_model("llama", smollm2_tokenizer)
+    eos = smollm2_tokenizer.eos_token_id
+
+    def ends_at_once(module, args, out):  # the model wants its end-of-sequence token above all
+        out.logits[..., eos] += 1e4
+    model.register_forward_hook(ends_at_once)
+    engine = Engine(model, smollm2_tokenizer, model_name="tiny-ends")
+    ids = engine.prompt_ids(ASK, [WEATHER], tool_choice="required")
+    assert greedy(engine, ids, 8) == [eos]
+    for method in ("ar", "toolspec", "oospec"):
+        gen = engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=8, method=method)
+        assert gen.token_ids == [eos] and gen.finish_reason == "stop" and gen.tool_calls == []
+        (call,) = gen.invalid_tool_calls
+        assert call["error"] == "unterminated tool call: the model ended its reply (end of sequence) inside the call"
 
 
 # ---------------------------------------------------------------- the embedded model

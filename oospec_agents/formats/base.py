@@ -16,6 +16,8 @@ from ..tools import Tool
 
 UNTERMINATED = ("unterminated tool call: generation stopped inside the call "
                 "(max_new_tokens or a stop sequence reached)")
+#: the engine's word for an unterminated call whose reply the model itself ended (its end-of-sequence token)
+ENDED_INSIDE = "unterminated tool call: the model ended its reply (end of sequence) inside the call"
 
 
 class ToolFormat(ABC):

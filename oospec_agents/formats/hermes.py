@@ -1,7 +1,7 @@
 """Hermes / Qwen2.5 / Qwen3 / ChatML: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`."""
 from __future__ import annotations
 
-from .base import ToolFormat, tools_json_lines
+from .base import UNTERMINATED, ToolFormat, tools_json_lines
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -22,8 +22,7 @@ class HermesFormat(ToolFormat):
             elif k == len(segs) - 1:  # a call is last only while its closing tag is missing
                 raw = piece.strip()
                 calls.append({"name": self._read_call(raw).get("name"), "arguments": raw,
-                              "error": "unterminated tool call: generation stopped inside the call "
-                                       "(max_new_tokens or a stop sequence reached)"})
+                              "error": UNTERMINATED})
             else:
                 calls.append(self._read_call(piece.strip()))
         return "".join(content).strip(), calls

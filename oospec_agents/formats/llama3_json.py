@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .base import ToolFormat, tools_json_lines
+from .base import UNTERMINATED, ToolFormat, tools_json_lines
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -25,8 +25,7 @@ class Llama3JsonFormat(ToolFormat):
         for _, raw in segs:
             call = self._read_call(raw.strip())
             if "error" in call and not raw.rstrip().endswith("}"):
-                call["error"] = ("unterminated tool call: generation stopped inside the call "
-                                 "(max_new_tokens or a stop sequence reached)")
+                call["error"] = UNTERMINATED
             calls.append(call)
         return "", calls
 
