@@ -71,8 +71,10 @@ def normalize_messages(messages: Any) -> list[dict]:
         if not isinstance(m, dict):
             raise ChatFormatError(f"{where} must be a dict with 'role' and 'content', got {type(m).__name__}")
         role = m.get("role")
+        if role == "developer":  # OpenAI's successor of the system role: instructions to the model
+            role = "system"
         if role not in ROLES:
-            raise ChatFormatError(f"{where} has role {role!r}; expected one of {ROLES}")
+            raise ChatFormatError(f"{where} has role {role!r}; expected one of {ROLES + ('developer',)}")
         msg = {"role": role, "content": _text(m.get("content"), where)}
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = [_call(tc, where) for tc in m["tool_calls"]]

@@ -289,6 +289,10 @@ BAD_REQUESTS = {
     "response_format schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
                                "response_format.json_schema.schema"),
     "prediction type": ({"prediction": {"type": "text", "content": "x"}}, "prediction.type is 'text'"),
+    "legacy functions": ({"functions": [WEATHER["function"]]}, "functions is OpenAI's deprecated form of tools"),
+    "legacy function_call": ({"function_call": "auto"}, "function_call is OpenAI's deprecated form of tools"),
+    "audio output": ({"modalities": ["text", "audio"]}, "audio output is not served"),
+    "web search": ({"web_search_options": {}}, "web_search_options is not served"),
     "prediction content": ({"prediction": {"type": "content", "content": 5}}, "prediction.content must be"),
 }
 
@@ -329,6 +333,16 @@ def test_structured_outputs_through_the_openai_clients_parse(client):
     streamed = collect(client.chat.completions.create(model=MODEL, messages=ASK, response_format=body,
                                                       max_tokens=80, stream=True))
     assert streamed["content"] == message.content and streamed["finish_reason"] == "stop"
+
+
+def test_a_developer_message_is_a_system_message(client):
+    """OpenAI's `developer` role (the system role's successor, which the SDK and agent frameworks send
+    for newer models) instructs the model as a system message does: the same reply, token for token."""
+    def reply(role):
+        r = client.chat.completions.create(model=MODEL, max_tokens=12, tools=[WEATHER], tool_choice="required",
+                                           messages=[{"role": role, "content": "Answer with one call."}] + ASK)
+        return r.choices[0].message.tool_calls[0].function.arguments, r.usage.prompt_tokens
+    assert reply("developer") == reply("system")
 
 
 def test_a_bad_prediction_names_its_param(url):

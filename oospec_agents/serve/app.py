@@ -21,7 +21,7 @@ from .. import TextDelta, ToolCallDelta
 from ..frontend import ChatRequest
 from .errors import Guard, ServeError, error_body, install_error_handlers
 from .metrics import Metrics
-from .protocol import ChatCompletionRequest, Reply, check_tools, refuse_sampling, sse
+from .protocol import ChatCompletionRequest, Reply, check_tools, refuse_sampling, refuse_unserved, sse
 from .scheduler import Scheduler
 
 log = logging.getLogger("oospec.serve")
@@ -110,6 +110,7 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
             raise ServeError(404, f"unknown model {req.model!r}; this server serves {state.model!r}",
                              param="model", code="model_not_found")
         refuse_sampling(req)
+        refuse_unserved(req)
         check_tools(req)
         eng = state.ready_engine()
         method = req.method or state.method

@@ -46,6 +46,11 @@ class ChatCompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     response_format: dict[str, Any] | None = None
+    functions: list[Any] | None = None       # refused, by name (`refuse_unserved`)
+    function_call: Any = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
     prediction: Any = None   # OpenAI's Predicted Outputs; the engine checks it and names what is wrong
     #: oospec's own field: the decoding method (all three give the same tokens; only the speed differs)
     method: Literal[METHODS] | None = None  # type: ignore[valid-type]
@@ -72,6 +77,19 @@ def refuse_sampling(req: ChatCompletionRequest) -> None:
         raise RequestError("logit_bias is not served: it would change the target's greedy tokens", "logit_bias")
     if req.logprobs:
         raise RequestError("logprobs=true is not supported", "logprobs")
+
+
+def refuse_unserved(req: ChatCompletionRequest) -> None:
+    """What OpenAI serves and this server does not is a 400 that says so, never a reply without it."""
+    if req.functions is not None or req.function_call is not None:
+        param = "functions" if req.functions is not None else "function_call"
+        raise RequestError(f"{param} is OpenAI's deprecated form of tools and is not served; send tools "
+                           "(and tool_choice) instead", param)
+    if req.audio is not None or (req.modalities and set(req.modalities) - {"text"}):
+        raise RequestError(f"modalities={req.modalities!r}: audio output is not served; this server writes text",
+                           "modalities" if req.audio is None else "audio")
+    if req.web_search_options is not None:
+        raise RequestError("web_search_options is not served: the model has no web search here", "web_search_options")
 
 
 _JSON_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a decimal"), (str, "a string"),
