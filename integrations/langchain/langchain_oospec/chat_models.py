@@ -29,7 +29,7 @@ from ._messages import to_openai_messages
 
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature", "response_format",
-                "prediction")
+                "prediction", "parallel_tool_calls")
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -256,17 +256,23 @@ class ChatOoOSpec(BaseChatModel):
 
     def _chunks(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator[ChatGenerationChunk]:
         """One chunk per engine event, as the engine commits it: text, a call's name, its argument
-        fragments; the last chunk carries usage and stats."""
+        fragments; the last chunk carries usage and stats. `parallel_tool_calls=False` (as ChatOpenAI
+        takes it): the reply's first call only, as the server keeps it."""
         engine, request = self._request(messages, stop, kwargs)
+        first_only = kwargs.get("parallel_tool_calls") is False
+        first_id = None
         with closing(request.stream(engine)) as events:
             for event in events:
                 if isinstance(event, TextDelta):
                     yield ChatGenerationChunk(message=AIMessageChunk(content=event.text))
                 elif isinstance(event, ToolCallDelta):
+                    if first_only and event.index > 0:
+                        continue
+                    first_id = event.id if event.id is not None and event.index == 0 else first_id
                     call = tool_call_chunk(name=event.name, args=event.arguments, id=event.id, index=event.index)
                     yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call]))
                 else:  # the Generation, always the last event
-                    yield _last_chunk(event, engine.model_name)
+                    yield _last_chunk(event, engine.model_name, {first_id} if first_only else None)
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, ChatRequest]:
         """The engine for this call and what to ask of it."""
@@ -292,13 +298,15 @@ class _LastChunk(ChatGenerationChunk):
     chunks cannot tell a call that failed its schema from a valid one, the engine's verdict can."""
 
     _generation: Generation = PrivateAttr()
+    _keep_ids: set | None = PrivateAttr(default=None)  # the ids of the calls kept (None: every call)
 
 
-def _last_chunk(gen: Generation, model_name: str) -> _LastChunk:
+def _last_chunk(gen: Generation, model_name: str, keep_ids: set | None = None) -> _LastChunk:
     chunk = _LastChunk(message=AIMessageChunk(content="", usage_metadata=_usage_metadata(Usage.of(gen)),
                                               response_metadata=_response_metadata(gen, model_name),
                                               chunk_position="last"))
     chunk._generation = gen
+    chunk._keep_ids = keep_ids
     return chunk
 
 
@@ -309,12 +317,13 @@ def _result(chunks: Iterable[ChatGenerationChunk]) -> ChatResult:
         full = last if full is None else full + last
     if not isinstance(last, _LastChunk):
         raise RuntimeError(f"ChatOoOSpec's stream ended without its last chunk; it ended with {last!r}")
-    gen = last._generation
+    gen, keep = last._generation, last._keep_ids
     message = AIMessage(
         content=full.message.content,
-        tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"]) for c in gen.tool_calls],
+        tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"]) for c in gen.tool_calls
+                    if keep is None or c["id"] in keep],
         invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=c["error"])
-                            for c in gen.invalid_tool_calls],
+                            for c in gen.invalid_tool_calls if keep is None or c["id"] in keep],
         usage_metadata=full.message.usage_metadata,
         response_metadata=full.message.response_metadata,
     )

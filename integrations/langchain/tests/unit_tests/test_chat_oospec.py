@@ -273,6 +273,21 @@ def test_call_arguments_and_settings_reach_the_engine(scripted):
         (7, ["END"], "toolspec"), (3, ["STOP"], "ar")]
 
 
+@pytest.mark.parametrize("how", ["invoke", "stream"])
+def test_parallel_tool_calls_false_keeps_the_first_call_as_chat_openai_asks(scripted, how):
+    """`bind_tools(tools, parallel_tool_calls=False)` (as LangGraph's guides bind ChatOpenAI): one call,
+    the reply's first, in the stream and in the message, as the server keeps it."""
+    second = WEATHER_CALL.replace("Paris", "Rome")
+    engine = scripted(WEATHER_CALL + second, WEATHER_CALL + second)
+    model = ChatOoOSpec(engine=engine)
+    every = model.bind_tools([get_current_weather]).invoke("Paris and Rome?")
+    bound = model.bind_tools([get_current_weather], parallel_tool_calls=False)
+    message = bound.invoke("Paris and Rome?") if how == "invoke" else collect(bound.stream("Paris and Rome?"))
+    assert [c["args"] for c in every.tool_calls] == [{"location": "Paris"}, {"location": "Rome"}]
+    assert [(c["id"], c["args"]) for c in message.tool_calls] == [(every.tool_calls[0]["id"], {"location": "Paris"})]
+    assert message.invalid_tool_calls == []
+
+
 def test_a_prediction_reaches_the_engine_as_chat_openai_sends_it(scripted):
     engine = scripted("a")
     prediction = {"type": "content", "content": "a"}
