@@ -24,7 +24,7 @@ from .chat import normalize_messages, render_prompt, require_chat_template, temp
 from .drafters import DraftContext, HintDrafter, PredictionDrafter, RetrievalDrafter, SchemaDrafter
 from .drafters.prediction import matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
-from .errors import ContextLengthError, OoOSpecError
+from .errors import ContextLengthError, OoOSpecError, PredictionError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
 from .formats.base import ENDED_INSIDE, UNTERMINATED
@@ -245,8 +245,7 @@ class Engine:
             raise OoOSpecError(f"unknown method {method!r}; expected one of {METHODS}")
         req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict,  # bad input raises here, eagerly
                            response_format)
-        predicted = prediction_text(prediction)
-        return self._locked(self._decode(req, method, hint, record_margins, cancel, predicted))
+        return self._locked(self._decode(req, method, hint, record_margins, cancel, self._prediction_ids(prediction)))
 
     def clear_prefix_cache(self) -> None:
         """Drop every cached prompt KV, the target's and the sidecar's wave's: the next request
@@ -278,8 +277,17 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
 
+    def _prediction_ids(self, prediction) -> list[int]:
+        """A `prediction`'s target tokens, checked: none longer than the context window, which no reply fills."""
+        text = prediction_text(prediction)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        if len(ids) > self.context_window:
+            raise PredictionError(f"the prediction is {len(ids)} tokens, over the target's context window of "
+                                  f"{self.context_window} tokens")
+        return ids
+
     def _decode(self, req: Prepared, method: str, hint_text: str | None, record_margins: bool,
-                cancel: threading.Event | None, predicted: str | None = None):
+                cancel: threading.Event | None, predicted: list[int] | None = None):
         stats = DecodeStats(method, prompt_tokens=len(req.prompt_ids), margins=[] if record_margins else None)
         ids = "call_" + uuid.uuid4().hex[:12]
         reading = self.fmt.for_forced_reply(req.choice[0])  # a forced opener makes the reply calls
@@ -289,8 +297,7 @@ class Engine:
                            tools=req.tools, fmt=self.fmt, tokenizer=self.tokenizer,
                            memo={"pool": self.memory.recall(req.tools)})
         if predicted:
-            ctx.memo["prediction"] = self.tokenizer.encode(predicted, add_special_tokens=False)
-            stats.prediction_tokens = len(ctx.memo["prediction"])
+            ctx.memo["prediction"], stats.prediction_tokens = predicted, len(predicted)
         done = False
         try:
             t0 = time.perf_counter()

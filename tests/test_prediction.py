@@ -49,6 +49,11 @@ def test_a_bad_prediction_is_an_error_that_names_it(value, says, tiny_engine):
         tiny_engine.stream(ASK, prediction=value)
 
 
+def test_a_prediction_longer_than_the_context_window_is_refused(tiny_engine):
+    with pytest.raises(PredictionError, match=f"over the target's context window of {tiny_engine.context_window}"):
+        tiny_engine.stream(ASK, prediction="word " * (tiny_engine.context_window + 1))
+
+
 # ----------------------------------------------------------------------------- the drafter
 
 def _propose(pred: list[int], new: list[int], memo: dict | None = None, **kw) -> list[int]:
