@@ -36,7 +36,7 @@ serve: $(STAMP)
 TEST_WORKERS ?= logical
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV)

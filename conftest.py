@@ -1,13 +1,16 @@
 """Suite-wide settings for running the tests in parallel: `make test` runs them under pytest-xdist
-(`-n logical --dist loadgroup --no-loadscope-reorder`); plain `pytest` runs them in one process, as before.
+(`-n logical --dist loadfile --no-loadscope-reorder`); plain `pytest` runs them in one process, as before.
 
 - Each worker process gets its share of the cores for torch. Two workers of two threads each on a
   two-core machine would oversubscribe every forward; one thread each keeps both cores busy where one
   process of two threads left one of them idle most of the time (the suite's many small forwards,
   tokenisation, HTTP and process start-ups run on one core).
-- Every test file is one xdist group, so its module-scoped fixtures (models, servers, reference tokens)
-  are built once, in one worker. The files that start a local Ray cluster share one group, so that
-  two clusters never start at once (`pytest.mark.xdist_group("ray")` in those files)."""
+- Every test file runs in one worker (`--dist loadfile`), so its module-scoped fixtures (models, servers,
+  reference tokens) are built once. Not `--dist loadgroup`: xdist 3.8 marks a group by appending it to
+  `item._nodeid`, which pytest 9 no longer reads (`nodeid` is built from `item._id`), so under pytest 9
+  every test was a scope of its own and a file's tests were spread over the workers, each building the
+  file's fixtures again (Gemma 3's ten references twice: 150 s each).
+- The longest files are handed out first (`LONGEST_FIRST`)."""
 from __future__ import annotations
 
 import os
@@ -35,36 +38,26 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-# The groups that take longest, longest first (`pytest --durations=0` of a serial run, seconds summed per
-# file, 2026-12-03): handed out first, so that no long group starts when the others are nearly done.
-# The rest follow in collection order (`make test` passes --no-loadscope-reorder, which keeps this order).
-LONGEST_FIRST = ["tests/test_strict.py", "tests/test_bench.py", "tests/test_engine.py", "ray",
-                 "tests/test_sidecar_process.py", "tests/test_gemma3.py", "tests/test_serve_langchain_standard.py",
-                 "tests/test_sidecar.py", "tests/test_notebooks.py", "tests/test_train.py",
-                 "tests/test_prefix_cache.py",
+# The files that take longest, longest first (per-file sums of `--durations=0`, 2026-12-03): handed out
+# first, so that no long file starts when the others are nearly done. The two Ray files stand apart, so that
+# two local Ray clusters seldom run at once. The rest follow in collection order (`make test` passes
+# --no-loadscope-reorder, which keeps this order).
+LONGEST_FIRST = ["tests/test_engine.py", "tests/test_strict.py", "tests/test_bench.py", "tests/test_sidecar.py",
+                 "tests/test_sidecar_process.py", "tests/test_gemma3.py", "tests/test_serve_ray.py",
+                 "tests/test_architectures.py", "tests/test_prefix_cache.py", "tests/test_notebooks.py",
+                 "tests/test_train.py", "tests/test_serve_langchain_standard.py", "tests/test_sidecar_ray.py",
                  "integrations/langchain/tests/integration_tests/test_chat_oospec_standard_live.py"]
 
 
-def _group(item: pytest.Item) -> str:
-    mark = next(item.iter_markers("xdist_group"), None)
-    if mark is None:
-        return ""
-    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))  # as xdist reads it
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("dist", "no") != "loadgroup":
-        return
-    for item in items:
-        if next(item.iter_markers("xdist_group"), None) is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]  # as xdist's loadfile scopes it
 
 
 class _LongestFirst:
     @pytest.hookimpl(trylast=True)  # after pytest's own reordering (by parametrized session fixtures)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        if config.getoption("dist", "no") != "loadgroup":
+        # Only in xdist's workers: they collect, and the first one's order is the order files are handed out in.
+        if not os.environ.get("PYTEST_XDIST_WORKER"):
             return
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: groups keep their order
+        items.sort(key=lambda item: rank.get(_file(item), len(rank)))  # stable: each file keeps its order

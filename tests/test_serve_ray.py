@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time (conftest.py)
+pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 

@@ -442,11 +442,15 @@ def test_a_stream_closed_on_another_thread_gives_the_lent_cores_back_to_the_thre
 
     closed, ready = threading.Event(), threading.Event()
     threads = [threading.Thread(target=close, args=(closed,)), threading.Thread(target=decode, args=(closed,))]
-    threads[0].start()
-    ready.wait(10)  # the closer has its own count before the decoder lends any
-    threads[1].start()
-    for t in threads:
-        t.join(30)
+    mine = torch.get_num_threads()
+    try:
+        threads[0].start()
+        ready.wait(10)  # the closer has its own count before the decoder lends any
+        threads[1].start()
+        for t in threads:
+            t.join(30)
+    finally:  # the threads' set_num_threads also set the count later threads start with: put it back
+        torch.set_num_threads(mine)
     assert counts == {"before": 2, "lent": 1, "closer before": 2, "closer": 2, "after close": 1,
                       "next request": 2}, counts
 

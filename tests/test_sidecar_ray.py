@@ -11,7 +11,7 @@ import torch
 
 from oospec_testing import InTime, on_target_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time (conftest.py)
+pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
 REPO = Path(__file__).resolve().parents[1]
