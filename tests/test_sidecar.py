@@ -389,24 +389,14 @@ def test_a_wave_begun_while_the_target_lent_it_cores_leaves_the_target_threads_c
     assert (torch.get_num_threads(), _new_thread_count()) == (before, before)
 
 
-class _Pending:
-    """TEST DOUBLE: a ticket whose wave never answers."""
-    error, declined = None, False
-
-    def poll(self):
-        return None
-
-    def cancel(self):
-        pass
-
-
 class _SlowCPUSidecar:
-    """TEST DOUBLE: a sidecar on the target's CPU, with one thread of its own, whose waves never answer:
-    the reply decodes on with the cores it lent."""
+    """TEST DOUBLE: a sidecar on the target's CPU, with one thread of its own, whose waves never answer
+    (the worker's own mailbox, never posted): the reply decodes on with the cores it lent."""
     device, threads, name = "cpu", 1, "slow-cpu"
 
     def submit(self, request):
-        return _Pending()
+        from oospec_agents.sidecar.worker import Ticket
+        return Ticket(request, timeout_s=600.0)
 
 
 def test_a_stream_closed_on_another_thread_gives_the_lent_cores_back_to_the_thread_that_lent_them(smollm2_tokenizer):
