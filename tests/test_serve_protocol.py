@@ -392,6 +392,49 @@ def test_openai_client_raises_bad_request(client):
         client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, WEATHER])
 
 
+_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+_TIME_CALL = {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Paris"}'}}
+_CALLED = {"role": "assistant", "content": None, "tool_calls": [_CALL]}
+BAD_TOOL_TURNS = {  # OpenAI's 400s for a history whose tool turns do not pair up, with its params
+    "tool message without tool_call_id": (
+        ASK + [_CALLED, {"role": "tool", "content": "22 C"}], "messages.[2].tool_call_id", "Missing parameter"),
+    "tool message after no call": (
+        ASK + [{"role": "tool", "tool_call_id": "call_1", "content": "22 C"}], "messages.[1].role",
+        "must be a response to a preceding message with 'tool_calls'"),
+    "tool message answering another id": (
+        ASK + [_CALLED, {"role": "tool", "tool_call_id": "call_9", "content": "22 C"}],
+        "messages.[2].tool_call_id", "'call_9'"),
+    "the same call answered twice": (
+        ASK + [_CALLED, {"role": "tool", "tool_call_id": "call_1", "content": "22 C"},
+               {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}], "messages.[3].tool_call_id", "'call_1'"),
+    "a call left unanswered": (
+        ASK + [{**_CALLED, "tool_calls": [_CALL, _TIME_CALL]}, {"role": "tool", "tool_call_id": "call_1", "content": "22"},
+               {"role": "user", "content": "And?"}], "messages.[1].role",
+        "did not have response messages: call_2"),
+    "the history ends on a call": (ASK + [_CALLED], "messages.[1].role", "did not have response messages: call_1"),
+    "a call without an id": (
+        ASK + [{**_CALLED, "tool_calls": [{k: v for k, v in _CALL.items() if k != "id"}]}],
+        "messages.[1].tool_calls.[0].id", "Missing required parameter: 'messages[1].tool_calls[0].id'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TOOL_TURNS))
+def test_tool_turns_that_do_not_pair_up_are_openais_400s(client, case):
+    messages, param, says = BAD_TOOL_TURNS[case]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], max_tokens=4)
+    assert err.value.param == param and says in err.value.message, err.value.body
+    assert err.value.type == "invalid_request_error"
+
+
+def test_two_calls_answered_in_either_order_are_served(client):
+    history = ASK + [{**_CALLED, "tool_calls": [_CALL, _TIME_CALL]},
+                     {"role": "tool", "tool_call_id": "call_2", "content": "10:00"},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER, TIME], max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_malformed_json_is_a_400(url):
     r = httpx.post(url + "/v1/chat/completions", content=b'{"model": "tiny", "messages": [',
                    headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})

@@ -21,7 +21,8 @@ from .. import TextDelta, ToolCallDelta
 from ..frontend import ChatRequest
 from .errors import Guard, ServeError, error_body, install_error_handlers
 from .metrics import Metrics
-from .protocol import ChatCompletionRequest, Reply, check_tools, refuse_sampling, refuse_unserved, sse
+from .protocol import (ChatCompletionRequest, Reply, check_tool_messages, check_tools, refuse_sampling,
+                       refuse_unserved, sse)
 from .scheduler import Scheduler
 
 log = logging.getLogger("oospec.serve")
@@ -112,6 +113,7 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         refuse_sampling(req)
         refuse_unserved(req)
         check_tools(req)
+        check_tool_messages(req)
         eng = state.ready_engine()
         method = req.method or state.method
         chat = ChatRequest(req.messages, req.tools, req.tool_choice or "auto", method=method,

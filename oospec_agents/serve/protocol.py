@@ -92,6 +92,51 @@ def refuse_unserved(req: ChatCompletionRequest) -> None:
         raise RequestError("web_search_options is not served: the model has no web search here", "web_search_options")
 
 
+def check_tool_messages(req: ChatCompletionRequest) -> None:
+    """OpenAI's rules for the tool turns of a conversation, with its messages and params
+    (`messages.[i].tool_call_id`, `messages.[i].role`): each assistant tool call has an id; a tool
+    message carries the `tool_call_id` of a call of the assistant message before it; and every such
+    call is answered before the conversation goes on. The template would render anything; a history
+    that breaks them is a client's bug, which OpenAI answers with a 400 and so does this server."""
+    pending: dict[str, None] = {}   # ids of the latest assistant message's calls not yet answered
+    opened = None                   # index of that assistant message, while its tool messages follow
+    for i, m in enumerate(req.messages):
+        role = m.get("role")
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise RequestError(f"Missing parameter 'tool_call_id': messages with role 'tool' must have a "
+                                   f"'tool_call_id' (messages[{i}]).", f"messages.[{i}].tool_call_id")
+            if opened is None:
+                raise RequestError(f"Invalid parameter: messages with role 'tool' must be a response to a "
+                                   f"preceding message with 'tool_calls' (messages[{i}]).", f"messages.[{i}].role")
+            if call_id not in pending:
+                raise RequestError(f"Invalid parameter: messages[{i}] answers tool_call_id {call_id!r}, which is "
+                                   f"not an unanswered call of messages[{opened}]'s 'tool_calls'.",
+                                   f"messages.[{i}].tool_call_id")
+            del pending[call_id]
+            continue
+        _unanswered(pending, opened)
+        opened, pending = None, {}
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls and isinstance(calls, list):
+            for j, call in enumerate(calls):
+                call_id = call.get("id") if isinstance(call, dict) else None
+                if not isinstance(call_id, str) or not call_id:
+                    raise RequestError(f"Missing required parameter: 'messages[{i}].tool_calls[{j}].id'.",
+                                       f"messages.[{i}].tool_calls.[{j}].id", "missing_required_parameter")
+                pending[call_id] = None
+            opened = i
+    _unanswered(pending, opened)
+
+
+def _unanswered(pending: dict, opened: int | None) -> None:
+    if pending:
+        raise RequestError("An assistant message with 'tool_calls' must be followed by tool messages responding "
+                           "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                           + ", ".join(pending), f"messages.[{opened}].role")
+
+
 _JSON_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a decimal"), (str, "a string"),
                (list, "an array"), (dict, "an object"))
 
