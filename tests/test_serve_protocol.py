@@ -448,6 +448,19 @@ def test_api_key_is_required(url, key, says):
     assert httpx.get(url + "/health").status_code == 200  # health stays open for probes
 
 
+def test_a_model_is_retrieved_by_its_id_slash_and_all(client, engine):
+    assert client.models.retrieve(MODEL).model_dump() == {"id": MODEL, "object": "model", "created": 0,
+                                                          "owned_by": "oospec-agents"}
+    with pytest.raises(openai.NotFoundError, match="unknown model 'gpt-4o'") as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.code == "model_not_found" and err.value.param == "model"
+    with running(create_app(engine, model="org/tiny-llama", api_key=API_KEY)) as base:
+        hub = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0)
+        assert hub.models.retrieve("org/tiny-llama").id == "org/tiny-llama"
+        with pytest.raises(openai.NotFoundError):
+            hub.models.retrieve("org/other")
+
+
 def test_unknown_model_is_a_404(client):
     with pytest.raises(openai.NotFoundError, match="unknown model 'gpt-4o'"):
         client.chat.completions.create(model="gpt-4o", messages=ASK)

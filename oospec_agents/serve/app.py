@@ -99,10 +99,19 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
     async def metrics():
         return Response(state.metrics.exposition(), media_type=state.metrics.content_type)
 
+    def model_object() -> dict:
+        return {"id": state.model, "object": "model", "created": 0, "owned_by": "oospec-agents"}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": state.model, "object": "model", "created": 0,
-                                            "owned_by": "oospec-agents"}]}
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model:path}")  # `path`: a hub id such as "Qwen/Qwen2.5-7B-Instruct" holds a slash
+    async def retrieve_model(model: str):
+        if model != state.model:
+            raise ServeError(404, f"unknown model {model!r}; this server serves {state.model!r}", param="model",
+                             code="model_not_found")
+        return model_object()
 
     @app.post(CHAT_PATH)
     async def chat_completions(req: ChatCompletionRequest, request: Request):
