@@ -293,6 +293,8 @@ BAD_REQUESTS = {
     "legacy function_call": ({"function_call": "auto"}, "function_call is OpenAI's deprecated form of tools"),
     "audio output": ({"modalities": ["text", "audio"]}, "audio output is not served"),
     "web search": ({"web_search_options": {}}, "web_search_options is not served"),
+    "reasoning effort": ({"reasoning_effort": "low"}, "reasoning_effort='low' is not served"),
+    "top_logprobs": ({"top_logprobs": 3}, "top_logprobs=3 is not supported"),
     "prediction content": ({"prediction": {"type": "content", "content": 5}}, "prediction.content must be"),
 }
 

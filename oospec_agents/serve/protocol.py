@@ -45,6 +45,8 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None          # refused with logprobs
+    reasoning_effort: str | None = None      # refused: no reasoning mode is served
     response_format: dict[str, Any] | None = None
     functions: list[Any] | None = None       # refused, by name (`refuse_unserved`)
     function_call: Any = None
@@ -77,6 +79,9 @@ def refuse_sampling(req: ChatCompletionRequest) -> None:
         raise RequestError("logit_bias is not served: it would change the target's greedy tokens", "logit_bias")
     if req.logprobs:
         raise RequestError("logprobs=true is not supported", "logprobs")
+    if req.top_logprobs is not None:
+        raise RequestError(f"top_logprobs={req.top_logprobs!r} is not supported: this server returns no logprobs",
+                           "top_logprobs")
 
 
 def refuse_unserved(req: ChatCompletionRequest) -> None:
@@ -88,6 +93,10 @@ def refuse_unserved(req: ChatCompletionRequest) -> None:
     if req.audio is not None or (req.modalities and set(req.modalities) - {"text"}):
         raise RequestError(f"modalities={req.modalities!r}: audio output is not served; this server writes text",
                            "modalities" if req.audio is None else "audio")
+    if req.reasoning_effort is not None:
+        raise RequestError(f"reasoning_effort={req.reasoning_effort!r} is not served: the target decodes its chat "
+                           "template's reply as it is, with no reasoning mode to set", "reasoning_effort",
+                           "unsupported_parameter")
     if req.web_search_options is not None:
         raise RequestError("web_search_options is not served: the model has no web search here", "web_search_options")
 
