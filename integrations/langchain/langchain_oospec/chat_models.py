@@ -28,8 +28,10 @@ from oospec_agents.tools import normalize_tools, resolve_tool_choice
 from ._messages import to_openai_messages
 
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
+#: `seed`, as ChatOpenAI takes it, is honoured by construction: greedy decoding gives the same reply
+#: for every seed, so any integer is accepted
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature", "response_format",
-                "prediction", "parallel_tool_calls")
+                "prediction", "parallel_tool_calls", "seed")
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -280,6 +282,9 @@ class ChatOoOSpec(BaseChatModel):
         if unknown:
             raise TypeError(f"ChatOoOSpec got unsupported call arguments {unknown}; supported: {list(_CALL_KWARGS)}")
         _check_temperature(kwargs.get("temperature"))
+        seed = kwargs.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
         request = ChatRequest(
             messages=to_openai_messages(messages),
             tools=kwargs.get("tools"),

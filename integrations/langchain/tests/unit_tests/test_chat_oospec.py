@@ -90,6 +90,14 @@ def test_unknown_call_arguments_are_an_error(scripted):
         ChatOoOSpec(engine=scripted("hi")).invoke("hello", top_p=0.9)
 
 
+def test_a_seed_is_accepted_and_changes_nothing(scripted):
+    """ChatOpenAI code passes `seed` for reproducible replies; a greedy reply is the same for every seed."""
+    model = ChatOoOSpec(engine=scripted("hi", "hi"))
+    assert model.invoke("hello", seed=1).content == model.bind(seed=2).invoke("hello").content == "hi"
+    with pytest.raises(TypeError, match="seed must be an integer, got 'x'"):
+        model.invoke("hello", seed="x")
+
+
 def test_same_models_share_one_engine(monkeypatch, scripted):
     loads = []
     monkeypatch.setattr(Engine, "_shared", {})
