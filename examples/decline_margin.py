@@ -28,7 +28,7 @@ def margins(model, tok, records) -> list[float]:
     from oospec_agents.chat import normalize_messages
     from oospec_agents.formats import HermesFormat
     from oospec_agents.sidecar import HintRequest
-    from oospec_agents.sidecar.worker import wave_rows
+    from oospec_agents.sidecar.runtime import wave_rows
     from oospec_agents.tools import normalize_tools
     out = []
     for rec in records:

@@ -26,7 +26,7 @@ def main() -> None:
     from tqdm.auto import tqdm
     from oospec_agents import Engine
     from oospec_agents.models import resolve_dtype
-    from oospec_agents.sidecar.worker import load_sidecar
+    from oospec_agents.sidecar.load import load_sidecar
     from oospec_testing import InTime
     a = set_parser(40).parse_args()
     recs = set_records(a.set, a.limit)

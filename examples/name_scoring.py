@@ -80,7 +80,7 @@ def main() -> None:
     from oospec_agents.formats import HermesFormat
     from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.rows import parse_value
-    from oospec_agents.sidecar.worker import wave_rows
+    from oospec_agents.sidecar.runtime import wave_rows
     from oospec_agents.tools import normalize_tools
     from oospec_agents.train.data import select
     from oospec_agents.train.sidecar_train import _no_call

@@ -94,7 +94,7 @@ def wave_hint(wave, req, fmt) -> str | None:
     """The call `wave` writes for `req`, joined and rendered in the target's format as the runtime does;
     None when its rows join to no usable call (then `oospec` drafts as `toolspec`)."""
     from oospec_agents.sidecar.join import JoinError, join
-    from oospec_agents.sidecar.worker import wave_rows
+    from oospec_agents.sidecar.runtime import wave_rows
     rows, prefix, choices = wave_rows(req)
     try:
         call = join(rows, wave(prefix, rows, None, choices), req.tools, req.tool_choice)

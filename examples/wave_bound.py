@@ -49,7 +49,7 @@ def spread(recs: list[dict], n: int) -> list[dict]:
 
 
 def load():
-    from oospec_agents.sidecar.worker import load_sidecar
+    from oospec_agents.sidecar.load import load_sidecar
     torch.set_num_threads(1)
     sidecar = load_sidecar("embedded", device=torch.device("cpu"), dtype=torch.float32, sidecar_placement="thread")
     return sidecar.wave
@@ -67,7 +67,7 @@ def run(wave, rec: dict, *, cold: bool = True) -> dict:
     from oospec_agents.formats import HermesFormat
     from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.join import JoinError, join
-    from oospec_agents.sidecar.worker import wave_rows
+    from oospec_agents.sidecar.runtime import wave_rows
     from oospec_agents.tools import check_calls, normalize_tools
     req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
                       ("required", None))

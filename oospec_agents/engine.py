@@ -12,6 +12,7 @@ without the target (jump-forward): it enters the KV cache in the next forward, a
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -32,9 +33,10 @@ from .gcheap import freeze_gc_heap
 from .grammar import Grammars, Guide, StrictLogitsProcessor, response_schema
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
-from .sidecar import FixedHint, HintRequest
+from .sidecar import FixedHint, HintRequest, Sidecar, check_sidecar
+from .sidecar import cores
 from .sidecar.payback import DEFAULT_RATIO, PayBack
-from .sidecar.session import HintSession, follows_up, shares_cores, take_back_lent_cores
+from .sidecar.session import HintSession, Outcome, follows_up
 from .stats import SOURCES, DecodeStats
 from .tools import Tool, check_calls, normalize_tools, resolve_tool_choice
 from .verify import Verifier, build_tree, eos_ids
@@ -82,18 +84,20 @@ class Engine:
     def __init__(self, target, tokenizer, sidecar=None, *, fmt: ToolFormat | None = None,
                  model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32,
                  prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO,
-                 hint_follow_up: bool | None = None):
+                 hint_follow_up: bool | None = None, target_cores: frozenset[int] | None = None):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
         `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected
         seconds are at most this share of the expected decode (sidecar/payback.py); None always runs it.
         `hint_follow_up`: when the target writes a function the hint does not call, ask the sidecar for
         that function's slots alone (sidecar/session.py); None, the default, does so where the sidecar
-        has cores of its own (a follow-up on the target's own CPU cores costs more than it saves)."""
+        has cores of its own (a follow-up on the target's own CPU cores costs more than it saves).
+        `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")`
+        pins the process to them); None, the default, is every core, shared with a CPU sidecar."""
         require_chat_template(tokenizer)
         self.target = target
         self.tokenizer = tokenizer
-        self.sidecar = sidecar
+        self.sidecar: Sidecar | None = None if sidecar is None else check_sidecar(sidecar)
         self.fmt = fmt or detect_format(getattr(tokenizer, "chat_template", None))
         # Templates that render `tools=` get them natively; others (SmolLM2) get the format's prompt.
         self.native_tools = template_renders_tools(tokenizer)
@@ -106,6 +110,8 @@ class Engine:
         self.hint_follow_up = hint_follow_up
         self.eos_ids = eos_ids(target)
         self._verifier = Verifier(target)
+        self.place = cores.Place(self._verifier.device, target_cores)  # where the target decodes
+        self._pinned: cores.Pinned | None = None  # what pinning the process to `target_cores` changed
         self._reply_text = ReplyText(tokenizer, self.fmt)
         self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter(),
                           "prediction": PredictionDrafter()}
@@ -133,7 +139,11 @@ class Engine:
         landing inside target forwards (gcheap.py); the rest go to `Engine(...)`.
         """
         from . import models
-        t_dev, s_dev = models.default_devices(target_device, sidecar_device)
+        t_where, s_where = (None if d is None else cores.place(d) for d in (target_device, sidecar_device))
+        t_dev, s_dev = models.default_devices(*(None if w is None else w.device for w in (t_where, s_where)))
+        t_where, s_where = (cores.Place(dev, None if w is None else w.cores)
+                            for dev, w in ((t_dev, t_where), (s_dev, s_where)))
+        cores.check_split(t_where, s_where)  # before anything loads
         t_dtype = models.resolve_dtype(dtype, t_dev)
         adapter = kw.pop("adapter", None)
         chat_template = kw.pop("chat_template", None)
@@ -145,23 +155,22 @@ class Engine:
                                        chat_template=chat_template)
         require_chat_template(tok)  # before a sidecar loads for nothing
         sidecar = "embedded" if sidecar is None else None if sidecar is False else sidecar
-        side = cls._load_sidecar(sidecar, s_dev, models.resolve_dtype(dtype, s_dev), sidecar_kw)
+        side = cls._load_sidecar(sidecar, s_where, models.resolve_dtype(dtype, s_dev), sidecar_kw)
         name = "embedded:SmolLM2-135M-Instruct" if str(target) == "embedded" else str(target)
-        engine = cls(model, tok, side, model_name=name, **kw)
+        engine = cls(model, tok, side, model_name=name, target_cores=t_where.cores, **kw)
+        if t_where.cores is not None:  # loaded on every core; decodes on its own
+            engine._pinned = cores.pin_process(t_where.cores)
         if freeze_gc:
             freeze_gc_heap()
         return engine
 
     @staticmethod
-    def _load_sidecar(ref, device, dtype, sidecar_kw: dict):
-        if ref is None or hasattr(ref, "submit"):
+    def _load_sidecar(ref, where: cores.Place, dtype, sidecar_kw: dict):
+        """A model reference is loaded; an object is taken as the sidecar itself (checked in `__init__`)."""
+        if ref is None or not isinstance(ref, (str, os.PathLike)):
             return ref
-        try:
-            from .sidecar.worker import load_sidecar
-        except ImportError:
-            log.warning("no sidecar runtime available; method='oospec' will fall back to ToolSpec")
-            return None
-        return load_sidecar(ref, device=device, dtype=dtype, **sidecar_kw)
+        from .sidecar.load import load_sidecar
+        return load_sidecar(ref, device=str(where), dtype=dtype, **sidecar_kw)
 
     @classmethod
     def shared(cls, target="embedded", sidecar=None, **kw) -> "Engine":
@@ -251,15 +260,17 @@ class Engine:
         """Drop every cached prompt KV, the target's and the sidecar's wave's: the next request
         prefills its whole prompt."""
         self.prefix_cache.clear()
-        sidecar_clear = getattr(self.sidecar, "clear_prefix_cache", None)  # optional in the Sidecar protocol
-        if sidecar_clear is not None:
-            sidecar_clear()
+        if self.sidecar is not None:
+            self.sidecar.clear_prefix_cache()
 
     def close(self) -> None:
-        """Stop the sidecar: a worker process ends (none is left behind). A later request starts another."""
-        close = getattr(self.sidecar, "close", None)  # optional in the Sidecar protocol
-        if close is not None:
-            close()
+        """Stop the sidecar: a worker process ends (none is left behind); a later request starts another.
+        A process pinned to the target's core set gets back the cores it had before."""
+        if self.sidecar is not None:
+            self.sidecar.close()
+        pinned, self._pinned = self._pinned, None
+        if pinned is not None:
+            pinned.restore()
 
     def __enter__(self) -> "Engine":
         return self
@@ -329,7 +340,7 @@ class Engine:
                 self.payback.observe(stats.prompt_tokens, stats.cached_prompt_tokens, stats.prefill_s, stats.decode_s)
         finally:
             if hints is not None:
-                hints.close(abandoned=not done)
+                _record(stats, hints.close(abandoned=not done))
         self.memory.remember(req.tools, reply.new)
         yield from reply.close()
         if stats.prediction_tokens:
@@ -376,24 +387,24 @@ class Engine:
         return [tree.tokens[i] for i in drafted] + [nxt], logits[tree.start:]
 
     def _open_hints(self, req: Prepared, method: str, hint_text: str | None, stats: DecodeStats):
-        take_back_lent_cores()  # what an earlier reply of this thread lent, if another thread closed it
+        cores.take_back_lent_cores()  # what an earlier reply of this thread lent, if another thread closed it
         if method != "oospec" or not req.tools:
             return None
         sidecar = FixedHint(hint_text) if hint_text is not None else self.sidecar
         if sidecar is None:
             return None
-        stats.sidecar = sidecar_name(sidecar)
+        stats.sidecar = sidecar.name or type(sidecar).__name__
         request = HintRequest(req.messages, req.tools, self.fmt, req.choice)
-        if hint_text is None and self.payback is not None and shares_cores(sidecar, self._verifier.device):
+        shares = cores.shares_cpu(sidecar.device, sidecar.cores, self.place)
+        if hint_text is None and self.payback is not None and shares:
             stats.wave_estimate_s = _wave_estimate(sidecar, request)
             stats.call_estimate_s = self.payback.call_s(len(req.prompt_ids) - self.prefix_cache.peek(req.prompt_ids))
             stats.decode_estimate_s = self.payback.decode_s()
             stats.sidecar_skipped = self.payback.verdict(stats.wave_estimate_s, stats.decode_estimate_s)
             if stats.sidecar_skipped:
                 return None
-        follow_up = hint_text is None and follows_up(self.hint_follow_up, sidecar, self._verifier.device)
-        return HintSession.open(sidecar, request, stats,
-                                target_device=self._verifier.device, faults=self._logged_faults,
+        follow_up = hint_text is None and follows_up(self.hint_follow_up, shares)
+        return HintSession.open(sidecar, request, target=self.place, faults=self._logged_faults,
                                 lend_cores=hint_text is None, follow_up=follow_up)
 
     def _sync(self) -> None:
@@ -415,19 +426,20 @@ class Engine:
                           stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids))
 
 
-def sidecar_name(sidecar) -> str:
-    """What `stats.sidecar` calls a sidecar: its `name`, else its class."""
-    return getattr(sidecar, "name", None) or type(sidecar).__name__
-
-
-def _wave_estimate(sidecar, request: HintRequest) -> float | None:
-    """The sidecar's own estimate of its wave's seconds (optional in the Sidecar protocol)."""
-    estimate = getattr(sidecar, "estimate", None)
+def _wave_estimate(sidecar: Sidecar, request: HintRequest) -> float | None:
+    """The sidecar's own estimate of its wave's seconds."""
     try:
-        return None if estimate is None else estimate(request)
+        return sidecar.estimate(request)
     except Exception as e:  # an estimate that fails is no estimate: the wave runs
         log.debug("sidecar estimate failed: %s", e)
         return None
+
+
+def _record(stats: DecodeStats, out: Outcome) -> None:
+    """What the sidecar did for the reply, into its stats."""
+    stats.sidecar_error, stats.sidecar_declined, stats.hint_follow_ups = out.error, out.declined, out.follow_ups
+    stats.hint_ready_s, stats.hint_bytes, stats.sidecar_profile = out.hint_ready_s, out.hint_bytes, out.profile
+    stats.sidecar_cached_prompt_tokens = out.cached_prompt_tokens
 
 
 class ReplyText:

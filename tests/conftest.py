@@ -45,7 +45,7 @@ def embedded_sidecar():
     """The embedded sidecar in a thread of this process, loaded once. Its dtype is the engine's default on
     this CPU (bf16 only where the CPU has it natively: emulated bf16 makes every wave slower)."""
     from oospec_agents.models import resolve_dtype
-    from oospec_agents.sidecar.worker import load_sidecar
+    from oospec_agents.sidecar.load import load_sidecar
     cpu = torch.device("cpu")
     return load_sidecar("embedded", device=cpu, dtype=resolve_dtype(None, cpu), sidecar_placement="thread")
 

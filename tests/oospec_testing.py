@@ -14,6 +14,7 @@ import time
 from oospec_agents import data
 from oospec_agents.events import ReplyEvents, TextDelta, ToolCallDelta
 from oospec_agents.drafters import Draft, DraftContext, Drafter
+from oospec_agents.sidecar import SidecarBase
 from oospec_agents.bench.records import spread  # noqa: F401  (n records round-robin over the sources)
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "toolcalls"
@@ -230,13 +231,14 @@ def joined(events) -> tuple[str, dict[int, dict]]:
     return text, calls
 
 
-class InTime:
+class InTime(SidecarBase):
     """Holds submit() until the wave has posted: the hint is ready at the first round, as when the
-    sidecar has its own GPU. Forward counts then do not depend on how busy the CPU is."""
+    sidecar has its own GPU (its place is none of the target's cores: `SidecarBase`'s). Forward counts
+    then do not depend on how busy the CPU is."""
 
     def __init__(self, sidecar):
         self.sidecar = sidecar
-        self.name = getattr(sidecar, "name", None)
+        self.name = sidecar.name
 
     def submit(self, request):
         ticket = self.sidecar.submit(request)

@@ -135,7 +135,8 @@ def test_a_wave_estimates_itself_from_the_waves_it_ran(tiny):
     from oospec_agents.formats import HermesFormat
     from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.wave import ROW_WORK, Wave
-    from oospec_agents.sidecar.worker import WaveSidecar, wave_rows
+    from oospec_agents.sidecar.hosts.thread import WaveSidecar
+    from oospec_agents.sidecar.runtime import wave_rows
     from oospec_agents.tools import normalize_tools
     model, tok, _ = tiny
     request = HintRequest(normalize_messages(ASK), normalize_tools([WEATHER]), HermesFormat(), ("required", None))

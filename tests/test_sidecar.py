@@ -14,11 +14,13 @@ from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.drafters import DraftContext, HintDrafter
 from oospec_agents.formats import HermesFormat, Llama3JsonFormat
-from oospec_agents.sidecar import HintRequest
+from oospec_agents.sidecar import HintRequest, SidecarBase
 from oospec_agents.sidecar.join import JoinError, encode_payload, join, render_payload
 from oospec_agents.sidecar.rows import SUMMARY_CHARS, Row, expand_rows, parse_value, summarize, value_end
 from oospec_agents.sidecar.wave import Wave
-from oospec_agents.sidecar.worker import WaveSidecar, load_sidecar, wave_rows
+from oospec_agents.sidecar.hosts.thread import WaveSidecar
+from oospec_agents.sidecar.load import load_sidecar
+from oospec_agents.sidecar.runtime import wave_rows
 from oospec_agents.tools import normalize_tools
 
 WEATHER = {"type": "function", "function": {
@@ -376,10 +378,10 @@ def test_a_wave_begun_while_the_target_lent_it_cores_leaves_the_target_threads_c
         release.wait(10)
         return [' "get_weather"', ' "Paris"', " null", " null", " null"]
     sidecar = WaveSidecar(wave, threads=1)
-    sidecar._one_wave.acquire()            # hold the wave thread until the loan has begun
+    sidecar.host._one_wave.acquire()            # hold the wave thread until the loan has begun
     ticket = sidecar.submit(_request())
     torch.set_num_threads(max(before - 1, 1))  # the loan (session._lend_cores)
-    sidecar._one_wave.release()
+    sidecar.host._one_wave.release()
     while not seen:
         time.sleep(0.001)
     torch.set_num_threads(before)          # given back before the wave ends
@@ -389,13 +391,13 @@ def test_a_wave_begun_while_the_target_lent_it_cores_leaves_the_target_threads_c
     assert (torch.get_num_threads(), _new_thread_count()) == (before, before)
 
 
-class _SlowCPUSidecar:
+class _SlowCPUSidecar(SidecarBase):
     """TEST DOUBLE: a sidecar on the target's CPU, with one thread of its own, whose waves never answer
     (the worker's own mailbox, never posted): the reply decodes on with the cores it lent."""
     device, threads, name = "cpu", 1, "slow-cpu"
 
     def submit(self, request):
-        from oospec_agents.sidecar.worker import Ticket
+        from oospec_agents.sidecar.protocol import Ticket
         return Ticket(request, timeout_s=600.0)
 
 
@@ -447,7 +449,7 @@ def test_a_stream_closed_on_another_thread_gives_the_lent_cores_back_to_the_thre
 
 # ---------------------------------------------------------------- follow-up waves: the function the target wrote
 
-class Aimed:
+class Aimed(SidecarBase):
     """TEST DOUBLE: a sidecar whose hint for a request names `first` (or the named tool_choice's tool),
     with the call text `calls[name]`; every request is recorded. `fail_named` makes a named submit raise."""
 
@@ -455,7 +457,7 @@ class Aimed:
         self.calls, self.first, self.fail_named, self.requests = calls, first, fail_named, []
 
     def submit(self, request):
-        from oospec_agents.sidecar.base import FixedHint
+        from oospec_agents.sidecar.protocol import FixedHint
         self.requests.append(request)
         mode, name = request.tool_choice
         if mode == "named" and self.fail_named:
@@ -476,11 +478,12 @@ class _Declined:
 
 
 def _session(sidecar, follow_up=True):
+    """A session and the outcome it keeps (the engine copies it into the reply's stats)."""
+    from oospec_agents.sidecar.cores import Place
     from oospec_agents.sidecar.session import HintSession
-    from oospec_agents.stats import DecodeStats
-    stats = DecodeStats("oospec")
-    return HintSession.open(sidecar, _request(), stats, target_device=torch.device("cpu"), faults=set(),
-                            lend_cores=False, follow_up=follow_up), stats
+    hints = HintSession.open(sidecar, _request(), target=Place(torch.device("cpu")), faults=set(),
+                             lend_cores=False, follow_up=follow_up)
+    return hints, hints.outcome
 
 
 WEATHER_CALL = HermesFormat().render_call("get_weather", {"city": "Paris"})
@@ -489,57 +492,63 @@ TIME_CALL = HermesFormat().render_call("get_time", {"tz": "Europe/Paris"})
 
 def test_a_follow_up_wave_asks_for_the_function_the_target_wrote():
     side = Aimed({"get_weather": WEATHER_CALL, "get_time": TIME_CALL}, first="get_weather")
-    hints, stats = _session(side)
+    hints, outcome = _session(side)
     assert hints.poll("") == WEATHER_CALL and hints.name == "get_weather"
     assert hints.poll('<tool_call>\n{"name": "get_ti') is None  # the name is not written in full yet
     assert hints.poll('<tool_call>\n{"name": "get_weather", "ar') is None  # the hint's own function
-    assert len(side.requests) == 1 and stats.hint_follow_ups == 0
+    assert len(side.requests) == 1 and outcome.follow_ups == 0
     reply = '<tool_call>\n{"name": "get_time", "'
     assert hints.poll(reply) is None  # asked now; its hint is there at the next round
-    assert side.requests[-1].tool_choice == ("named", "get_time") and stats.hint_follow_ups == 1
+    assert side.requests[-1].tool_choice == ("named", "get_time") and outcome.follow_ups == 1
     assert hints.poll(reply) == TIME_CALL and hints.name == "get_time"
     assert hints.poll(reply) is None and hints.poll(reply + 'arguments": {') is None
     assert len(side.requests) == 2  # each name once
     hints.close()
-    assert stats.sidecar_error is None
+    assert outcome.error is None
 
 
 def test_a_declining_wave_is_still_followed_up_when_the_target_writes_a_call():
     side = Aimed({"get_time": TIME_CALL}, first=None)
-    hints, stats = _session(side)
+    hints, outcome = _session(side)
     assert hints.poll("") is None and hints.declined
     reply = '<tool_call>\n{"name": "get_time", "'
     assert hints.poll(reply) is None and hints.poll(reply) == TIME_CALL
     hints.close()
-    assert stats.sidecar_declined and stats.hint_follow_ups == 1 and stats.sidecar_error is None
+    assert outcome.declined and outcome.follow_ups == 1 and outcome.error is None
 
 
 def test_no_follow_up_for_a_name_not_offered_nor_when_it_is_off():
     side = Aimed({"get_weather": WEATHER_CALL, "get_time": TIME_CALL}, first="get_weather")
-    hints, stats = _session(side)
+    hints, outcome = _session(side)
     hints.poll("")
     assert hints.poll('<tool_call>\n{"name": "get_news", "') is None and len(side.requests) == 1
-    hints, stats = _session(side, follow_up=False)
+    hints, outcome = _session(side, follow_up=False)
     assert hints.poll("") == WEATHER_CALL
-    assert hints.poll('<tool_call>\n{"name": "get_time", "') is None and stats.hint_follow_ups == 0
+    assert hints.poll('<tool_call>\n{"name": "get_time", "') is None and outcome.follow_ups == 0
     assert hints.poll('<tool_call>\n{"name": "get_time", "') is None
 
 
 def test_a_follow_up_that_fails_is_a_fault_and_no_hint():
     side = Aimed({"get_weather": WEATHER_CALL}, first="get_weather", fail_named=True)
-    hints, stats = _session(side)
+    hints, outcome = _session(side)
     hints.poll("")
     assert hints.poll('<tool_call>\n{"name": "get_time", "') is None
-    assert stats.sidecar_error.startswith("sidecar submit failed") and hints.text == WEATHER_CALL
+    assert outcome.error.startswith("sidecar submit failed") and hints.text == WEATHER_CALL
 
 
 def test_follow_ups_are_on_by_default_only_where_the_sidecar_has_cores_of_its_own():
+    from oospec_agents.sidecar.cores import Place, shares_cpu
     from oospec_agents.sidecar.session import follows_up
-    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    cpu, gpu = Place(torch.device("cpu")), Place(torch.device("cuda", 0))
     on_cpu = WaveSidecar(lambda *a: [], device="cpu")
-    assert not follows_up(None, on_cpu, cpu) and follows_up(True, on_cpu, cpu)
-    assert follows_up(None, on_cpu, gpu) and not follows_up(False, on_cpu, gpu)
-    assert follows_up(None, Aimed({}, first=""), cpu)  # no CPU device of its own: a remote sidecar
+
+    def shares(side, target):
+        return shares_cpu(side.device, side.cores, target)
+    assert not follows_up(None, shares(on_cpu, cpu)) and follows_up(True, shares(on_cpu, cpu))
+    assert follows_up(None, shares(on_cpu, gpu)) and not follows_up(False, shares(on_cpu, gpu))
+    assert follows_up(None, shares(Aimed({}, first=""), cpu))  # no CPU device of its own: a remote sidecar
+    split = Place(torch.device("cpu"), frozenset({0}))
+    assert follows_up(None, shares_cpu(torch.device("cpu"), frozenset({1}), split))  # a core set of its own
 
 
 # ---------------------------------------------------------------- faults change nothing in the target's output
@@ -571,11 +580,11 @@ def _fault_sidecars(released):
         cancel.wait(30)
         return [' "get_weather"', ' "Paris"', " null", " null", " null"]
 
-    class SubmitRaises:
+    class SubmitRaises(SidecarBase):
         def submit(self, request):
             raise ConnectionError("mailbox down")
 
-    class PollRaises:
+    class PollRaises(SidecarBase):
         def submit(self, request):
             return type("T", (), {"error": None, "poll": lambda s: 1 / 0, "cancel": lambda s: None})()
     return {

@@ -16,13 +16,18 @@ import pytest
 import torch
 
 from oospec_testing import InTime, greedy, on_target_of, tiny_model
+from sidecar_faults import Faults
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.formats import Llama3JsonFormat
 from oospec_agents.sidecar import HintRequest
 from oospec_agents.sidecar.join import encode_payload
-from oospec_agents.sidecar.process import ProcessSidecar, WorkerSpec, resolve_placement
-from oospec_agents.sidecar.worker import WaveSidecar, load_sidecar, load_wave
+from oospec_agents.sidecar.hosts.process import ProcessSidecar
+from oospec_agents.sidecar.runtime import WorkerSpec
+from oospec_agents.sidecar.load import resolve_placement
+from oospec_agents.sidecar.hosts.thread import WaveSidecar
+from oospec_agents.sidecar.load import load_sidecar
+from oospec_agents.sidecar.runtime import load_wave
 from oospec_agents.tools import normalize_tools
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -58,8 +63,14 @@ def tiny_spec(tmp_path_factory, smollm2_tokenizer) -> WorkerSpec:
 
 
 @pytest.fixture(scope="module")
-def side(tiny_spec):
-    sidecar = ProcessSidecar(tiny_spec, timeout_s=30.0, name="tiny")
+def faults(tmp_path_factory) -> Faults:
+    """Faults for the module's worker's waves (tests/sidecar_faults.py: no hook in the package)."""
+    return Faults(tmp_path_factory.mktemp("faults") / "fault")
+
+
+@pytest.fixture(scope="module")
+def side(tiny_spec, faults):
+    sidecar = ProcessSidecar(faults.spec(tiny_spec), timeout_s=30.0, name="tiny")
     sidecar.wait_ready()
     yield sidecar
     sidecar.close()
@@ -142,10 +153,10 @@ def test_the_worker_posts_the_hint_a_thread_would_and_poll_never_blocks(side, ti
 # ---------------------------------------------------------------- faults change nothing in the target's output
 
 @pytest.mark.parametrize("fault", ["oom", "memory_error"])
-def test_out_of_memory_in_the_worker_is_a_fault_and_the_worker_lives_on(fault, side, target, reference):
+def test_out_of_memory_in_the_worker_is_a_fault_and_the_worker_lives_on(fault, side, faults, target, reference):
     engine = Engine(*target, InTime(side))
     pid = side.pid
-    side.inject(fault)
+    faults.inject(fault)
     gen = _generate(engine)
     assert gen.token_ids == reference
     assert gen.stats["sidecar_error"].startswith("sidecar out of memory on cpu"), gen.stats["sidecar_error"]
@@ -154,10 +165,10 @@ def test_out_of_memory_in_the_worker_is_a_fault_and_the_worker_lives_on(fault, s
     assert side.pid == pid
 
 
-def test_a_killed_worker_is_a_fault_and_the_next_request_restarts_it(side, target, reference):
+def test_a_killed_worker_is_a_fault_and_the_next_request_restarts_it(side, faults, target, reference):
     engine = Engine(*target, InTime(side))
     pid = side.pid
-    side.inject("hang")  # the wave is in flight when the worker is killed
+    faults.inject("hang")  # the wave is in flight when the worker is killed
     threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
     gen = _generate(engine)
     assert gen.token_ids == reference
@@ -168,12 +179,12 @@ def test_a_killed_worker_is_a_fault_and_the_next_request_restarts_it(side, targe
     assert side.pid not in (None, pid)
 
 
-def test_a_hung_worker_times_out_and_is_killed(side, target, reference):
+def test_a_hung_worker_times_out_and_is_killed(side, faults, target, reference):
     engine = Engine(*target, InTime(side))
     pid = side.pid
     side.timeout_s = 2.0
     try:
-        side.inject("hang")
+        faults.inject("hang")
         gen = _generate(engine)
     finally:
         side.timeout_s = 30.0
@@ -182,10 +193,10 @@ def test_a_hung_worker_times_out_and_is_killed(side, target, reference):
     assert not _wait_gone([pid], 5)  # the next request starts another (the next test's)
 
 
-def test_a_worker_slow_to_start_is_a_fault_and_is_left_to_finish(side, target, reference):
+def test_a_worker_slow_to_start_is_a_fault_and_is_left_to_finish(side, faults, target, reference):
     engine = Engine(*target, InTime(side))
     side.close()  # (after the hang above, there is no worker left to close)
-    side.inject("slow_start")
+    faults.inject("slow_start")
     side.timeout_s = 1.0
     try:
         gen = _generate(engine)  # starts the worker, which sleeps before it loads
@@ -229,7 +240,8 @@ def test_close_leaves_no_child_process_and_a_later_request_starts_another(side, 
 EXIT_WITHOUT_CLOSE = """
 import sys, psutil, torch
 from oospec_agents.sidecar.join import encode_payload
-from oospec_agents.sidecar.process import ProcessSidecar, WorkerSpec
+from oospec_agents.sidecar.hosts.process import ProcessSidecar
+from oospec_agents.sidecar.runtime import WorkerSpec
 side = ProcessSidecar(WorkerSpec(sys.argv[1], "cpu", torch.float32, None, 8, 0, 1))
 assert side.wait_ready(120)
 print(side.pid, *[p.pid for p in psutil.Process().children(recursive=True)])

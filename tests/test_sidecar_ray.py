@@ -20,7 +20,7 @@ N = 48  # the session's greedy references are 48 tokens
 
 @pytest.fixture(scope="module")
 def ray_sidecar():
-    from oospec_agents.sidecar.worker import load_sidecar
+    from oospec_agents.sidecar.load import load_sidecar
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
@@ -34,7 +34,7 @@ def ray_sidecar():
 
 def test_the_actors_hints_are_verified_and_the_reply_stays_greedy(ray_sidecar, embedded_fp32, dev_records20,
                                                                    embedded_greedy48):
-    from oospec_agents.sidecar.ray_actor import RaySidecar
+    from oospec_agents.sidecar.hosts.ray import RaySidecar
     assert isinstance(ray_sidecar, RaySidecar) and ray_sidecar.name.startswith("embedded:")
     engine = on_target_of(embedded_fp32, InTime(ray_sidecar))
     hint_tokens = 0

@@ -12,7 +12,7 @@ from oospec_agents.sidecar import HintRequest
 from oospec_agents.sidecar.rank import tool_prior, words
 from oospec_agents.sidecar.rows import parse_value
 from oospec_agents.sidecar.wave import PRIOR_WEIGHT, Wave
-from oospec_agents.sidecar.worker import wave_rows
+from oospec_agents.sidecar.runtime import wave_rows
 from oospec_agents.tools import normalize_tools
 
 
@@ -111,8 +111,9 @@ def test_the_weight_is_an_option_of_every_placement(tmp_path, smollm2_tokenizer)
     """`sidecar_prior_weight` (load_sidecar, Engine.from_pretrained) reaches the Wave, in a thread here and
     through the WorkerSpec that a process or a Ray actor loads from; the default is PRIOR_WEIGHT."""
     import torch
-    from oospec_agents.sidecar.process import WorkerSpec
-    from oospec_agents.sidecar.worker import load_sidecar, load_wave
+    from oospec_agents.sidecar.runtime import WorkerSpec
+    from oospec_agents.sidecar.load import load_sidecar
+    from oospec_agents.sidecar.runtime import load_wave
     tiny_model("llama", smollm2_tokenizer, seed=3).save_pretrained(tmp_path)
     smollm2_tokenizer.save_pretrained(tmp_path)
     cpu = torch.device("cpu")

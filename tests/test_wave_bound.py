@@ -15,7 +15,7 @@ from oospec_agents.sidecar import HintRequest
 from oospec_agents.sidecar.join import join
 from oospec_agents.sidecar.rows import expand_rows, parse_value
 from oospec_agents.sidecar.wave import MAX_ROWS, Wave
-from oospec_agents.sidecar.worker import wave_rows
+from oospec_agents.sidecar.runtime import wave_rows
 from oospec_agents.tools import check_calls, normalize_tools
 
 WEATHER = {"type": "function", "function": {
@@ -95,8 +95,9 @@ def test_the_bound_is_checked():
 def test_the_bound_is_an_option_of_every_placement(tmp_path, smollm2_tokenizer):
     """`sidecar_max_rows` (load_sidecar, Engine.from_pretrained) reaches the Wave, in a thread here and
     through the WorkerSpec a process or a Ray actor loads from; the default is MAX_ROWS."""
-    from oospec_agents.sidecar.process import WorkerSpec
-    from oospec_agents.sidecar.worker import load_sidecar, load_wave
+    from oospec_agents.sidecar.runtime import WorkerSpec
+    from oospec_agents.sidecar.load import load_sidecar
+    from oospec_agents.sidecar.runtime import load_wave
     tiny_model("llama", smollm2_tokenizer, seed=3).save_pretrained(tmp_path)
     smollm2_tokenizer.save_pretrained(tmp_path)
     cpu = torch.device("cpu")

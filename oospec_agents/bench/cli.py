@@ -90,7 +90,8 @@ def run(args):
     records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
     records = spread(only_sources(records, args.sources, args.bfcl or args.data) if args.sources else records, args.limit)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from ..sidecar.cores import set_threads  # every thread count is set in one place
+        set_threads(args.threads)
     payback = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
     if args.sidecar_placement:
         payback["sidecar_placement"] = args.sidecar_placement

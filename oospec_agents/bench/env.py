@@ -36,17 +36,20 @@ def _git_commit() -> str | None:
 def environment(engine, assistant=None) -> dict:
     target_dev = next(engine.target.parameters()).device
     sidecar = engine.sidecar
-    sidecar_dev = getattr(sidecar, "device", None)
+    sidecar_dev = None if sidecar is None else sidecar.device
     return {
         "target": engine.model_name,
         "target_device": str(target_dev),
         "target_device_name": device_name(target_dev),
         "dtype": str(engine.target.dtype).removeprefix("torch."),
-        "sidecar": None if sidecar is None else getattr(sidecar, "name", type(sidecar).__name__),
+        "sidecar": None if sidecar is None else sidecar.name or type(sidecar).__name__,
         "sidecar_device": None if sidecar_dev is None else str(sidecar_dev),
         "sidecar_device_name": None if sidecar_dev is None else device_name(sidecar_dev),
         # where its wave runs: WaveSidecar (a thread of this process), ProcessSidecar, RaySidecar
         "sidecar_runtime": None if sidecar is None else type(sidecar).__name__,
+        "sidecar_cores": None if sidecar is None or sidecar.cores is None else sorted(sidecar.cores),
+        "target_cores": None if getattr(engine, "place", None) is None or engine.place.cores is None
+        else sorted(engine.place.cores),
         "assistant": None if assistant is None else getattr(assistant.config, "_name_or_path", type(assistant).__name__),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

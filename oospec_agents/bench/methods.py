@@ -85,8 +85,7 @@ def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None,
 
 def _wait_for_sidecar(engine) -> None:
     """An earlier request's cancelled wave may still be in its prefill: measure on idle cores."""
-    wait = getattr(engine.sidecar, "wait_idle", None)  # optional in the Sidecar protocol
-    if wait is not None and not wait():
+    if engine.sidecar is not None and not engine.sidecar.wait_idle():
         raise RuntimeError("the sidecar stayed busy for 30 s between benchmark runs")
 
 

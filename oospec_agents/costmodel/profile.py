@@ -196,7 +196,8 @@ def run(args):
     from ..gcheap import freeze_gc_heap
     from ..models import resolve_dtype
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from ..sidecar.cores import set_threads  # every thread count is set in one place
+        set_threads(args.threads)
     name, config = load_config(args.config)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

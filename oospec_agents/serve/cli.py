@@ -6,7 +6,7 @@ import os
 
 from ..chat import read_chat_template
 from ..engine import METHODS
-from ..sidecar.process import PLACEMENTS
+from ..sidecar.load import PLACEMENTS
 from .app import DEFAULT_MAX_BODY_BYTES
 
 

@@ -188,7 +188,8 @@ def main(argv=None) -> int:
     except DataError as e:
         p.error(str(e))
     if a.threads:
-        torch.set_num_threads(a.threads)
+        from ..sidecar.cores import set_threads  # every thread count is set in one place
+        set_threads(a.threads)
     if a.what == "target":
         res = score_target(target_engine(a.target_adapter), select(recs, sources, a.limit), sources=tuple(sources),
                            strict=a.strict, tool_choice=a.tool_choice, details=a.details)

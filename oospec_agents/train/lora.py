@@ -147,7 +147,8 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
     if not examples:
         raise TrainDataError("the training set is empty: no usable examples were built from the data")
     if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+        from ..sidecar.cores import set_threads  # every thread count is set in one place
+        set_threads(cfg.threads)
     out_dir = Path(out_dir)
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir.with_name(out_dir.name + "-checkpoint")
     peft_model = add_lora(model, cfg)

@@ -69,7 +69,8 @@ def prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress, exclude_
     if not traces:
         raise TrainDataError("the training set is empty: the teacher wrote no valid call on any record")
     if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+        from ..sidecar.cores import set_threads  # every thread count is set in one place
+        set_threads(cfg.threads)
     model, tok = load_base(base, dtype)
     return dev_records, traces, trace_stats, model, tok
 

@@ -84,7 +84,7 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     from ..sidecar import HintRequest
     from ..sidecar.rows import parse_value
     from ..sidecar.wave import PRIOR_WEIGHT, Wave
-    from ..sidecar.worker import wave_rows
+    from ..sidecar.runtime import wave_rows
     from ..tools import normalize_tools
     wave = Wave(model, tokenizer, prior_weight=PRIOR_WEIGHT if prior_weight is None else prior_weight)
     recs = select([r for r in records if len(r["expected"]) == 1 or _no_call(r)], sources, limit_per_source)

@@ -1,8 +1,9 @@
-"""The sidecar in a worker process of its own (`sidecar_placement="process"`).
+"""The sidecar in a worker process of its own (`sidecar_placement="process"`), pinned to a core set of
+its own where it has one (`sidecar_device="cpu:1"`, cores.py).
 
     parent (the engine's process)                      worker (torch.multiprocessing, "spawn")
     submit(request) -> ticket   -- ("wave", id, request as plain data) -->   loads the model itself, then
-    ticket.poll()   <- mailbox  <-- ("done", id, payload | error) --------   rows -> wave -> join -> payload
+    ticket.poll()   <- mailbox  <-- ("done", id, payload | error) --------   a WaveHost runs rows -> wave -> join
     ticket.cancel()             -- ("cancel", id) -------------------------> the wave stops at its next step
 
 One duplex pipe carries everything. A reader thread on each side takes messages off it, so a cancel
@@ -24,56 +25,21 @@ import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
 
-from ..errors import ModelLoadError
-from ..gcheap import freeze_gc_heap
-from ..tools import Tool
-from .base import HintRequest
-from .wave import MAX_ROWS, PRIOR_WEIGHT
-from .worker import Ticket, load_wave, run_wave, wave_rows
+from ...errors import ModelLoadError
+from ...gcheap import freeze_gc_heap
+from .. import cores
+from ..protocol import HintRequest, SidecarBase, Ticket
+from ..runtime import WaveHost, WorkerSpec, from_plain, load_wave, plain
 
-PLACEMENTS = ("auto", "thread", "process", "ray")  # "ray": an actor of its own (ray_actor.py)
-#: test hooks (`ProcessSidecar.inject`): how the next wave fails, or how the next worker starts
-WAVE_FAULTS = ("hang", "oom", "memory_error")
-START_FAULTS = ("slow_start",)
-SLOW_START_S = 2.0
 #: how long `estimate()` waits for the worker's answer before it gives no estimate
 ESTIMATE_WAIT_S = 0.5
 
 
-def auto_placement(device: torch.device) -> str:
-    """What "auto" means: a process for a CUDA sidecar (its own CUDA context, and its host work off
-    the target's GIL); a thread on the CPU, where the two placements bench alike (docs/sidecar.md,
-    "Thread or process on the CPU": the cores are shared either way) and a process costs a second copy
-    of torch and the model, a start of seconds, and a `__main__` guard."""
-    return "process" if device.type == "cuda" else "thread"
-
-
-def resolve_placement(placement: str, device: torch.device) -> str:
-    if placement not in PLACEMENTS:
-        raise ValueError(f"sidecar_placement must be one of {PLACEMENTS}, got {placement!r}")
-    return auto_placement(device) if placement == "auto" else placement
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What the worker needs to load the sidecar model: the arguments `load_sidecar` got, as plain data."""
-    ref: str
-    device: str
-    dtype: torch.dtype
-    adapter: str | None
-    max_row_tokens: int
-    prefix_cache_tokens: int
-    threads: int | None
-    max_rows: int = MAX_ROWS  # above it a wave runs in two phases (docs/sidecar.md)
-    prior_weight: float = PRIOR_WEIGHT  # the function row's lexical prior (rank.py; 0: off)
-
-
-class ProcessSidecar:
+class ProcessSidecar(SidecarBase):
     """The `Sidecar` contract, with the model in a worker process that this object starts (at once,
     and again after a death) and stops (`close()`)."""
 
@@ -81,12 +47,13 @@ class ProcessSidecar:
         self.spec = spec
         self.name = name or spec.ref
         self.device = torch.device(spec.device)
-        self.threads = spec.threads   # session.py lends a CPU wave the target's cores, as for a thread
+        self.cores = spec.cores       # a core set of its own: the worker keeps to it
+        # a CPU wave on shared cores is lent the target's cores, as in a thread (cores.lend)
+        self.threads = len(spec.cores) if spec.cores else spec.threads
         self.timeout_s = timeout_s
-        self._lock = threading.Lock()  # guards `_worker`, `_failed` and `_fault`
+        self._lock = threading.Lock()  # guards `_worker` and `_failed`
         self._worker: _Worker | None = None
         self._failed: str | None = None   # the worker could not load its model: no restarts
-        self._fault: str | None = None
         self._workers: list[_Worker] = []  # the current worker, for the finalizer (which must not hold self)
         weakref.finalize(self, _stop_all, self._workers)
         self._restart()
@@ -95,12 +62,6 @@ class ProcessSidecar:
     def pid(self) -> int | None:
         worker = self._worker
         return None if worker is None else worker.process.pid
-
-    def inject(self, fault: str) -> None:
-        """TEST HOOK: the next wave fails (`WAVE_FAULTS`), or the next worker starts slowly (`START_FAULTS`)."""
-        if fault not in WAVE_FAULTS + START_FAULTS:
-            raise ValueError(f"unknown fault {fault!r}; expected one of {WAVE_FAULTS + START_FAULTS}")
-        self._fault = fault
 
     # ------------------------------------------------------------------ the Sidecar contract
 
@@ -113,9 +74,8 @@ class ProcessSidecar:
             if worker is None:
                 ticket.post(error=f"sidecar worker failed to start: {self._failed}")
                 return ticket
-            fault, self._fault = (self._fault, None) if self._fault in WAVE_FAULTS else (None, self._fault)
         worker.tickets[ticket.id] = ticket
-        if not worker.send(("wave", ticket.id, _plain(request), fault)):
+        if not worker.send(("wave", ticket.id, plain(request))):
             worker.tickets.pop(ticket.id, None)
             ticket.post(error=f"sidecar worker died: {worker.end_reason()}")
         return ticket
@@ -126,7 +86,7 @@ class ProcessSidecar:
         worker = self._worker
         if worker is None or not worker.ready.is_set() or not worker.alive():
             return None
-        return worker.ask_estimate(_plain(request), ESTIMATE_WAIT_S)
+        return worker.ask_estimate(plain(request), ESTIMATE_WAIT_S)
 
     def clear_prefix_cache(self) -> None:
         worker = self._worker
@@ -160,6 +120,10 @@ class ProcessSidecar:
             time.sleep(0.01)
         return False
 
+    def describe(self) -> dict:
+        return {"placement": "process", "prior_weight": self.spec.prior_weight,
+                "cores": None if self.cores is None else sorted(self.cores)}
+
     def close(self) -> None:
         """Stop the worker process and wait for it to end. A later request starts a new one."""
         with self._lock:
@@ -181,35 +145,26 @@ class ProcessSidecar:
         self._workers.clear()
         if self._failed is not None:
             return None
-        fault, self._fault = (self._fault, None) if self._fault in START_FAULTS else (None, self._fault)
-        self._worker = _Worker(self.spec, fault)
+        self._worker = _Worker(self.spec)
         self._workers.append(self._worker)
         return self._worker
 
 
 class ProcessTicket(Ticket):
     """A request's mailbox, filled by the parent's reader thread."""
-    _ids = itertools.count()
 
     def __init__(self, request: HintRequest, timeout_s: float, worker: "_Worker | None"):
-        super().__init__(request, timeout_s)
-        self.id = next(self._ids)
+        super().__init__(request, timeout_s, on_cancel=None if worker is None else worker.cancel)
         self._worker = worker
 
-    def cancel(self) -> None:
-        if not self.cancelled.is_set():
-            self.cancelled.set()
-            if self._worker is not None:
-                self._worker.send(("cancel", self.id))
-
-    def _expire(self) -> None:
+    def expire(self) -> None:
         """The deadline passed. A worker still loading is left to finish. A worker whose wave is this
         request's, or one that has run past the timeout, is hung: it is killed (without waiting),
         and the next request starts another."""
         worker = self._worker
         self.cancel()
         if worker is None:
-            return super()._expire()
+            return super().expire()
         if worker.alive() and not worker.ready.is_set():
             self.error = (f"sidecar timeout: no hint after {self._timeout_s:g}s; the worker process is still "
                           f"starting ({time.monotonic() - worker.started:.1f}s so far)")
@@ -218,16 +173,16 @@ class ProcessTicket(Ticket):
             self.error = (f"sidecar timeout: no hint after {self._timeout_s:g}s; the worker process is killed "
                           "and the next request starts another")
         else:
-            super()._expire()
+            super().expire()
 
 
 class _Worker:
     """One worker process, its pipe, and the parent's reader thread that posts its answers."""
 
-    def __init__(self, spec: WorkerSpec, fault: str | None):
+    def __init__(self, spec: WorkerSpec):
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_serve, args=(child_conn, spec, fault), name="oospec-sidecar", daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child_conn, spec), name="oospec-sidecar", daemon=True)
         self.started = time.monotonic()
         self.owner = os.getpid()  # a forked copy of this process must not stop the worker (atexit runs there too)
         self.process.start()
@@ -258,6 +213,9 @@ class _Worker:
             return True
         except (OSError, ValueError):  # the worker is gone (or the pipe closed): its reader reports it
             return False
+
+    def cancel(self, ticket: Ticket) -> None:
+        self.send(("cancel", ticket.id))
 
     def ask_estimate(self, request: dict, wait_s: float) -> float | None:
         eid = next(self._estimate_ids)
@@ -346,29 +304,17 @@ def _stop_at_exit() -> None:
     _stop_all(_LIVE)
 
 
-def _plain(request: HintRequest) -> dict:
-    """The request as picklable data: the worker needs no ToolFormat (the parent renders the hint)."""
-    return {"messages": request.messages, "tools": [(t.name, t.description, t.parameters) for t in request.tools],
-            "tool_choice": request.tool_choice, "arrived": request.arrived}
-
-
-def _request(plain: dict) -> HintRequest:
-    return HintRequest(plain["messages"], [Tool(*t) for t in plain["tools"]], None, plain["tool_choice"],
-                       plain["arrived"])
-
-
 # ---------------------------------------------------------------------- in the worker process
 
-def _serve(conn, spec: WorkerSpec, fault: str | None) -> None:
+def _serve(conn, spec: WorkerSpec) -> None:
     """The worker's main: load the model, then run waves in order until "stop" or the parent's death.
     A reader thread takes cancels and estimates off the pipe while a wave runs."""
-    if fault == "slow_start":
-        time.sleep(SLOW_START_S)
-    device = torch.device(spec.device)
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    if spec.cores:
+        cores.pin_process(spec.cores)
+    elif spec.threads:
+        cores.set_threads(spec.threads)
     try:
-        wave = load_wave(spec)
+        host = WaveHost(load_wave(spec), spec.device)
     except BaseException as e:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
@@ -380,7 +326,6 @@ def _serve(conn, spec: WorkerSpec, fault: str | None) -> None:
             conn.send(message)
 
     work: queue.SimpleQueue = queue.SimpleQueue()
-    cancels: dict[int, threading.Event] = {}
 
     def read() -> None:
         while True:
@@ -389,18 +334,13 @@ def _serve(conn, spec: WorkerSpec, fault: str | None) -> None:
             except (EOFError, OSError):
                 os._exit(0)  # the parent is gone: nobody is left to answer
             kind = message[0]
-            if kind == "wave":
-                cancels[message[1]] = threading.Event()
-                work.put(message)
-            elif kind == "cancel":
-                if (event := cancels.get(message[1])) is not None:
-                    event.set()
+            if kind == "cancel":
+                host.cancel(message[1])
             elif kind == "estimate":
-                send(("estimate", message[1], _estimate(wave, message[2])))
-            else:  # "clear", "stop": in order, between waves
+                send(("estimate", message[1], host.estimate(from_plain(message[2]))))
+            else:  # "wave", "clear", "stop": in order, between waves
                 if kind == "stop":
-                    for event in list(cancels.values()):
-                        event.set()
+                    host.cancel_all()
                 work.put(message)
 
     threading.Thread(target=read, name="oospec-sidecar-reader", daemon=True).start()
@@ -410,39 +350,9 @@ def _serve(conn, spec: WorkerSpec, fault: str | None) -> None:
         if message[0] == "stop":
             break
         if message[0] == "clear":
-            wave.prefix_cache.clear()
+            host.clear_prefix_cache()
             continue
-        _, tid, plain, wave_fault = message
-        cancelled = cancels[tid]
-        outcome = None
-        if not cancelled.is_set():
-            fn = _FAULTY[wave_fault] if wave_fault else wave
-            send(("started", tid))
-            outcome = run_wave(fn, _request(plain), cancelled, device=device)
-        cancels.pop(tid, None)
+        _, tid, request = message
+        outcome = host.run(tid, from_plain(request), on_start=lambda: send(("started", tid)))
         send(("done", tid, outcome))
     conn.close()
-
-
-def _estimate(wave, plain: dict) -> float | None:
-    try:
-        rows, prefix, _ = wave_rows(_request(plain), priors=False)
-        return wave.estimate(prefix, rows)
-    except Exception:  # no estimate: the wave runs
-        return None
-
-
-def _hang(*args):
-    while True:  # ignores its cancel, as a wave stuck in a kernel would
-        time.sleep(1)
-
-
-def _oom(*args):
-    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test hook)")
-
-
-def _memory_error(*args):
-    raise MemoryError("test hook")
-
-
-_FAULTY = {"hang": _hang, "oom": _oom, "memory_error": _memory_error}

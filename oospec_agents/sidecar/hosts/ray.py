@@ -6,62 +6,51 @@ from a sidecar that Ray places on a GPU of its own, possibly on another node.
                                              rendered here, in the target's format
     ticket.cancel()                          actor.cancel.remote(id): the wave stops at its next step
 
-The actor runs the same rows -> wave -> join as a thread or a worker process (worker.run_wave), one
-wave at a time; a second actor thread takes cancels while a wave runs. Faults stay faults: an actor
+The actor holds the same `runtime.WaveHost` as a thread or a worker process (one wave at a time,
+cancel by ticket id); a second actor thread takes cancels while a wave runs. Faults stay faults: an actor
 that dies (`ray.kill`, its node lost) or fails turns into `ticket.error`, and the next request starts
 another actor. `close()` kills it.
 """
 from __future__ import annotations
 
-import itertools
 import threading
 
 import torch
 
-from .base import HintRequest
-from .process import WorkerSpec, _plain, _request
-from .worker import Ticket, load_wave, run_wave, wave_rows
+from .. import cores
+from ..protocol import HintRequest, SidecarBase, Ticket
+from ..runtime import WaveHost, WorkerSpec, from_plain, load_wave, plain
 
 #: how long `wait_ready` waits for an actor to load its model
 READY_TIMEOUT_S = 600.0
 
 
 class _WaveActor:
-    """Inside the actor: the sidecar model and its wave. Threaded (max_concurrency), so that `cancel`
-    runs beside `run`; waves themselves take turns."""
+    """Inside the actor: the sidecar model on its `WaveHost`. Threaded (max_concurrency), so that
+    `cancel` runs beside `run`; waves themselves take turns."""
 
     def __init__(self, spec: WorkerSpec):
         if spec.threads:
-            torch.set_num_threads(spec.threads)
-        self.device = torch.device(spec.device)
-        self.wave = load_wave(spec)
-        self.cancels: dict[int, threading.Event] = {}
-        self.one_wave = threading.Lock()
+            cores.set_threads(spec.threads)
+        self.host = WaveHost(load_wave(spec), spec.device)
 
     def ready(self) -> bool:
         return True
 
-    def run(self, tid: int, plain: dict) -> dict | None:
-        cancelled = self.cancels.setdefault(tid, threading.Event())
-        try:
-            with self.one_wave:
-                return None if cancelled.is_set() else run_wave(self.wave, _request(plain), cancelled,
-                                                                 device=self.device)
-        finally:
-            self.cancels.pop(tid, None)
+    def run(self, tid: int, request: dict) -> dict | None:
+        return self.host.run(tid, from_plain(request))
 
     def cancel(self, tid: int) -> None:
-        self.cancels.setdefault(tid, threading.Event()).set()
+        self.host.cancel(tid)
 
-    def estimate(self, plain: dict) -> float | None:
-        rows, prefix, _ = wave_rows(_request(plain), priors=False)
-        return self.wave.estimate(prefix, rows)
+    def estimate(self, request: dict) -> float | None:
+        return self.host.estimate(from_plain(request))
 
     def clear_prefix_cache(self) -> None:
-        self.wave.prefix_cache.clear()
+        self.host.clear_prefix_cache()
 
 
-class RaySidecar:
+class RaySidecar(SidecarBase):
     """The `Sidecar` contract over a Ray actor that this object creates (again after a death) and kills
     (`close()`). Call it where `ray.init` has run (a Serve replica, or a driver)."""
 
@@ -97,12 +86,15 @@ class RaySidecar:
     def estimate(self, request: HintRequest) -> float | None:
         import ray
         try:
-            return ray.get(self._actor.estimate.remote(_plain(request)), timeout=0.5)
+            return ray.get(self._actor.estimate.remote(plain(request)), timeout=0.5)
         except Exception:  # no estimate (starting, busy, gone): the wave runs
             return None
 
     def clear_prefix_cache(self) -> None:
         self._actor.clear_prefix_cache.remote()
+
+    def describe(self) -> dict:
+        return {"placement": "ray", "prior_weight": self.spec.prior_weight}
 
     def close(self) -> None:
         import ray
@@ -119,13 +111,10 @@ class RaySidecar:
 
 
 class RayTicket(Ticket):
-    _ids = itertools.count()
-
     def __init__(self, request: HintRequest, timeout_s: float, sidecar: RaySidecar, actor):
-        super().__init__(request, timeout_s)
-        self.id = next(self._ids)
+        super().__init__(request, timeout_s, on_cancel=lambda t: actor.cancel.remote(t.id))
         self._sidecar, self._actor = sidecar, actor
-        self._ref = actor.run.remote(self.id, _plain(request))
+        self._ref = actor.run.remote(self.id, plain(request))
 
     def poll(self):
         if self._ref is not None:
@@ -143,11 +132,3 @@ class RayTicket(Ticket):
                 if outcome is not None:
                     self.post(**outcome)
         return super().poll()
-
-    def cancel(self) -> None:
-        if not self.cancelled.is_set():
-            self.cancelled.set()
-            try:
-                self._actor.cancel.remote(self.id)
-            except Exception:  # the actor is gone: nothing runs to cancel
-                pass

@@ -1,0 +1,203 @@
+"""The wave's runtime, the same wherever a wave runs (a thread, a worker process, a Ray actor):
+
+    load_wave(spec)                     the sidecar model and its `Wave`, from a `WorkerSpec`
+    wave_rows(request)                  the rows a request needs, with the function row's choices
+    run_wave(wave, request, cancelled)  rows -> wave -> join -> payload; every fault becomes an error
+    WaveHost                            one wave at a time, cancel by ticket id, a wave's estimated cost
+
+The hosts (hosts/thread.py, process.py, ray.py) only carry requests to a `WaveHost` and its outcomes
+back into a `protocol.Ticket`. Words: docs/glossary.md.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..prefix_cache import DEFAULT_TOKENS
+from ..tools import Tool
+from .join import JoinError, NoCall, encode_payload, join
+from .protocol import HintRequest
+from .rank import tool_prior
+from .rows import Row, expand_rows
+from .wave import MAX_ROWS, PRIOR_WEIGHT
+
+#: (prefix, rows, cancel, choices: row -> {text: prior}) -> one generated text per row; `Wave` is the real one
+WaveFn = Callable[[str, list[Row], threading.Event, dict[int, dict[str, float]]], list[str]]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What it takes to load a sidecar's wave, as plain data (it crosses to a worker process or an actor)."""
+    ref: str
+    device: str
+    dtype: torch.dtype
+    adapter: str | None
+    max_row_tokens: int
+    prefix_cache_tokens: int = DEFAULT_TOKENS
+    threads: int | None = 1
+    max_rows: int = MAX_ROWS  # above it a wave runs in two phases (docs/sidecar.md)
+    prior_weight: float = PRIOR_WEIGHT  # the function row's lexical prior (rank.py; 0: off)
+    cores: frozenset[int] | None = None  # a core set of its own: the worker keeps to it (cores.py)
+    #: "module:function" that loads the wave from this spec instead of `load_wave` (a quantized wave,
+    #: or a test's wrapper); it must be importable where the wave runs
+    loader: str | None = None
+
+
+def load_wave(spec: WorkerSpec):
+    """The sidecar model and its `Wave` (or what `spec.loader` loads)."""
+    if spec.loader is not None:
+        module, _, name = spec.loader.partition(":")
+        return getattr(importlib.import_module(module), name)(spec)
+    from .. import models
+    from .wave import Wave
+    model, tok = models.load_model(spec.ref, device=torch.device(spec.device), dtype=spec.dtype, adapter=spec.adapter)
+    wave = Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens,
+                max_rows=spec.max_rows, prior_weight=spec.prior_weight)
+    wave.null_starts()  # a pass over the vocabulary, here at load time rather than in the first wave
+    return wave
+
+
+def wave_rows(request: HintRequest, *, priors: bool = True) -> tuple[list[Row], str, dict[int, dict[str, float]]]:
+    """The rows this request needs. A named tool_choice needs only that tool's slot rows; otherwise
+    the function row is constrained to the offered names (and `null` unless a call is required),
+    each with its lexical prior (`rank.tool_prior`; null's is 0). `priors=False` (the pay-back
+    estimate, which needs only the rows) leaves every prior 0 and skips the ranking."""
+    mode, named = request.tool_choice
+    prefix, rows = expand_rows(request.messages, request.tools)
+    if mode == "named":
+        return [r for r in rows if r.tool == named], prefix, {}
+    prior = tool_prior(request.messages, request.tools) if priors else [0.0] * len(request.tools)
+    names = {" " + json.dumps(t.name, ensure_ascii=False): p for t, p in zip(request.tools, prior)}
+    return rows, prefix, {0: names if mode == "required" else names | {" null": 0.0}}
+
+
+def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.device,
+             stream: torch.cuda.Stream | None = None) -> dict | None:
+    """rows -> wave -> join -> payload for one request. Returns `Ticket.post`'s keywords: the payload,
+    a decline or the error, with the wave's profile; None once the request is cancelled."""
+    try:
+        rows, prefix, choices = wave_rows(request)
+        start = time.perf_counter()
+        texts = wave(prefix, rows, cancelled, choices)
+        if stream is not None:
+            stream.synchronize()
+        profile = {"queued_s": start - request.arrived, "wave_s": time.perf_counter() - start,
+                   **(getattr(wave, "profile", None) or {})}
+        if cancelled.is_set():
+            return None
+        try:
+            call = join(rows, texts, request.tools, request.tool_choice)
+        except NoCall:
+            return {"declined": True, "profile": profile}
+        return {"payload": encode_payload(call), "profile": profile}
+    except JoinError as e:
+        return {"error": f"sidecar gave no usable call: {e}"}
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": f"sidecar out of memory on {device}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"}
+    except Exception as e:
+        return {"error": f"sidecar failed: {type(e).__name__}: {e}"}
+
+
+class WaveHost:
+    """A loaded wave and the rules of running it: one wave at a time (a cancelled wave ends at its next
+    step before the next one begins), cancel by ticket id (also before the wave has begun), and the
+    estimate of a wave's seconds (payback.py)."""
+
+    #: cancels kept for waves not (yet) running: a late cancel of a finished wave is forgotten after this many
+    EARLY_CANCELS = 256
+
+    def __init__(self, wave: WaveFn, device: torch.device | str = "cpu", stream: torch.cuda.Stream | None = None):
+        self.wave = wave
+        self.device = torch.device(device)
+        self.stream = stream
+        self._one_wave = threading.Lock()
+        self._lock = threading.Lock()  # guards the two maps below
+        self._running: dict[int, threading.Event] = {}
+        self._early: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def run(self, tid: int, request: HintRequest, *, cancelled: threading.Event | None = None,
+            wait_s: float | None = None, on_start: Callable[[], None] | None = None,
+            placement: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> dict | None:
+        """Run ticket `tid`'s wave once the wave before it has ended (an error after `wait_s`); None
+        when it was cancelled. `on_start` is called as the wave begins; `placement` is entered around it."""
+        event = cancelled or threading.Event()
+        with self._lock:
+            if tid in self._early:  # cancelled before it began
+                del self._early[tid]
+                event.set()
+            self._running[tid] = event
+        try:
+            if not self._one_wave.acquire(timeout=-1 if wait_s is None else wait_s):
+                return {"error": f"sidecar timeout: an earlier wave has held the sidecar for over {wait_s:g}s"}
+            try:
+                if event.is_set():
+                    return None
+                if on_start is not None:
+                    on_start()
+                with placement():
+                    return run_wave(self.wave, request, event, device=self.device, stream=self.stream)
+            finally:
+                self._one_wave.release()
+        finally:
+            with self._lock:
+                self._running.pop(tid, None)
+
+    def cancel(self, tid: int) -> None:
+        with self._lock:
+            event = self._running.get(tid)
+            if event is None:
+                self._early[tid] = None
+                while len(self._early) > self.EARLY_CANCELS:
+                    self._early.popitem(last=False)
+        if event is not None:
+            event.set()
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            events = list(self._running.values())
+        for event in events:
+            event.set()
+
+    def estimate(self, request: HintRequest) -> float | None:
+        """Seconds this request's wave is expected to take (None: no estimate yet, or a wave function
+        that keeps no costs)."""
+        estimate = getattr(self.wave, "estimate", None)
+        if estimate is None:
+            return None
+        try:
+            rows, prefix, _ = wave_rows(request, priors=False)
+            return estimate(prefix, rows)
+        except Exception:  # no estimate: the wave runs
+            return None
+
+    def clear_prefix_cache(self) -> None:
+        cache = getattr(self.wave, "prefix_cache", None)  # a wave function may keep none
+        if cache is not None:
+            cache.clear()
+
+    def wait_idle(self, timeout_s: float = 30.0) -> bool:
+        """Wait until no wave runs; False on timeout."""
+        if not self._one_wave.acquire(timeout=timeout_s):
+            return False
+        self._one_wave.release()
+        return True
+
+
+def plain(request: HintRequest) -> dict:
+    """The request as picklable data for a worker or an actor (the hint is rendered on the target's side)."""
+    return {"messages": request.messages, "tools": [(t.name, t.description, t.parameters) for t in request.tools],
+            "tool_choice": request.tool_choice, "arrived": request.arrived}
+
+
+def from_plain(data: dict) -> HintRequest:
+    return HintRequest(data["messages"], [Tool(*t) for t in data["tools"]], None, data["tool_choice"], data["arrived"])
