@@ -22,8 +22,8 @@ from typing import Iterator, Union
 import torch
 
 from .chat import normalize_messages, render_prompt, require_chat_template, template_renders_tools
-from .drafters import DraftContext, HintDrafter, PredictionDrafter, RetrievalDrafter, SchemaDrafter
-from .drafters.prediction import matched_tokens, prediction_text
+from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDrafter, SchemaDrafter
+from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
 from .errors import ContextLengthError, OoOSpecError, PredictionError
 from .events import ReplyEvents, TextDelta, ToolCallDelta
@@ -302,13 +302,12 @@ class Engine:
         stats = DecodeStats(method, prompt_tokens=len(req.prompt_ids), margins=[] if record_margins else None)
         ids = "call_" + uuid.uuid4().hex[:12]
         reading = self.fmt.for_forced_reply(req.choice[0])  # a forced opener makes the reply calls
-        reply = _Reply(req, self._reply_text, self.eos_ids, ReplyEvents(reading, lambda i: f"{ids}_{i}"))
+        state = ReplyState(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix, tools=req.tools,
+                           fmt=self.fmt, tokenizer=self.tokenizer, pool=self.memory.recall(req.tools),
+                           prediction=Prediction(predicted) if predicted else None)
+        stats.prediction_tokens = len(predicted or ())
+        reply = _Reply(req, state, self._reply_text, self.eos_ids, ReplyEvents(reading, lambda i: f"{ids}_{i}"))
         hints = self._open_hints(req, method, hint_text, stats)
-        ctx = DraftContext(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix,
-                           tools=req.tools, fmt=self.fmt, tokenizer=self.tokenizer,
-                           memo={"pool": self.memory.recall(req.tools)})
-        if predicted:
-            ctx.memo["prediction"], stats.prediction_tokens = predicted, len(predicted)
         done = False
         try:
             t0 = time.perf_counter()
@@ -330,7 +329,7 @@ class Engine:
                     break
                 if cancel is not None and cancel.is_set():
                     return  # abandoned: the finally below stops the sidecar
-                tree = self._draft(method, ctx, reply, hints, forced)
+                tree = self._draft(method, reply, hints, forced)
                 pending, logits = self._verify(tree, cache, reply, stats)
             self._sync()
             stats.decode_s = time.perf_counter() - t1
@@ -343,8 +342,8 @@ class Engine:
                 _record(stats, hints.close(abandoned=not done))
         self.memory.remember(req.tools, reply.new)
         yield from reply.close()
-        if stats.prediction_tokens:
-            stats.prediction_matched = matched_tokens(ctx.memo["prediction"], reply.new)
+        if state.prediction is not None:
+            stats.prediction_matched = matched_tokens(state.prediction.tokens, reply.new)
         yield self._finish(req, reply, stats, ids)
 
     def _forced(self, req: Prepared, limit: int, stats: DecodeStats) -> list[int]:
@@ -355,20 +354,19 @@ class Engine:
         stats.accepted_by_source["grammar"] += len(forced)
         return forced
 
-    def _draft(self, method: str, ctx: DraftContext, reply: "_Reply", hints: HintSession | None,
-               forced: list[int]):
+    def _draft(self, method: str, reply: "_Reply", hints: HintSession | None, forced: list[int]):
         """The candidate tree for the next forward: the forced tokens (committed, not yet in the KV
         cache) below the last token the target chose, then the prediction, hint, schema and retrieval drafts."""
-        ctx.ids, ctx.text = list(reply.req.prompt_ids) + reply.new, reply.text
-        if hints is not None and (hint := hints.poll(reply.text)) is not None:
-            ctx.hint = hint
-            ctx.memo["pool"].append(self.tokenizer.encode(hint, add_special_tokens=False))
+        state = reply.state
+        if hints is not None and (hint := hints.poll(state.text)) is not None:
+            state.hint = hint
+            state.pool.append(self.tokenizer.encode(hint, add_special_tokens=False))
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
-        if ctx.hint:
+        if state.hint:
             drafters.insert(0, self._drafters["hint"])
-        if method != "ar" and ctx.memo.get("prediction"):
+        if method != "ar" and state.prediction is not None:
             drafters.insert(0, self._drafters["prediction"])
-        return build_tree(reply.new[-1 - len(forced)], [d for dr in drafters for d in dr.propose(ctx)],
+        return build_tree(reply.new[-1 - len(forced)], [d for dr in drafters for d in dr.propose(state)],
                           self.max_draft_nodes, chain=not self._verifier.layout.tree, forced=forced)
 
     def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats):
@@ -470,13 +468,18 @@ class ReplyText:
 
 
 class _Reply:
-    """The committed side of one reply: tokens, text, stop conditions, and the events they make."""
+    """The committed side of one reply: it writes the reply's state (tokens, text) that the drafters
+    read, checks the stop conditions, and makes the events."""
 
-    def __init__(self, req: Prepared, decode: ReplyText, eos: set[int], events: ReplyEvents):
-        self.req, self.decode, self.eos, self.events = req, decode, eos, events
-        self.new: list[int] = []
-        self.text = req.prefix          # committed text, cut at a stop string once one appears
+    def __init__(self, req: Prepared, state: ReplyState, decode: ReplyText, eos: set[int], events: ReplyEvents):
+        self.req, self.state, self.decode, self.eos, self.events = req, state, decode, eos, events
+        self.new: list[int] = []        # the committed new tokens (also at the end of `state.ids`)
         self.finish: str | None = None  # "stop" | "length" once the reply is over
+
+    @property
+    def text(self) -> str:
+        """The committed text, cut at a stop string once one appears."""
+        return self.state.text
 
     def commit(self, pending: list[int], logits, stats: DecodeStats) -> Iterator[TextDelta | ToolCallDelta]:
         """Commit what the last forward decided, check every stop condition, and yield the new events.
@@ -490,15 +493,16 @@ class _Reply:
                 stats.margins += (top2[:, 0] - top2[:, 1]).tolist()[:len(pending)]
         for t in pending[:self.req.max_new_tokens - len(self.new)]:
             self.new.append(t)
+            self.state.ids.append(t)
             if t in self.eos:
                 self.finish = "stop"
                 break
         text = self.req.prefix + self.decode(self.new)
         cut = _stop_at(text, self.req.stop, len(self.req.prefix))
         if cut is not None:
-            self.text, self.finish = text[:cut], "stop"
+            self.state.text, self.finish = text[:cut], "stop"
             return
-        self.text = text
+        self.state.text = text
         if self.finish is None and len(self.new) >= self.req.max_new_tokens:
             self.finish = "length"
         if self.finish is None:

@@ -13,7 +13,7 @@ import time
 
 from oospec_agents import data
 from oospec_agents.events import ReplyEvents, TextDelta, ToolCallDelta
-from oospec_agents.drafters import Draft, DraftContext, Drafter
+from oospec_agents.drafters import Draft, ReplyState, Drafter
 from oospec_agents.sidecar import SidecarBase
 from oospec_agents.bench.records import spread  # noqa: F401  (n records round-robin over the sources)
 
@@ -204,7 +204,7 @@ class ReferenceDrafter(Drafter):
     def __init__(self, reference, n_prompt, wrong_at, branch):
         self.reference, self.n_prompt, self.wrong_at, self.branch = reference, n_prompt, wrong_at, branch
 
-    def propose(self, ctx: DraftContext):
+    def propose(self, ctx: ReplyState):
         done = len(ctx.ids) - self.n_prompt
         good = self.reference[done:done + 8]
         bad = list(good)

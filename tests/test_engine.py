@@ -6,7 +6,7 @@ import torch
 
 from oospec_testing import ReferenceDrafter, check_events, greedy, trace_stream
 from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
-from oospec_agents.drafters import DraftContext
+from oospec_agents.drafters import ReplyState
 from oospec_agents.drafters.schema import forced_text
 from oospec_agents.errors import (ChatFormatError, ContextLengthError, DeviceError, OoOSpecError, ToolSchemaError,
                                   UnknownToolError)
@@ -83,7 +83,7 @@ def test_forced_tool_choice_is_part_of_prompt_ids(tiny_engine):
 # ---------------------------------------------------------------- the schema drafter
 
 def _ctx(text, tools=(WEATHER, TIME)):
-    return DraftContext(ids=[1], n_prompt=1, text=text, tools=normalize_tools(list(tools)), fmt=HermesFormat(),
+    return ReplyState(ids=[1], n_prompt=1, text=text, tools=normalize_tools(list(tools)), fmt=HermesFormat(),
                         tokenizer=None)
 
 
@@ -127,7 +127,7 @@ def test_schema_drafter_drafts_both_argument_separators(smollm2_tokenizer):
     from oospec_agents.drafters import SchemaDrafter
     tok = smollm2_tokenizer
     text = '<tool_call>\n{"name": "get_c'
-    ctx = DraftContext(ids=tok.encode(text, add_special_tokens=False), n_prompt=0, text=text,
+    ctx = ReplyState(ids=tok.encode(text, add_special_tokens=False), n_prompt=0, text=text,
                        tools=normalize_tools([WEATHER, TIME]), fmt=HermesFormat(), tokenizer=tok)
     drafts = [tok.decode(d.tokens) for d in SchemaDrafter().propose(ctx)]
     assert drafts == ['urrent_weather", "arguments": {"city": "', 'urrent_weather","arguments": {"city": "']
@@ -142,7 +142,7 @@ def test_hint_drafter_adds_a_short_compact_separator_branch(smollm2_tokenizer):
     from oospec_agents.drafters import HintDrafter
     tok = smollm2_tokenizer
     hint = '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
-    ctx = DraftContext(ids=[tok.eos_token_id], n_prompt=1, text="", tools=normalize_tools([WEATHER, TIME]),
+    ctx = ReplyState(ids=[tok.eos_token_id], n_prompt=1, text="", tools=normalize_tools([WEATHER, TIME]),
                        fmt=HermesFormat(), tokenizer=tok, hint=hint)
     first, alt = [tok.decode(d.tokens) for d in HintDrafter().propose(ctx)]
     assert first == hint

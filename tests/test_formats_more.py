@@ -12,7 +12,7 @@ import torch
 from oospec_testing import check_events, greedy, joined, replay, tiny_model, trace_stream
 from oospec_agents import Engine, TextDelta
 from oospec_agents.chat import normalize_messages, render_prompt
-from oospec_agents.drafters.base import DraftContext
+from oospec_agents.drafters.base import ReplyState
 from oospec_agents.drafters.hint import continuation
 from oospec_agents.drafters.schema import forced_text
 from oospec_agents.events import ReplyEvents
@@ -280,7 +280,7 @@ def test_text_that_may_open_a_call_waits_until_it_is_decided():
 # ---------------------------------------------------------------- the schema drafter and the hint
 
 def _forced(fmt, text: str, tools=(WEATHER,)) -> str:
-    ctx = DraftContext(ids=[], n_prompt=0, text=text, tools=normalize_tools(list(tools)), fmt=fmt, tokenizer=None)
+    ctx = ReplyState(ids=[], n_prompt=0, text=text, tools=normalize_tools(list(tools)), fmt=fmt, tokenizer=None)
     return forced_text(ctx)
 
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from oospec_agents.drafters import DraftContext, PredictionDrafter
-from oospec_agents.drafters.prediction import matched_tokens, prediction_text
+from oospec_agents.drafters import PredictionDrafter, ReplyState
+from oospec_agents.drafters.prediction import Prediction, matched_tokens, prediction_text
 from oospec_agents.errors import PredictionError
 from oospec_agents.formats import HermesFormat
 from oospec_testing import greedy, masked_reference
@@ -56,9 +56,11 @@ def test_a_prediction_longer_than_the_context_window_is_refused(tiny_engine):
 
 # ----------------------------------------------------------------------------- the drafter
 
-def _propose(pred: list[int], new: list[int], memo: dict | None = None, **kw) -> list[int]:
-    memo = {"prediction": pred} if memo is None else memo
-    ctx = DraftContext(ids=[7, 7] + new, n_prompt=2, text="", tools=[], fmt=HermesFormat(), tokenizer=None, memo=memo)
+def _propose(pred: list[int], new: list[int], prediction: Prediction | None = None, **kw) -> list[int]:
+    """What the drafter proposes after `new`; the same `prediction` across calls keeps its place in it."""
+    prediction = Prediction(pred) if prediction is None else prediction
+    ctx = ReplyState(ids=[7, 7] + new, n_prompt=2, text="", tools=[], fmt=HermesFormat(), tokenizer=None,
+                     prediction=prediction)
     drafts = PredictionDrafter(**kw).propose(ctx)
     assert all(d.source == "prediction" for d in drafts)
     return drafts[0].tokens if drafts else []
@@ -82,10 +84,10 @@ def test_after_an_edit_the_drafter_rejoins_the_prediction_where_the_reply_does()
 def test_a_repeated_passage_is_read_in_the_predictions_order():
     line = [5, 6, 7, 8]
     pred = line + [20, 21] + line + [30, 31]       # the same line twice, followed by different tokens
-    memo = {"prediction": pred}
-    assert _propose(pred, [1] + line, memo, max_tokens=2) == [20, 21]   # first: the first occurrence
-    assert _propose(pred, [1] + line + [20, 21] + line, memo, max_tokens=2) == [30, 31]  # longest match: the second
-    assert _propose(pred, [9, 9] + line[1:], memo, max_tokens=2) == [30, 31]  # a tie: at or after the last match
+    kept = Prediction(pred)
+    assert _propose(pred, [1] + line, kept, max_tokens=2) == [20, 21]   # first: the first occurrence
+    assert _propose(pred, [1] + line + [20, 21] + line, kept, max_tokens=2) == [30, 31]  # longest match: the second
+    assert _propose(pred, [9, 9] + line[1:], kept, max_tokens=2) == [30, 31]  # a tie: at or after the last match
 
 
 def test_matched_tokens_count_the_predictions_tokens_in_the_reply():

@@ -12,7 +12,7 @@ import torch
 from oospec_testing import InTime, check_events, greedy, on_target_of, tiny_model, trace_stream
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
-from oospec_agents.drafters import DraftContext, HintDrafter
+from oospec_agents.drafters import ReplyState, HintDrafter
 from oospec_agents.formats import HermesFormat, Llama3JsonFormat
 from oospec_agents.sidecar import HintRequest, SidecarBase
 from oospec_agents.sidecar.join import JoinError, encode_payload, join, render_payload
@@ -788,7 +788,7 @@ def test_a_real_target_is_lossless_with_hints_from_a_sidecar_with_another_tokeni
     req = engine.prepare(r["messages"], r["tools"], "required")
     ticket = InTime(side).submit(HintRequest(req.messages, req.tools, engine.fmt, req.choice))
     hint = ticket.poll().text
-    ctx = DraftContext(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix, tools=req.tools,
+    ctx = ReplyState(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix, tools=req.tools,
                        fmt=engine.fmt, tokenizer=engine.tokenizer, hint=hint)
     draft, *alternatives = HintDrafter().propose(ctx)
     assert req.prefix + engine.tokenizer.decode(draft.tokens) == hint[:len(req.prefix) + 160]

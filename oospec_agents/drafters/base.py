@@ -1,24 +1,38 @@
-"""One small interface for every drafter, in the spirit of transformers' CandidateGenerator."""
+"""One small interface for every drafter, in the spirit of transformers' CandidateGenerator, and the
+one reply state they all read."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..formats import ToolFormat
 from ..tools import Tool
 
+if TYPE_CHECKING:
+    from .prediction import Prediction
+
 
 @dataclass
-class DraftContext:
-    """What a drafter may look at: the committed tokens and text of the current request."""
-    ids: list[int]            # prompt ids + committed new tokens
+class ReplyState:
+    """One reply as the drafters see it. The engine's commit step writes it in place (tokens appended,
+    text replaced) and the drafters read it: nothing is copied or re-synced between rounds."""
+    ids: list[int]            # prompt ids, then the committed new tokens: one list that grows
     n_prompt: int
     text: str                 # assistant text so far: forced prefix + decoded new tokens
     tools: list[Tool]
     fmt: ToolFormat
     tokenizer: object
     hint: str | None = None   # the sidecar's call, rendered in the target's format
-    memo: dict = field(default_factory=dict)  # per-request scratch space a drafter may cache in
+    #: earlier token sequences retrieval drafts from besides `ids`: this tool set's earlier replies
+    #: (the engine's call memory) and the hint's tokens once it is here
+    pool: list[list[int]] = field(default_factory=list)
+    prediction: "Prediction | None" = None  # the caller's predicted output, and where the reply is in it
+
+    @property
+    def new(self) -> list[int]:
+        """The committed new tokens (a copy)."""
+        return self.ids[self.n_prompt:]
 
 
 @dataclass
@@ -31,7 +45,7 @@ class Drafter(ABC):
     source: str
 
     @abstractmethod
-    def propose(self, ctx: DraftContext) -> list[Draft]:
+    def propose(self, ctx: ReplyState) -> list[Draft]:
         """Token sequences that may follow `ctx.ids`; verification decides what is kept."""
 
 

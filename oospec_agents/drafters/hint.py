@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .base import Draft, DraftContext, Drafter, encode_after, separator_variants
+from .base import Draft, ReplyState, Drafter, encode_after, separator_variants
 
 MIN_ANCHOR = 3      # chars of committed text that must match the hint to re-anchor after a divergence
 MAX_CHARS = 160
@@ -14,7 +14,7 @@ ALT_CHARS = 24      # chars of the alternative separator's branch past the point
 class HintDrafter(Drafter):
     source = "hint"
 
-    def propose(self, ctx: DraftContext) -> list[Draft]:
+    def propose(self, ctx: ReplyState) -> list[Draft]:
         text = continuation(ctx.text, ctx.hint, ctx.fmt)
         if not text:
             return []

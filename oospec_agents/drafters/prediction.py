@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
+from dataclasses import dataclass
 
 from ..chat import join_text_parts
 from ..errors import PredictionError
-from .base import Draft, DraftContext, Drafter
+from .base import Draft, ReplyState, Drafter
 
 
 def prediction_text(prediction) -> str | None:
@@ -42,33 +43,43 @@ def prediction_text(prediction) -> str | None:
     raise PredictionError(f"prediction.content must be a string or a list of text parts, got {type(content).__name__}")
 
 
+@dataclass
+class Prediction:
+    """The caller's prediction in target tokens, and what the drafter keeps of it between rounds."""
+    tokens: list[int]
+    index: dict[tuple[int, ...], list[int]] | None = None  # n-gram -> where it ends in `tokens` (built once)
+    at: int = 0                                            # where the reply last matched
+
+
 class PredictionDrafter(Drafter):
     source = "prediction"
 
     def __init__(self, max_tokens: int = 32, min_ngram: int = 3, max_ngram: int = 16):
         self.max_tokens, self.min_ngram, self.max_ngram = max_tokens, min_ngram, max_ngram
 
-    def propose(self, ctx: DraftContext) -> list[Draft]:
-        pred = ctx.memo.get("prediction")
-        if not pred:
+    def propose(self, ctx: ReplyState) -> list[Draft]:
+        if ctx.prediction is None or not ctx.prediction.tokens:
             return []
-        at = self._align(pred, ctx.ids[ctx.n_prompt:], ctx.memo)
+        pred = ctx.prediction.tokens
+        at = self._align(ctx.prediction, ctx.ids, ctx.n_prompt)
         cont = [] if at is None else pred[at:at + self.max_tokens]
         return [Draft(cont, self.source)] if cont else []
 
-    def _align(self, pred: list[int], new: list[int], memo: dict) -> int | None:
-        """The index in `pred` just after the reply's last token, or None where they do not agree."""
-        if len(new) < len(pred) and pred[:len(new)] == new:
-            return len(new)
+    def _align(self, prediction: Prediction, ids: list[int], n_prompt: int) -> int | None:
+        """The index in the prediction just after the reply's last token (the reply is `ids[n_prompt:]`),
+        or None where they do not agree."""
+        pred, done = prediction.tokens, len(ids) - n_prompt
+        if done < len(pred) and ids[n_prompt:] == pred[:done]:
+            return done
         n = self.min_ngram
-        if len(new) < n:
+        if done < n:
             return None
-        index = memo.get("prediction_index")
-        if index is None:
-            index = memo["prediction_index"] = defaultdict(list)
+        new = ids[len(ids) - min(done, self.max_ngram):]  # the reply's last tokens, as many as a match can use
+        if prediction.index is None:
+            prediction.index = defaultdict(list)
             for end in range(n, len(pred)):  # where each n-gram ends (an n-gram at the very end proposes nothing)
-                index[tuple(pred[end - n:end])].append(end)
-        cursor = memo.get("prediction_at", 0)
+                prediction.index[tuple(pred[end - n:end])].append(end)
+        index, cursor = prediction.index, prediction.at
         best = None
         for end in index.get(tuple(new[-n:]), ()):
             k = n
@@ -79,7 +90,7 @@ class PredictionDrafter(Drafter):
                 best = (rank, end)
         if best is None:
             return None
-        memo["prediction_at"] = best[1]
+        prediction.at = best[1]
         return best[1]
 
 

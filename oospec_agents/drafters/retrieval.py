@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 
-from .base import Draft, DraftContext, Drafter
+from .base import Draft, ReplyState, Drafter
 
 
 class RetrievalDrafter(Drafter):
@@ -16,8 +16,8 @@ class RetrievalDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.max_tokens, self.max_candidates = max_tokens, max_candidates
 
-    def propose(self, ctx: DraftContext) -> list[Draft]:
-        pool: list[list[int]] = [ctx.ids] + ctx.memo.get("pool", [])
+    def propose(self, ctx: ReplyState) -> list[Draft]:
+        pool: list[list[int]] = [ctx.ids] + ctx.pool
         ids = ctx.ids
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(ids) <= n:

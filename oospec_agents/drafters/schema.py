@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..formats.base import enum_strings, unique_completion
-from .base import Draft, DraftContext, Drafter, encode_after, separator_variants
+from .base import Draft, ReplyState, Drafter, encode_after, separator_variants
 
 MAX_DRAFT_CHARS = 96
 
@@ -125,7 +125,7 @@ def _end_value(st: JsonState, s: str | None, is_key: bool) -> None:
 class SchemaDrafter(Drafter):
     source = "schema"
 
-    def propose(self, ctx: DraftContext) -> list[Draft]:
+    def propose(self, ctx: ReplyState) -> list[Draft]:
         text = forced_text(ctx)
         if not text:
             return []
@@ -133,7 +133,7 @@ class SchemaDrafter(Drafter):
                 for t in separator_variants(text, ctx.fmt.args_key)]
 
 
-def forced_text(ctx: DraftContext) -> str:
+def forced_text(ctx: ReplyState) -> str:
     """Follow the forced stretches from the end of `ctx.text` for as long as they stay forced."""
     out = ""
     while len(out) < MAX_DRAFT_CHARS:
@@ -144,7 +144,7 @@ def forced_text(ctx: DraftContext) -> str:
     return out
 
 
-def _next_forced(ctx: DraftContext, text: str) -> str:
+def _next_forced(ctx: ReplyState, text: str) -> str:
     fmt = ctx.fmt
     own = fmt.forced_next(text, ctx.tools)
     if own is not None:  # a format whose calls are not JSON walks its own skeleton

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import DeviceError
+
 _CORE_SET = re.compile(r"^cpu:(\d+(-\d+)?(,\d+(-\d+)?)*)$")
 
 
@@ -45,15 +47,18 @@ def place(device) -> Place:
     if isinstance(device, str) and device.strip().startswith("cpu:"):
         text = device.strip().replace(" ", "")
         if not _CORE_SET.match(text):
-            raise ValueError(f"bad core set {device!r}: expected cpu:N, cpu:A-B or cpu:A,B,... (e.g. 'cpu:0-5')")
+            raise DeviceError(f"bad core set {device!r}: expected cpu:N, cpu:A-B or cpu:A,B,... (e.g. 'cpu:0-5')")
         cores: set[int] = set()
         for part in text[4:].split(","):
             lo, _, hi = part.partition("-")
             if hi and int(hi) < int(lo):
-                raise ValueError(f"bad core set {device!r}: the range {part} runs backwards")
+                raise DeviceError(f"bad core set {device!r}: the range {part} runs backwards")
             cores.update(range(int(lo), int(hi or lo) + 1))
         return Place(torch.device("cpu"), frozenset(cores))
-    return Place(torch.device(device))
+    try:
+        return Place(torch.device(device))
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(f"unknown device {device!r}: {e}") from None
 
 
 def usable_cores() -> frozenset[int]:
@@ -71,13 +76,13 @@ def check_split(target: Place, sidecar: Place) -> None:
         if p.cores is None:
             continue
         if missing := sorted(c for c in p.cores if c >= count):
-            raise ValueError(f"{who}={str(p)!r} names core(s) {missing} that this machine lacks "
+            raise DeviceError(f"{who}={str(p)!r} names core(s) {missing} that this machine lacks "
                              f"(it has {count}: 0-{count - 1})")
         if barred := sorted(p.cores - usable):
-            raise ValueError(f"{who}={str(p)!r} names core(s) {barred} that this process may not use "
+            raise DeviceError(f"{who}={str(p)!r} names core(s) {barred} that this process may not use "
                              f"(os.sched_getaffinity: {sorted(usable)})")
     if target.cores is not None and sidecar.cores is not None and (both := target.cores & sidecar.cores):
-        raise ValueError(f"target_device={str(target)!r} and sidecar_device={str(sidecar)!r} overlap on core(s) "
+        raise DeviceError(f"target_device={str(target)!r} and sidecar_device={str(sidecar)!r} overlap on core(s) "
                          f"{sorted(both)}: a core set is a device of its own")
 
 
@@ -131,7 +136,7 @@ def pin_process(cores: frozenset[int]) -> Pinned:
 
 def _set_affinity(cores: frozenset[int]) -> None:
     if not hasattr(os, "sched_setaffinity"):
-        raise ValueError("core sets need os.sched_setaffinity (Linux)")
+        raise DeviceError("core sets need os.sched_setaffinity (Linux)")
     try:
         tasks = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
