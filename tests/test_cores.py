@@ -94,3 +94,20 @@ def test_target_on_core_0_sidecar_pinned_to_core_1_hints_accepted_and_lossless()
         engine.close()
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before  # close() gives the cores back
     assert side.pid is None
+
+
+def test_the_bench_runs_toolspec_and_oospec_in_a_split_layout_beside_the_shared_one():
+    from oospec_agents.bench.cli import _with_layout
+    from oospec_agents.sidecar.cores import split_cores
+    methods = ["ar", "toolspec", "oospec"]
+    assert _with_layout(methods, "shared") == methods
+    assert _with_layout(methods, "split") == ["ar", "toolspec@split", "oospec@split"]
+    assert _with_layout(methods, "both") == ["ar", "toolspec", "toolspec@split", "oospec", "oospec@split"]
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) >= 2:
+        target, side = split_cores()
+        assert target.cores == frozenset(usable[:-1]) and side.cores == {usable[-1]}
+    with pytest.raises(ValueError, match="overlap"):
+        split_cores("cpu:0", "cpu:0")
+    with pytest.raises(ValueError, match="takes core sets"):
+        split_cores("cpu", "cpu:1")

@@ -31,8 +31,15 @@ def add_parser(sub, name):
     p.add_argument("--assistant", default=None,
                    help="draft model for 'assisted' (default: the embedded base model for target=embedded, "
                         "else --sidecar)")
-    p.add_argument("--target-device", default=None)
-    p.add_argument("--sidecar-device", default=None)
+    p.add_argument("--target-device", default=None,
+                   help="cuda:0, cpu, or with --layout split a core set (cpu:0-5; default: all cores but the last)")
+    p.add_argument("--sidecar-device", default=None,
+                   help="cuda:1, cpu, or with --layout split a core set (cpu:6-7; default: the last core)")
+    p.add_argument("--layout", choices=("shared", "split", "both"), default="shared",
+                   help="on a CPU: shared (the target on every core, the sidecar beside it, the pay-back rule "
+                        "judging its wave), split (the target on one core set, the sidecar's worker process on "
+                        "another: rows toolspec@split and oospec@split in place of toolspec and oospec), or both "
+                        "(each row of the two layouts, side by side in one run; ar runs on every core)")
     p.add_argument("--sidecar-placement", default=None, choices=("auto", "thread", "process", "ray"),
                    help="where the sidecar's wave runs (default: the engine's, 'auto')")
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
@@ -104,8 +111,11 @@ def run(args):
     if args.max_draft_nodes is not None:
         payback["max_draft_nodes"] = args.max_draft_nodes
     sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
-    engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device,
-                                    sidecar_device=args.sidecar_device, dtype=args.dtype, **payback)
+    shared = args.layout == "shared"
+    engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device if shared else None,
+                                    sidecar_device=args.sidecar_device if shared else None, dtype=args.dtype, **payback)
+    split_engine = None if shared else _split_engine(engine, args, sidecar, payback)
+    methods = _with_layout(methods, args.layout)
     if "oospec" in methods and sidecar is not False and engine.sidecar is None:
         # Without a sidecar `oospec` decodes as `toolspec`: a bench that compares them would say nothing.
         raise RuntimeError("method 'oospec' needs a sidecar, and none was loaded (see the warning above: is the "
@@ -114,13 +124,49 @@ def run(args):
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
                          warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario,
                          strict=args.strict)
-    results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
-                        data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""))
+    try:
+        results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
+                            data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""),
+                            split_engine=split_engine)
+    finally:
+        for e in (engine, split_engine):
+            if e is not None:
+                e.close()
     paths = write_all(results, args.out)
     if not args.quiet:
         print(paths["report"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _with_layout(methods: list[str], layout: str) -> list[str]:
+    """`--layout split` runs `toolspec` and `oospec` as their `@split` rows; `both` runs each twice."""
+    from .methods import SPLIT, SPLIT_SUFFIX
+    if layout == "shared":
+        return methods
+    out = []
+    for m in methods:
+        if layout == "both" or m + SPLIT_SUFFIX not in SPLIT:
+            out.append(m)
+        if m + SPLIT_SUFFIX in SPLIT:
+            out.append(m + SPLIT_SUFFIX)
+    return out
+
+
+def _split_engine(engine, args, sidecar, options: dict):
+    """The same target model on a core set of its own (pinned while it decodes), and the sidecar in a
+    worker process pinned to another core set."""
+    from ..engine import Engine
+    from ..sidecar.cores import split_cores
+    from ..sidecar.load import load_sidecar
+    target, side_cores = split_cores(args.target_device, args.sidecar_device)
+    sidecar_kw = {k: v for k, v in options.items() if k.startswith("sidecar_") and k != "sidecar_placement"}
+    engine_kw = {k: v for k, v in options.items() if not k.startswith("sidecar_")}
+    side = None if sidecar is False else load_sidecar(sidecar or "embedded", device=str(side_cores),
+                                                      dtype=engine.target.dtype, sidecar_placement="process",
+                                                      **sidecar_kw)
+    return Engine(engine.target, engine.tokenizer, side, model_name=engine.model_name, target_cores=target.cores,
+                  **engine_kw)
 
 
 def _positive(text: str) -> int:

@@ -5,7 +5,10 @@ target's forward over the prompt (and its first token), `decode_s` everything af
 serve the turn's unmeasured `before` requests (see scenarios.py), on a cleared prefix cache and
 retrieval memory. With `--strict`, `ar`, `toolspec` and `oospec` also run as `ar+strict`,
 `toolspec+strict` and `oospec+strict` (STRICT): the same method under the grammar of valid calls,
-`engine.generate(..., strict=True)`, its forced tokens committed by jump-forward.
+`engine.generate(..., strict=True)`, its forced tokens committed by jump-forward. With `--layout split`
+(or `both`), `toolspec` and `oospec` also run as `toolspec@split` and `oospec@split` (SPLIT): the target
+kept to its core set and the sidecar's worker process to its own (`BenchContext.split_engine`, the same
+target model), beside the shared layout's rows, in the same interleaved loop.
 
 transformers' `generate` methods (`hf_generate`, `prompt_lookup`, `assisted`) are timed from the
 outside. Their `prefill_s` is a separate plain greedy `generate(max_new_tokens=1)` on the same prompt,
@@ -16,11 +19,12 @@ forward hook on the target, so the assistant model's own forwards are not counte
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
+from ..sidecar import cores
 from .scenarios import Turn
 
 
@@ -56,12 +60,19 @@ class BenchContext:
     assistant: object | None = None        # draft model for `assisted`
     assistant_tokenizer: object | None = None  # set only when its vocabulary differs from the target's
     prompt_lookup_tokens: int = 10
+    split_engine: object | None = None     # the same target on a core set, its sidecar on another (`@split`)
 
 
 # ------------------------------------------------------------------ our engine
 
 def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None, margins: bool = False,
-            strict: bool = False) -> Run:
+            strict: bool = False, split: bool = False) -> Run:
+    if split:  # the process keeps to the target's cores for the run (the sidecar's worker to its own)
+        if ctx.split_engine is None:
+            raise ValueError(f"method '{method}{SPLIT_SUFFIX}' needs a split layout: pass --layout split or both")
+        with cores.pinned(ctx.split_engine.place.cores):
+            return _engine(replace(ctx, engine=ctx.split_engine, split_engine=None), turn, method, hint, margins,
+                           strict)
     engine = ctx.engine
     engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
     engine.clear_prefix_cache()  # and starts cold: no method reuses the prompt another method prefilled
@@ -118,6 +129,14 @@ def toolspec_strict(ctx, turn, ref=None):
 
 def oospec_strict(ctx, turn, ref=None):
     return _engine(ctx, turn, "oospec", strict=True)
+
+
+def toolspec_split(ctx, turn, ref=None):
+    return _engine(ctx, turn, "toolspec", split=True)
+
+
+def oospec_split(ctx, turn, ref=None):
+    return _engine(ctx, turn, "oospec", split=True)
 
 
 # ------------------------------------------------------------------ transformers' generate
@@ -183,6 +202,11 @@ STRICT: dict[str, Callable[..., Run]] = {
     "ar" + STRICT_SUFFIX: ar_strict, "toolspec" + STRICT_SUFFIX: toolspec_strict,
     "oospec" + STRICT_SUFFIX: oospec_strict,
 }
+
+
+#: The split-layout variant of a method's name, and the methods that have one.
+SPLIT_SUFFIX = "@split"
+SPLIT: dict[str, Callable[..., Run]] = {"toolspec" + SPLIT_SUFFIX: toolspec_split, "oospec" + SPLIT_SUFFIX: oospec_split}
 
 
 def strict_name(method: str) -> str:

@@ -43,6 +43,7 @@ def markdown(results: dict) -> str:
         f"numerical ties (AR's top-2 logit margin <= {cfg['tie_tolerance']}).",
         *_scenario_lines(cfg.get("scenario", "cold")),
         *_strict_lines(cfg),
+        *_layout_lines(cfg),
         "",
         "| method | n | speedup decode | speedup e2e | decode tok/s | mean accepted tokens | target forwards "
         "| hint_ready_s | hint_bytes | vs oracle | lossless |",
@@ -118,6 +119,17 @@ _SCENARIO_TEXT = {
 
 def _scenario_lines(scenario: str) -> list[str]:
     return ["", _SCENARIO_TEXT[scenario]] if scenario in _SCENARIO_TEXT else []
+
+
+def _layout_lines(cfg: dict) -> list[str]:
+    layout = cfg.get("layout") or {}
+    if "split" not in layout:
+        return []
+    shared, split = layout["shared"], layout["split"]
+    return ["", f"`--layout`: the `@split` rows keep the target to `{split['target']}` and the sidecar's worker "
+            f"process to `{split['sidecar']}` (a core set is a device); the other rows run the target on "
+            f"`{shared['target']}` with the sidecar on `{shared['sidecar']}`. Every speedup is over `ar` on "
+            "the shared layout."]
 
 
 def _strict_lines(cfg: dict) -> list[str]:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from .env import environment
-from .methods import METHODS, STRICT, BenchContext, Run, reference, strict_name
+from ..sidecar import cores
+from .methods import METHODS, SPLIT, STRICT, BenchContext, Run, reference, strict_name
 from .metrics import compare, summarize, tie_tolerance
 from .scenarios import turns
 
@@ -37,9 +38,9 @@ class BenchConfig:
 
 
 def check_methods(methods) -> list[str]:
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in METHODS and m not in SPLIT]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; expected some of {list(METHODS)}")
+        raise ValueError(f"unknown method(s) {unknown}; expected some of {list(METHODS) + list(SPLIT)}")
     # AR is the reference every other method is checked and timed against.
     return ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
 
@@ -50,12 +51,14 @@ def with_strict(methods: list[str]) -> list[str]:
 
 
 def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), *, assistant=None,
-              assistant_tokenizer=None, data: str | None = None) -> dict:
-    """Run every method on every record; returns the results dict that report.write_all saves."""
+              assistant_tokenizer=None, data: str | None = None, split_engine=None) -> dict:
+    """Run every method on every record; returns the results dict that report.write_all saves.
+    `split_engine` (the same target on a core set of its own, its sidecar on another) runs the `@split` methods."""
     methods = check_methods(config.methods)
     if config.strict:
         methods = with_strict(methods)
-    ctx = BenchContext(engine, config.max_new_tokens, assistant, assistant_tokenizer, config.prompt_lookup_tokens)
+    ctx = BenchContext(engine, config.max_new_tokens, assistant, assistant_tokenizer, config.prompt_lookup_tokens,
+                       split_engine)
     tol = tie_tolerance(engine.target.dtype)
     passes = len(turns(records[0], config.scenario, config.tool_choice))
     started = time.time()
@@ -77,7 +80,8 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
                          "scenario": config.scenario, "strict": config.strict, "wave_payback": _ratio(engine),
                          "sidecar_prior_weight": _prior_weight(engine),
                          "hint_follow_up": engine.hint_follow_up, "max_draft_nodes": engine.max_draft_nodes,
-                         "tie_tolerance": tol, "wall_s": round(time.time() - started, 1)}
+                         "tie_tolerance": tol, "wall_s": round(time.time() - started, 1),
+                         "layout": _layout(engine, split_engine)}
     results["records"] = measured
     if passes > 1:  # the same records cold, side by side
         cold = [r["cold"] for r in rows]
@@ -97,7 +101,7 @@ def _run_record(ctx: BenchContext, rec: dict, methods: list[str], index: int, to
         runs: dict[str, Run] = {}
         for m in order:
             bar.set_postfix_str(f"{rec['id']} {name} {m}"[-48:])
-            runs[m] = (METHODS.get(m) or STRICT[m])(ctx, turn, runs.get("ar"))
+            runs[m] = (METHODS.get(m) or STRICT.get(m) or SPLIT[m])(ctx, turn, runs.get("ar"))
             bar.update(1)
         if name == "cold":  # the references: `ar`, and `ar+strict` for the strict runs
             refs = {m: runs[m] for m in ("ar", strict_name("ar")) if m in runs}
@@ -127,6 +131,20 @@ def _prior_weight(engine) -> float | None:
     a Ray actor); None without a sidecar."""
     side = getattr(engine, "sidecar", None)  # a benchmark's engine may be a test double without one
     return None if side is None else side.describe().get("prior_weight")
+
+
+def _layout(engine, split_engine) -> dict:
+    """Where each layout's target and sidecar ran: `shared` (the engine's own place) and, with `@split`
+    rows, `split` (two core sets)."""
+    def where(e) -> dict:
+        side = getattr(e, "sidecar", None)
+        place = getattr(e, "place", None)
+        return {"target": None if place is None else str(place),
+                "sidecar": None if side is None else str(cores.Place(side.device, side.cores))}
+    out = {"shared": where(engine)}
+    if split_engine is not None:
+        out["split"] = where(split_engine)
+    return out
 
 
 def _ratio(engine) -> float | str | None:

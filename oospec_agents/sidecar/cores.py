@@ -134,6 +134,30 @@ def pin_process(cores: frozenset[int]) -> Pinned:
     return before
 
 
+@contextlib.contextmanager
+def pinned(cores: frozenset[int]):
+    """`pin_process` for the time of a block, then what was before (the benchmark's split-layout runs)."""
+    before = pin_process(cores)
+    try:
+        yield
+    finally:
+        before.restore()
+
+
+def split_cores(target=None, sidecar=None) -> tuple[Place, Place]:
+    """A split layout: the core sets given, or by default the last usable core for the sidecar and the
+    rest for the target."""
+    usable = sorted(usable_cores())
+    if len(usable) < 2 and (target is None or sidecar is None):
+        raise DeviceError(f"a split layout needs two cores or more; this process may use {usable}")
+    t = place(target) if target is not None else Place(torch.device("cpu"), frozenset(usable[:-1]))
+    s = place(sidecar) if sidecar is not None else Place(torch.device("cpu"), frozenset(usable[-1:]))
+    if t.cores is None or s.cores is None:
+        raise DeviceError(f"a split layout takes core sets (cpu:0-5, cpu:6-7), got {str(t)!r} and {str(s)!r}")
+    check_split(t, s)
+    return t, s
+
+
 def _set_affinity(cores: frozenset[int]) -> None:
     if not hasattr(os, "sched_setaffinity"):
         raise DeviceError("core sets need os.sched_setaffinity (Linux)")
