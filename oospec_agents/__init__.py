@@ -1,10 +1,10 @@
 """oospec-agents: lossless out-of-order semantic speculation for LLM tool calls."""
 from .engine import Engine, Generation
-from .events import TextDelta, ToolCallDelta
+from .events import LogprobsDelta, TextDelta, ToolCallDelta
 from .stats import DecodeStats
 from .errors import (ChatFormatError, ContextLengthError, DeviceError, ModelLoadError, OoOSpecError,
-                     ToolSchemaError, UnknownToolError)
+                     SamplingError, ToolSchemaError, UnknownToolError)
 
-__all__ = ["Engine", "Generation", "TextDelta", "ToolCallDelta", "DecodeStats", "OoOSpecError", "ToolSchemaError", "UnknownToolError", "ChatFormatError",
-           "ContextLengthError", "DeviceError", "ModelLoadError"]
+__all__ = ["Engine", "Generation", "TextDelta", "ToolCallDelta", "LogprobsDelta", "DecodeStats", "OoOSpecError", "ToolSchemaError", "UnknownToolError", "ChatFormatError",
+           "ContextLengthError", "DeviceError", "ModelLoadError", "SamplingError"]
 __version__ = "0.1.0"

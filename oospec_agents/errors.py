@@ -39,3 +39,7 @@ class ResponseFormatError(OoOSpecError):
 class PredictionError(OoOSpecError):
     """`prediction` is not OpenAI's `{"type": "content", "content": ...}` (or a string)."""
     param = "prediction"
+
+
+class SamplingError(OoOSpecError):
+    """A sampling setting (temperature, top_p, top_k, min_p, seed, logprobs) is out of range."""

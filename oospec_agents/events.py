@@ -34,6 +34,14 @@ class ToolCallDelta:
     arguments: str = ""
 
 
+@dataclass(frozen=True)
+class LogprobsDelta:
+    """With `logprobs` asked for: the committed tokens' log-probabilities, in OpenAI's shape (`{"token",
+    "logprob", "bytes", "top_logprobs"}` each), in the round that commits them. Joined, they are
+    `Generation.logprobs`."""
+    content: list
+
+
 @dataclass
 class CallSoFar:
     """What one call's JSON text says so far."""
