@@ -2,12 +2,14 @@
 
     hint = hints.poll(reply)                  non-blocking; the sidecar's call as target-format text
     drafts = prediction + hint + schema + retrieval   each behind the one Drafter interface
-    path, next_token = verify(tree(drafts))   one target forward, greedy acceptance
+    path, next_token = verify(tree(drafts))   one target forward; greedy acceptance, or a seeded draw
+                                              per node when the request samples (sampling.py)
     commit path + next_token; crop the KV cache past rejected nodes; emit the new events
 
-The target is the only model that commits tokens, so the output equals its greedy decoding. Under a
-grammar (strict), a token the grammar forces (the only one its mask allows) is committed at once
-without the target (jump-forward): it enters the KV cache in the next forward, ahead of the drafts.
+The target is the only model that commits tokens, so the output equals its greedy decoding, or when
+the request samples, is distributed as its sampling. Under a grammar (strict), a token the grammar
+forces (the only one its mask allows) is committed at once without the target (jump-forward): it
+enters the KV cache in the next forward, ahead of the drafts.
 """
 from __future__ import annotations
 
@@ -26,13 +28,14 @@ from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDraft
 from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
 from .errors import ContextLengthError, OoOSpecError, PredictionError
-from .events import ReplyEvents, TextDelta, ToolCallDelta
+from .events import LogprobsDelta, ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
 from .formats.base import ENDED_INSIDE, UNTERMINATED
 from .gcheap import freeze_gc_heap
 from .grammar import Grammars, Guide, StrictLogitsProcessor, response_schema
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
+from .sampling import Choice, Sampling, TokenLogprob, check_logprobs
 from .sidecar import FixedHint, HintRequest, Sidecar, check_sidecar
 from .sidecar import cores
 from .sidecar.payback import DEFAULT_RATIO, PayBack
@@ -57,9 +60,10 @@ class Generation:
     content: str = ""               # the reply's text outside tool calls
     finish_reason: str = "stop"     # "stop" | "length" | "tool_calls"
     prompt_tokens: int = 0
+    logprobs: list[dict] | None = None  # with `logprobs`: per new token, OpenAI's {"token", "logprob", ...}
 
 
-Event = Union[TextDelta, ToolCallDelta, Generation]
+Event = Union[TextDelta, ToolCallDelta, LogprobsDelta, Generation]
 
 
 @dataclass
@@ -73,6 +77,8 @@ class Prepared:
     max_new_tokens: int
     stop: list[str] = field(default_factory=list)
     guide: Guide | None = None      # the reply's grammar state under strict (grammar.py), else None
+    sampling: Sampling = field(default_factory=Sampling)  # greedy unless it has a temperature
+    top_logprobs: int | None = None  # logprobs asked for: alternatives per token (None: none asked)
 
 
 class Engine:
@@ -232,7 +238,9 @@ class Engine:
 
     def generate(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                  method: str = "oospec", stop=None, hint: str | None = None, **kw) -> Generation:
-        """Decode a reply greedily. `hint` injects a fixed call text instead of the sidecar's; `strict=True`
+        """Decode a reply: greedily, or with a `temperature` (and `top_p`, `top_k`, `min_p`, `seed`)
+        by sampling that keeps the target's distribution (sampling.py); `logprobs=True` (or the number
+        of alternatives per token, up to 20) returns each new token's log-probability. `hint` injects a fixed call text instead of the sidecar's; `strict=True`
         decodes under the grammar of valid calls, and a JSON `response_format` under its schema's (the
         reference of both is `logits_processor`); `prediction` (OpenAI's Predicted Outputs: the text, or
         `{"type": "content", "content": ...}`) is drafted wherever the reply agrees with it."""
@@ -245,7 +253,9 @@ class Engine:
     def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                method: str = "oospec", stop=None, hint: str | None = None,
                record_margins: bool = False, cancel: threading.Event | None = None,
-               strict: bool = False, response_format=None, prediction=None) -> Iterator[Event]:
+               strict: bool = False, response_format=None, prediction=None, temperature: float | None = None,
+               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
+               seed: int | None = None, logprobs: bool | int | None = None) -> Iterator[Event]:
         """Yield `TextDelta`s and `ToolCallDelta`s in the round that commits their tokens, then the
         final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply early; or
         set `cancel` from any thread: the reply ends, with no Generation, after the round in progress
@@ -254,6 +264,8 @@ class Engine:
             raise OoOSpecError(f"unknown method {method!r}; expected one of {METHODS}")
         req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict,  # bad input raises here, eagerly
                            response_format)
+        req.sampling = Sampling(temperature, top_p, top_k, min_p, seed)
+        req.top_logprobs = check_logprobs(logprobs)
         return self._locked(self._decode(req, method, hint, record_margins, cancel, self._prediction_ids(prediction)))
 
     def clear_prefix_cache(self) -> None:
@@ -306,7 +318,9 @@ class Engine:
                            fmt=self.fmt, tokenizer=self.tokenizer, pool=self.memory.recall(req.tools),
                            prediction=Prediction(predicted) if predicted else None)
         stats.prediction_tokens = len(predicted or ())
-        reply = _Reply(req, state, self._reply_text, self.eos_ids, ReplyEvents(reading, lambda i: f"{ids}_{i}"))
+        choose = Choice.for_reply(req.guide, req.sampling.sampler(), req.top_logprobs)  # None: the plain argmax
+        reply = _Reply(req, state, self._reply_text, self.eos_ids, ReplyEvents(reading, lambda i: f"{ids}_{i}"),
+                       choose)
         hints = self._open_hints(req, method, hint_text, stats)
         done = False
         try:
@@ -318,7 +332,7 @@ class Engine:
             self._sync()
             stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
             stats.cached_prompt_tokens = hit
-            pending = forced + [int(logits[-1].argmax()) if req.guide is None else req.guide.choose(logits[-1])]
+            pending = forced + [int(logits[-1].argmax()) if choose is None else choose(logits[-1])]
             t1 = time.perf_counter()
             while True:
                 yield from reply.commit(pending, logits, stats)
@@ -330,7 +344,7 @@ class Engine:
                 if cancel is not None and cancel.is_set():
                     return  # abandoned: the finally below stops the sidecar
                 tree = self._draft(method, reply, hints, forced)
-                pending, logits = self._verify(tree, cache, reply, stats)
+                pending, logits = self._verify(tree, cache, reply, stats, choose)
             self._sync()
             stats.decode_s = time.perf_counter() - t1
             stats.host_s = max(0.0, stats.decode_s - stats.forward_s)
@@ -369,12 +383,12 @@ class Engine:
         return build_tree(reply.new[-1 - len(forced)], [d for dr in drafters for d in dr.propose(state)],
                           self.max_draft_nodes, chain=not self._verifier.layout.tree, forced=forced)
 
-    def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats):
+    def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats, choose: Choice | None):
         """One target forward over the tree; the accepted drafts plus the target's own next token (the
         forced tokens at the tree's start are committed already), and their logits."""
         past = len(reply.req.prompt_ids) + len(reply.new) - 1 - tree.start
         guide = reply.req.guide
-        path, nxt, logits = self._verifier.verify(tree, cache, past, choose=None if guide is None else guide.choose)
+        path, nxt, logits = self._verifier.verify(tree, cache, past, choose=choose)
         drafted = path[tree.start + 1:]
         stats.target_forwards += 1
         stats.forward_s += self._verifier.last_forward_s
@@ -421,7 +435,8 @@ class Engine:
         if stats.margins is not None:
             del stats.margins[len(reply.new):]
         return Generation(text=reply.text, token_ids=reply.new, tool_calls=calls, invalid_tool_calls=invalid,
-                          stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids))
+                          stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids),
+                          logprobs=None if req.top_logprobs is None else reply.logprobs[:len(reply.new)])
 
 
 def _wave_estimate(sidecar: Sidecar, request: HintRequest) -> float | None:
@@ -471,9 +486,12 @@ class _Reply:
     """The committed side of one reply: it writes the reply's state (tokens, text) that the drafters
     read, checks the stop conditions, and makes the events."""
 
-    def __init__(self, req: Prepared, state: ReplyState, decode: ReplyText, eos: set[int], events: ReplyEvents):
+    def __init__(self, req: Prepared, state: ReplyState, decode: ReplyText, eos: set[int], events: ReplyEvents,
+                 choose: Choice | None = None):
         self.req, self.state, self.decode, self.eos, self.events = req, state, decode, eos, events
+        self.choose = choose            # what picked the tokens; it holds their logprobs when they are asked for
         self.new: list[int] = []        # the committed new tokens (also at the end of `state.ids`)
+        self.logprobs: list[dict] = []  # OpenAI's entry per committed token, when asked for
         self.finish: str | None = None  # "stop" | "length" once the reply is over
 
     @property
@@ -481,33 +499,54 @@ class _Reply:
         """The committed text, cut at a stop string once one appears."""
         return self.state.text
 
-    def commit(self, pending: list[int], logits, stats: DecodeStats) -> Iterator[TextDelta | ToolCallDelta]:
+    def commit(self, pending: list[int], logits, stats: DecodeStats) -> Iterator[TextDelta | ToolCallDelta | LogprobsDelta]:
         """Commit what the last forward decided, check every stop condition, and yield the new events.
         `logits` are the rows that chose the last of `pending`; the tokens before them (and all of them
-        when `logits` is None) were forced by the grammar: their margin is infinite."""
+        when `logits` is None) were forced by the grammar: their margin is infinite, their logprob 0."""
         if stats.margins is not None:
             rows = 0 if logits is None else len(logits)
             stats.margins += [float("inf")] * max(0, len(pending) - rows)
             if rows:
                 top2 = logits.float().topk(2, dim=-1).values
                 stats.margins += (top2[:, 0] - top2[:, 1]).tolist()[:len(pending)]
+        before = len(self.new)
         for t in pending[:self.req.max_new_tokens - len(self.new)]:
             self.new.append(t)
             self.state.ids.append(t)
             if t in self.eos:
                 self.finish = "stop"
                 break
+        scored = self._logprobs(pending, len(self.new) - before, logits is not None)
         text = self.req.prefix + self.decode(self.new)
         cut = _stop_at(text, self.req.stop, len(self.req.prefix))
         if cut is not None:
             self.state.text, self.finish = text[:cut], "stop"
-            return
-        self.state.text = text
-        if self.finish is None and len(self.new) >= self.req.max_new_tokens:
-            self.finish = "length"
-        if self.finish is None:
-            # Hold back text that may still start a stop string, and a UTF-8 character cut in half.
-            yield from self.events.feed(text[:len(text) - _partial_stop(text, self.req.stop)].rstrip("\ufffd"))
+        else:
+            self.state.text = text
+            if self.finish is None and len(self.new) >= self.req.max_new_tokens:
+                self.finish = "length"
+            if self.finish is None:
+                # Hold back text that may still start a stop string, and a UTF-8 character cut in half.
+                yield from self.events.feed(text[:len(text) - _partial_stop(text, self.req.stop)].rstrip("\ufffd"))
+        if scored:
+            yield LogprobsDelta(scored)
+
+    def _logprobs(self, pending: list[int], kept: int, chosen: bool) -> list[dict]:
+        """OpenAI's logprobs entries of the `kept` tokens just committed (when asked for): what `choose`
+        recorded for the tokens it chose, 0 for the tokens a grammar forced before them."""
+        if self.req.top_logprobs is None:
+            return []
+        taken = self.choose.take() if chosen else []
+        entries = [TokenLogprob(t, 0.0) for t in pending[:len(pending) - len(taken)]] + taken
+        scored = [self._openai(e) for e in entries[:kept]]
+        self.logprobs += scored
+        return scored
+
+    def _openai(self, entry: TokenLogprob) -> dict:
+        def token(tid: int, logprob: float) -> dict:
+            text = self.decode.tokenizer.decode([tid])
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return token(entry.token_id, entry.logprob) | {"top_logprobs": [token(t, lp) for t, lp in entry.top]}
 
     def close(self) -> Iterator[TextDelta | ToolCallDelta]:
         """The reply is over: everything still held back is decided."""
