@@ -68,6 +68,11 @@ def add_parser(sub, name):
     scenario.add_argument("--agent-loop", dest="scenario", action="store_const", const="agent_loop",
                           help="measure turn 2 of each record: its expected call's tool result appended, "
                                "tool_choice=auto; report it with turn 1 cached (warm) and not (cold)")
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sample at temperature T (engine methods only: ar, toolspec, oospec); every method draws "
+                        "with the same seed per record (--seed + the record's index), so where the target's "
+                        "logits agree bit for bit the methods give the same tokens, and `lossless` checks it")
+    p.add_argument("--seed", type=int, default=0, help="with --temperature: the first record's seed")
     p.add_argument("--strict", action="store_true",
                    help="also run each engine method in --methods (ar, toolspec, oospec) strict, under the grammar "
                         "of valid calls, as ar+strict, toolspec+strict, oospec+strict in the same interleaved "
@@ -123,7 +128,7 @@ def run(args):
     assistant, assistant_tok = _load_assistant(args, engine) if "assisted" in methods else (None, None)
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
                          warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario,
-                         strict=args.strict)
+                         strict=args.strict, temperature=args.temperature or None, seed=args.seed)
     try:
         results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
                             data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""),

@@ -61,6 +61,8 @@ class BenchContext:
     assistant_tokenizer: object | None = None  # set only when its vocabulary differs from the target's
     prompt_lookup_tokens: int = 10
     split_engine: object | None = None     # the same target on a core set, its sidecar on another (`@split`)
+    temperature: float | None = None       # engine methods sample (`--temperature`), with ...
+    seed: int = 0                          # ... this record's seed, the same for every method
 
 
 # ------------------------------------------------------------------ our engine
@@ -74,18 +76,19 @@ def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None,
             return _engine(replace(ctx, engine=ctx.split_engine, split_engine=None), turn, method, hint, margins,
                            strict)
     engine = ctx.engine
+    sample = {"temperature": ctx.temperature, "seed": ctx.seed} if ctx.temperature else {}
     engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
     engine.clear_prefix_cache()  # and starts cold: no method reuses the prompt another method prefilled
     for messages, tool_choice in turn.before:
         engine.generate(messages, turn.tools, tool_choice=tool_choice, max_new_tokens=ctx.max_new_tokens,
-                        method=method, strict=strict)
+                        method=method, strict=strict, **sample)
     if not turn.keep_memory:
         engine.clear_call_memory()
     if not turn.cached:
         engine.clear_prefix_cache()
     _wait_for_sidecar(engine)
     gen = engine.generate(turn.messages, turn.tools, tool_choice=turn.tool_choice, max_new_tokens=ctx.max_new_tokens,
-                          method=method, hint=hint, record_margins=margins, strict=strict)
+                          method=method, hint=hint, record_margins=margins, strict=strict, **sample)
     s = gen.stats
     return Run(gen.token_ids, gen.text, s.prefill_s, s.decode_s, s.target_forwards, dict(s.accepted_by_source),
                s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile, s.prompt_tokens,
@@ -190,6 +193,9 @@ def assisted(ctx, turn, ref=None):
         extra.update(tokenizer=ctx.engine.tokenizer, assistant_tokenizer=ctx.assistant_tokenizer)
     return _hf(ctx, turn, **extra)
 
+
+#: transformers' own decoders (greedy only here)
+HF_METHODS = ("hf_generate", "prompt_lookup", "assisted")
 
 METHODS: dict[str, Callable[..., Run]] = {
     "ar": ar, "hf_generate": hf_generate, "prompt_lookup": prompt_lookup, "assisted": assisted,

@@ -44,6 +44,7 @@ def markdown(results: dict) -> str:
         *_scenario_lines(cfg.get("scenario", "cold")),
         *_strict_lines(cfg),
         *_layout_lines(cfg),
+        *_sampling_lines(cfg),
         "",
         "| method | n | speedup decode | speedup e2e | decode tok/s | mean accepted tokens | target forwards "
         "| hint_ready_s | hint_bytes | vs oracle | lossless |",
@@ -119,6 +120,15 @@ _SCENARIO_TEXT = {
 
 def _scenario_lines(scenario: str) -> list[str]:
     return ["", _SCENARIO_TEXT[scenario]] if scenario in _SCENARIO_TEXT else []
+
+
+def _sampling_lines(cfg: dict) -> list[str]:
+    if not cfg.get("temperature"):
+        return []
+    return ["", f"`--temperature {cfg['temperature']}`: every method samples (sampling.py: lossless in "
+            f"distribution), with one seed per record (from {cfg['seed']}) for all of them; one uniform is "
+            "drawn per committed token, so where the logits agree bit for bit a method gives `ar`'s tokens, "
+            "and `lossless` says whether they did."]
 
 
 def _layout_lines(cfg: dict) -> list[str]:

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from .env import environment
 from ..sidecar import cores
-from .methods import METHODS, SPLIT, STRICT, BenchContext, Run, reference, strict_name
+from .methods import HF_METHODS, METHODS, SPLIT, STRICT, BenchContext, Run, reference, strict_name
 from .metrics import compare, summarize, tie_tolerance
 from .scenarios import turns
 
@@ -35,6 +35,8 @@ class BenchConfig:
     progress: bool = True
     scenario: str = "cold"      # "cold" | "warm_tools" | "agent_loop" (see scenarios.py)
     strict: bool = False        # also run every engine method strict, as `<method>+strict`
+    temperature: float | None = None  # sample (engine methods only): every method draws with one seed per record
+    seed: int = 0                     # the first record's seed
 
 
 def check_methods(methods) -> list[str]:
@@ -57,8 +59,10 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
     methods = check_methods(config.methods)
     if config.strict:
         methods = with_strict(methods)
+    if config.temperature and (outside := [m for m in methods if m in HF_METHODS]):
+        raise ValueError(f"--temperature samples with the engine's methods only; drop {outside}")
     ctx = BenchContext(engine, config.max_new_tokens, assistant, assistant_tokenizer, config.prompt_lookup_tokens,
-                       split_engine)
+                       split_engine, config.temperature)
     tol = tie_tolerance(engine.target.dtype)
     passes = len(turns(records[0], config.scenario, config.tool_choice))
     started = time.time()
@@ -81,7 +85,8 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
                          "sidecar_prior_weight": _prior_weight(engine),
                          "hint_follow_up": engine.hint_follow_up, "max_draft_nodes": engine.max_draft_nodes,
                          "tie_tolerance": tol, "wall_s": round(time.time() - started, 1),
-                         "layout": _layout(engine, split_engine)}
+                         "layout": _layout(engine, split_engine), "temperature": config.temperature,
+                         "seed": config.seed if config.temperature else None}
     results["records"] = measured
     if passes > 1:  # the same records cold, side by side
         cold = [r["cold"] for r in rows]
@@ -97,6 +102,7 @@ def _run_record(ctx: BenchContext, rec: dict, methods: list[str], index: int, to
     order = ["ar"] + others[k:] + others[:k]
     out: dict[str, dict] = {}
     refs: dict[str, Run] = {}
+    ctx.seed = config.seed + index  # under --temperature: one seed per record, the same for every method
     for name, turn in turns(rec, config.scenario, config.tool_choice).items():
         runs: dict[str, Run] = {}
         for m in order:
