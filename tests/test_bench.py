@@ -417,3 +417,26 @@ def test_the_payback_sweep_replaces_skipped_waves_with_toolspecs_time():
     assert sweep[float("inf")] == {"skipped": 0, "over_toolspec": pytest.approx(5.0 / 5.0)}
     assert sweep[1.0] == {"skipped": 1, "over_toolspec": pytest.approx(5.0 / 4.0)}
     assert sweep[0.1] == {"skipped": 2, "over_toolspec": pytest.approx(5.0 / 5.0)}
+
+
+@pytest.mark.slow
+def test_a_sampling_bench_draws_one_seed_per_record_for_every_method(tmp_path):
+    """`--temperature`: ar, toolspec and oospec sample with the record's seed; in float32 the verify
+    forward's logits are ar's, so every method draws ar's very tokens (`lossless`), with fewer forwards."""
+    import torch
+    from oospec_agents import Engine
+    from oospec_agents.bench import BenchConfig, run_bench
+    from oospec_agents.bench.records import load_records
+    from oospec_agents.bench.report import write_all
+    records = spread(load_records(DATA / "dev.jsonl"), 2)
+    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.float32)
+    config = BenchConfig(("ar", "toolspec"), max_new_tokens=24, warmup=False, progress=False, temperature=0.7, seed=5)
+    results = run_bench(engine, records, config, data=str(DATA / "dev.jsonl"))
+    write_all(results, tmp_path)
+    assert results["config"]["temperature"] == 0.7 and results["config"]["seed"] == 5
+    figs = results["methods"]
+    assert figs["toolspec"]["lossless"], [r["runs"]["toolspec"]["check"] for r in results["records"]]
+    assert figs["toolspec"]["target_forwards"] < figs["ar"]["target_forwards"]
+    assert "`--temperature 0.7`" in (tmp_path / "report.md").read_text()
+    with pytest.raises(ValueError, match="engine's methods only"):
+        run_bench(engine, records, BenchConfig(("ar", "prompt_lookup"), temperature=0.7, progress=False))
