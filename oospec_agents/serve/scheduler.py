@@ -1,8 +1,10 @@
 """One engine, one reply at a time, in arrival order, off the event loop.
 
 A single worker thread drives each reply's blocking event iterator and hands the events to the
-loop. One worker is the queue: `ThreadPoolExecutor` runs its jobs in submission order. At most
-`max_queue` replies wait behind the running one; the next is refused (`QueueFull`, a 429).
+loop, through the front-ends' one sync-to-async bridge (`frontend.Bridge`). This module owns the
+queue around it: its order, its depth, and leaving it. One worker is the queue: `ThreadPoolExecutor`
+runs its jobs in submission order. At most `max_queue` replies wait behind the running one; the
+next is refused (`QueueFull`, a 429).
 
 A cancelled job (its client went away) sets the event the engine polls every round: the reply ends
 after the round in progress, whether or not that round had an event to send, so the engine is free
@@ -10,65 +12,29 @@ again within one decode round.
 """
 from __future__ import annotations
 
-import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
 from typing import Any, AsyncIterator, Callable, Iterator
 
-_END = object()
+from ..frontend import Bridge
 
 
 class QueueFull(RuntimeError):
     pass
 
 
-class Job:
-    def __init__(self, events: Iterator[Any], cancelled: threading.Event, loop: asyncio.AbstractEventLoop,
-                 on_cancel: Callable[["Job"], None]):
-        self._events = events
-        self._loop = loop
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._on_cancel = on_cancel
-        self.cancelled = cancelled  # the same event the engine's stream polls every round
+class Job(Bridge):
+    """One reply's place in the queue: the front-ends' `Bridge` over its event iterator (made on the
+    loop, so that bad input fails before it queues), driven by the scheduler's worker."""
+
+    def __init__(self, events: Iterator[Any], cancelled: threading.Event, on_cancel: Callable[["Job"], None]):
+        # `cancelled` is the event the engine's stream polls every round
+        super().__init__(lambda: events, cancelled, on_cancel=lambda: on_cancel(self))
         self.waiting = False   # counted in the queue depth; the scheduler's lock guards it
 
-    def cancel(self) -> None:
-        if not self.cancelled.is_set():
-            self.cancelled.set()
-            self._on_cancel(self)
-
-    def _put(self, item: Any, error: BaseException | None = None) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (item, error))
-        except RuntimeError:  # the loop is gone: nobody listens any more
-            self.cancelled.set()
-
-    def _run(self) -> None:
-        """On the worker thread. A cancelled job stops at its next event and ends its stream."""
-        error = None
-        try:
-            with closing(self._events) as events:
-                for item in ([] if self.cancelled.is_set() else events):
-                    if self.cancelled.is_set():
-                        break
-                    self._put(item)
-        except BaseException as e:  # re-raised on the loop, in the handler
-            error = e
-        self._put(_END, error)
-
-    async def events(self) -> AsyncIterator[Any]:
+    def events(self) -> AsyncIterator[Any]:
         """The engine's events on the loop. Leaving early (a disconnect) cancels the job."""
-        try:
-            while True:
-                item, error = await self._queue.get()
-                if item is _END:
-                    if error is not None:
-                        raise error
-                    return
-                yield item
-        finally:
-            self.cancel()
+        return self.items()
 
 
 class Scheduler:
@@ -89,7 +55,7 @@ class Scheduler:
     def submit(self, events: Iterator[Any], cancelled: threading.Event) -> Job:
         """Queue a reply's event iterator, made with `cancelled` as its cancel event; raises QueueFull
         when `max_queue` replies already wait."""
-        job = Job(events, cancelled, asyncio.get_running_loop(), self._leave_queue)
+        job = Job(events, cancelled, self._leave_queue)
         with self._lock:
             if self._waiting >= self.max_queue and self._jobs:
                 raise QueueFull(f"the queue is full: {self._waiting} requests are waiting behind the one being "
@@ -103,7 +69,7 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         self._leave_queue(job)
         try:
-            job._run()
+            job.run()
         finally:
             with self._lock:
                 self._jobs.discard(job)
