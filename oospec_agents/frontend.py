@@ -6,6 +6,7 @@
   the loop's executor, the server's scheduler (serve/scheduler.py) on its queue's worker.
 - `Usage`: token counts of a `Generation`, one definition for every front-end.
 - `CallsSoFar`: tool calls folded from `ToolCallDelta`s, for front-ends that show a call as it grows.
+- `ParallelToolCalls`: the `parallel_tool_calls=False` rule (the reply's first call only), for every front-end.
 - `join_text_parts`: how the text parts of one message become its text.
 
 Framework idioms stay in the front-ends; nothing here imports LangChain, LlamaIndex, FastAPI or the
@@ -125,6 +126,38 @@ class CallsSoFar:
             call["name"] = delta.name
         call["arguments"] += delta.arguments
         return call
+
+
+@dataclass
+class ParallelToolCalls:
+    """The `parallel_tool_calls=False` rule, for every front-end: a reply keeps its first tool call only,
+    in its stream and in its final message (OpenAI's `parallel_tool_calls`, which the server and
+    ChatOoOSpec take; LlamaIndex's `allow_parallel_tool_calls`). One per reply: it remembers the id
+    of the reply's first call as the stream shows it.
+
+    - `keeps(delta)`: whether a stream sends a `ToolCallDelta` (those of the call at index 0).
+    - `first(calls)`: of calls in the reply's order, the first (the calls so far, or a Generation's valid ones).
+    - `shown(calls)`: of a Generation's calls, valid or invalid, the one the stream showed (by its id).
+    With `allowed`, each keeps every call.
+    """
+    allowed: bool = True
+    first_id: str | None = field(default=None, init=False)   # the id of the reply's first call, once seen
+
+    @classmethod
+    def openai(cls, parallel_tool_calls: bool | None) -> "ParallelToolCalls":
+        """OpenAI's parameter: only False keeps one call (None, unset, keeps them all)."""
+        return cls(parallel_tool_calls is not False)
+
+    def keeps(self, delta: ToolCallDelta) -> bool:
+        if delta.index == 0 and delta.id is not None:
+            self.first_id = delta.id
+        return self.allowed or delta.index == 0
+
+    def first(self, calls: list[T]) -> list[T]:
+        return calls if self.allowed else calls[:1]
+
+    def shown(self, calls: list[dict]) -> list[dict]:
+        return calls if self.allowed else [c for c in calls if c["id"] == self.first_id]
 
 
 _END = object()

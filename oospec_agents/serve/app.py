@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import TextDelta, ToolCallDelta
-from ..frontend import ChatRequest
+from ..frontend import ChatRequest, ParallelToolCalls
 from .errors import Guard, ServeError, error_body, install_error_handlers
 from .metrics import Metrics
 from .protocol import (ChatCompletionRequest, Reply, check_tool_messages, check_tools, refuse_sampling,
@@ -136,7 +136,7 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         hint_asked = (method == "oospec" and bool(req.tools) and req.tool_choice != "none"
                       and getattr(eng, "sidecar", None) is not None)
         job = state.scheduler.submit(events, cancelled)
-        reply = Reply(state.model, state.replica, keep_calls=1 if req.parallel_tool_calls is False else None)
+        reply = Reply(state.model, state.replica, ParallelToolCalls.openai(req.parallel_tool_calls))
 
         def finished(gen):
             state.metrics.record(gen, hint_asked and not dict(gen.stats).get("sidecar_declined"))

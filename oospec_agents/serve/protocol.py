@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS
-from ..frontend import CallsSoFar, Usage
+from ..frontend import CallsSoFar, ParallelToolCalls, Usage
 
 #: stats not worth a line in every response
 _HIDDEN_STATS = ("margins", "sidecar_profile", "rounds")
@@ -179,12 +179,12 @@ def oospec_object(gen, calls: list[dict], replica: str) -> dict:
 class Reply:
     """One reply as it is sent: the chunks of a stream, or (aggregated from the same events) the body."""
 
-    def __init__(self, model: str, replica: str, keep_calls: int | None = None):
+    def __init__(self, model: str, replica: str, parallel: ParallelToolCalls | None = None):
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = model
         self.replica = replica
-        self.keep_calls = keep_calls      # parallel_tool_calls=false: the first call only
+        self.parallel = parallel or ParallelToolCalls()  # parallel_tool_calls=false: the first call only
         self.content = ""
         self._calls = CallsSoFar()
 
@@ -206,7 +206,7 @@ class Reply:
 
     def tool_call(self, ev) -> dict | None:
         """The chunk for one ToolCallDelta (None when it belongs to a call that is not kept)."""
-        if self.keep_calls is not None and ev.index >= self.keep_calls:
+        if not self.parallel.keeps(ev):
             return None
         self._calls.feed(ev)
         if ev.id is not None:  # a call's first event: its id and whole name

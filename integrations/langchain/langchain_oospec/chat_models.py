@@ -22,7 +22,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
-from oospec_agents.frontend import ChatRequest, LazyEngine, Usage, aiterate
+from oospec_agents.frontend import ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
@@ -259,22 +259,20 @@ class ChatOoOSpec(BaseChatModel):
     def _chunks(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator[ChatGenerationChunk]:
         """One chunk per engine event, as the engine commits it: text, a call's name, its argument
         fragments; the last chunk carries usage and stats. `parallel_tool_calls=False` (as ChatOpenAI
-        takes it): the reply's first call only, as the server keeps it."""
+        takes it): the reply's first call only, by the front-ends' one rule, as the server keeps it."""
         engine, request = self._request(messages, stop, kwargs)
-        first_only = kwargs.get("parallel_tool_calls") is False
-        first_id = None
+        parallel = ParallelToolCalls.openai(kwargs.get("parallel_tool_calls"))
         with closing(request.stream(engine)) as events:
             for event in events:
                 if isinstance(event, TextDelta):
                     yield ChatGenerationChunk(message=AIMessageChunk(content=event.text))
                 elif isinstance(event, ToolCallDelta):
-                    if first_only and event.index > 0:
+                    if not parallel.keeps(event):
                         continue
-                    first_id = event.id if event.id is not None and event.index == 0 else first_id
                     call = tool_call_chunk(name=event.name, args=event.arguments, id=event.id, index=event.index)
                     yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call]))
                 else:  # the Generation, always the last event
-                    yield _last_chunk(event, engine.model_name, {first_id} if first_only else None)
+                    yield _last_chunk(event, engine.model_name, parallel)
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, ChatRequest]:
         """The engine for this call and what to ask of it."""
@@ -303,15 +301,15 @@ class _LastChunk(ChatGenerationChunk):
     chunks cannot tell a call that failed its schema from a valid one, the engine's verdict can."""
 
     _generation: Generation = PrivateAttr()
-    _keep_ids: set | None = PrivateAttr(default=None)  # the ids of the calls kept (None: every call)
+    _parallel: ParallelToolCalls = PrivateAttr(default_factory=ParallelToolCalls)  # which calls are kept
 
 
-def _last_chunk(gen: Generation, model_name: str, keep_ids: set | None = None) -> _LastChunk:
+def _last_chunk(gen: Generation, model_name: str, parallel: ParallelToolCalls) -> _LastChunk:
     chunk = _LastChunk(message=AIMessageChunk(content="", usage_metadata=_usage_metadata(Usage.of(gen)),
                                               response_metadata=_response_metadata(gen, model_name),
                                               chunk_position="last"))
     chunk._generation = gen
-    chunk._keep_ids = keep_ids
+    chunk._parallel = parallel
     return chunk
 
 
@@ -322,13 +320,13 @@ def _result(chunks: Iterable[ChatGenerationChunk]) -> ChatResult:
         full = last if full is None else full + last
     if not isinstance(last, _LastChunk):
         raise RuntimeError(f"ChatOoOSpec's stream ended without its last chunk; it ended with {last!r}")
-    gen, keep = last._generation, last._keep_ids
+    gen, parallel = last._generation, last._parallel
     message = AIMessage(
         content=full.message.content,
-        tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"]) for c in gen.tool_calls
-                    if keep is None or c["id"] in keep],
+        tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"])
+                    for c in parallel.shown(gen.tool_calls)],
         invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=c["error"])
-                            for c in gen.invalid_tool_calls if keep is None or c["id"] in keep],
+                            for c in parallel.shown(gen.invalid_tool_calls)],
         usage_metadata=full.message.usage_metadata,
         response_metadata=full.message.response_metadata,
     )

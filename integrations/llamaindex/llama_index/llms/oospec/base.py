@@ -32,7 +32,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
 from oospec_agents import Engine, Generation, TextDelta
 from oospec_agents.engine import Event
-from oospec_agents.frontend import CallsSoFar, ChatRequest, LazyEngine, Usage, aiterate
+from oospec_agents.frontend import CallsSoFar, ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate
 
 from .messages import assistant_message, to_engine_messages, tool_calls_of
 
@@ -181,31 +181,31 @@ class OoOSpec(FunctionCallingLLM):
         return await astream_chat_to_completion_decorator(self._astream_chat)(prompt, **kwargs)
 
     def _chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        request, keep_all = self._request(messages, kwargs)
-        return self._final(request.generate(self.engine), keep_all)
+        request, parallel = self._request(messages, kwargs)
+        return self._final(request.generate(self.engine), parallel)
 
     async def _achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        request, keep_all = self._request(messages, kwargs)
+        request, parallel = self._request(messages, kwargs)
         # Through the event bridge rather than one blocking call, so that a cancelled `achat`
         # stops the decode after its current round and frees the engine.
         generation = None
         async for generation in aiterate(lambda: request.stream(self.engine)):
             pass
-        return self._final(generation, keep_all)
+        return self._final(generation, parallel)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        request, keep_all = self._request(messages, kwargs)
+        request, parallel = self._request(messages, kwargs)
         events = request.stream(self.engine)  # bad input fails here, not on the first chunk
-        return self._responses(events, keep_all)
+        return self._responses(events, parallel)
 
     async def _astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        request, keep_all = self._request(messages, kwargs)
+        request, parallel = self._request(messages, kwargs)
         # A first use loads the models: seconds that must not block the event loop.
         engine = await asyncio.to_thread(self._engine.get)
         events = request.stream(engine)  # bad input fails here, not on the first chunk
-        return aiterate(lambda: self._responses(events, keep_all))
+        return aiterate(lambda: self._responses(events, parallel))
 
-    def _responses(self, events: Iterator[Event], keep_all: bool) -> ChatResponseGen:
+    def _responses(self, events: Iterator[Event], parallel: ParallelToolCalls) -> ChatResponseGen:
         """One ChatResponse per engine event, each carrying the whole message so far: its text, and
         a ToolCallBlock per call begun, whose `tool_kwargs` grow as argument fragments arrive. The
         last one carries the validated calls and the raw reply."""
@@ -214,7 +214,7 @@ class OoOSpec(FunctionCallingLLM):
             content, calls = "", CallsSoFar()
             for event in events:
                 if isinstance(event, Generation):
-                    yield self._final(event, keep_all, delta="")
+                    yield self._final(event, parallel, delta="")
                     return
                 delta = ""
                 if isinstance(event, TextDelta):
@@ -223,11 +223,12 @@ class OoOSpec(FunctionCallingLLM):
                     call = calls.feed(event)
                     call["kwargs"] = _partial_kwargs(call["arguments"], call.get("kwargs", {}))
                 so_far = [dict(c, arguments=c["kwargs"]) for c in calls.calls]
-                yield ChatResponse(message=assistant_message(content, so_far if keep_all else so_far[:1]),
+                yield ChatResponse(message=assistant_message(content, parallel.first(so_far)),
                                    delta=delta)
 
-    def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[ChatRequest, bool]:
-        """The engine request for one reply, and whether to keep every tool call it makes."""
+    def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[ChatRequest, ParallelToolCalls]:
+        """The engine request for one reply, and which of its tool calls to keep: every one, or (unless
+        `allow_parallel_tool_calls` is truthy) the first, by the front-ends' one rule."""
         unknown = sorted(set(kwargs) - set(_CHAT_KWARGS))
         if unknown:
             raise TypeError(f"OoOSpec chat got unexpected keyword arguments {unknown}; it accepts "
@@ -240,10 +241,12 @@ class OoOSpec(FunctionCallingLLM):
                               max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
                               method=self.method, response_format=kwargs.get("response_format"),
                               prediction=kwargs.get("prediction"))
-        return request, kwargs.get("allow_parallel_tool_calls", True)
+        return request, ParallelToolCalls(bool(kwargs.get("allow_parallel_tool_calls", True)))
 
-    def _final(self, generation: Generation, keep_all: bool, delta: Optional[str] = None) -> ChatResponse:
-        calls = generation.tool_calls if keep_all else generation.tool_calls[:1]
+    def _final(self, generation: Generation, parallel: ParallelToolCalls, delta: Optional[str] = None) -> ChatResponse:
+        # the message's first call (it holds the valid ones), as llama-index-llms-openai's
+        # force_single_tool_call keeps one
+        calls = parallel.first(generation.tool_calls)
         usage = Usage.of(generation)
         raw = {
             "usage": {**asdict(usage), "total_tokens": usage.total_tokens},
