@@ -2,6 +2,10 @@
 
 Every reply, streamed or not, is built from the engine's one event stream, so a non-streamed reply is
 exactly the aggregate of the streamed chunks.
+
+This module owns the routes and a request's path through them: checked (protocol.py), queued
+(scheduler.py), folded into its `Reply` as SSE chunks or one body, and the client's leaving turned
+into a cancelled job. The wire format is protocol.py's; the error bodies errors.py's.
 """
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """The OpenAI Chat Completions request as we accept it, and the bodies we answer with.
 
+This module owns the wire format: the request model, the checks that answer a 400 before the engine
+runs (`refuse_sampling`, `refuse_unserved`, `check_tools`, `check_tool_messages`), and `Reply`, which
+turns the engine's events into chunks and the same reply's body. Which tool calls a reply keeps
+(`parallel_tool_calls`) is the front-ends' one rule, `frontend.ParallelToolCalls`.
+
 Fields we do not use (`user`, `seed`, `metadata`, `store`, ...) are accepted and ignored. Fields that
 would ask for something other than the target's greedy decoding are refused by `refuse_sampling`:
 the server never alters the tokens the target commits.

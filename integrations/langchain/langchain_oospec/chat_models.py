@@ -1,4 +1,10 @@
-"""ChatOoOSpec: a LangChain chat model whose replies and tool calls come from the oospec-agents engine."""
+"""ChatOoOSpec: a LangChain chat model whose replies and tool calls come from the oospec-agents engine.
+
+This module owns LangChain's idioms: call keyword arguments, `bind_tools`, `with_structured_output`,
+and the engine's events as `AIMessageChunk`s whose sum is `invoke`'s message. What every front-end
+shares (the request, the engine's loading, the async bridge, usage, the `parallel_tool_calls` rule)
+is oospec_agents.frontend's.
+"""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,10 @@
-"""OoOSpec: a LlamaIndex FunctionCallingLLM that runs local HF models through the oospec engine."""
+"""OoOSpec: a LlamaIndex FunctionCallingLLM that runs local HF models through the oospec engine.
+
+This module owns LlamaIndex's idioms: chat and completion methods and their callbacks, ChatResponses
+carrying the whole message so far, `_prepare_chat_with_tools` and `get_tool_calls_from_response`.
+Message translation is messages.py's; what every front-end shares (the request, the engine's loading,
+the async bridge, usage, the `allow_parallel_tool_calls` rule) is oospec_agents.frontend's.
+"""
 from __future__ import annotations
 
 import asyncio
