@@ -93,17 +93,17 @@ def _call_text(call: dict) -> str:
 def _sources(stats) -> str:
     parts = [f"{n} from {SOURCE_WORDS.get(s, s)}" for s, n in
              sorted(stats.accepted_by_source.items(), key=lambda kv: -kv[1]) if n]
-    own = stats.target_forwards
-    return ", ".join(parts + [f"{own} from the target's own forwards (one each)"])
+    return ", ".join(parts + [f"{stats.target_forwards} from the target's own forwards"])
 
 
-def summary(prompt: str, tools: list[dict], tool_choice: str, gens: dict, *, where: str = "",
+def summary(prompt: str, tools: list[dict], tool_choice: str, gens: dict, *, models: dict | None = None,
             shares_cpu: bool = False) -> str:
-    """The demo's human summary of one request decoded by each method in `gens` (ar first)."""
+    """The demo's human summary of one request decoded by each method in `gens` (ar first). `models`:
+    {"target": ..., "sidecar": ...} lines to show first."""
     ar = gens["ar"]
     names = ", ".join(t["function"]["name"] for t in tools)
-    lines = [f"oospec demo{f': {where}' if where else ''}", "",
-             f"  request      {prompt}",
+    lines = ["oospec demo", ""] + [f"  {k:<12} {v}" for k, v in (models or {}).items()]
+    lines += [f"  request      {prompt}",
              f"  tools        {names}   (tool_choice={tool_choice})"]
     calls = [_call_text(c) for c in ar.tool_calls] or [f"invalid: {_call_text(c)} ({c['error']})"
                                                       for c in ar.invalid_tool_calls]
@@ -169,10 +169,9 @@ def run(args):
         print_json(as_json(gens))
         return 0
     dtype = str(engine.target.dtype).removeprefix("torch.")
-    where = f"the {engine.model_name} target on {engine.place.device.type}, {dtype}"
-    if engine.sidecar is not None:
-        where += f"; sidecar {engine.sidecar.name}"
     side = engine.sidecar
+    models = {"target": f"{engine.model_name} ({engine.place.device.type}, {dtype})",
+              "sidecar": "none" if side is None else f"{side.name} ({side.device})"}
     shares = side is not None and cores.shares_cpu(side.device, side.cores, engine.place)
-    print(summary(args.prompt, [WEATHER_TOOL], args.tool_choice, gens, where=where, shares_cpu=shares))
+    print(summary(args.prompt, [WEATHER_TOOL], args.tool_choice, gens, models=models, shares_cpu=shares))
     return 0

@@ -45,6 +45,7 @@ def test_the_summary_says_the_call_each_methods_figures_the_sources_and_that_it_
     assert rows["oospec"][1] == "3" and rows["oospec"][-2] == "6.00x,"       # total 1.7 s / 0.7 s next
     assert rows["oospec"][-1] == f"{1.7 / 0.7:.2f}x"
     assert "15 from the sidecar's hint, 6 from the tool schema, 3 from the target's own forwards" in text
+    assert "tokens = 18 from the tool schema, 6 from the target's own forwards\n" in text
     assert "18 from the tool schema, 6 from the target's own forwards" in text
     assert "ready 0.48s after the request (65 B)" in text
     assert "lossless: every method's 24 tokens are identical to ar's" in text
@@ -92,7 +93,8 @@ def test_run_prints_the_summary_of_a_real_engine(tiny, monkeypatch, capsys):
     monkeypatch.setattr(Engine, "from_pretrained", classmethod(lambda cls, model: tiny))
     assert demo.run(_args()) == 0
     out = capsys.readouterr().out
-    assert out.startswith("oospec demo: the tiny-llama target on cpu, float32")
+    assert out.startswith("oospec demo\n")
+    assert "  target       tiny-llama (cpu, float32)\n  sidecar      none\n" in out
     for method in demo.METHODS:
         assert f"\n  {method} " in out
     assert "lossless: every method's" in out  # float32: the tree methods equal ar token for token
