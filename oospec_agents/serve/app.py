@@ -117,9 +117,9 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
                              code="model_not_found")
         return model_object()
 
-    @app.post(CHAT_PATH)
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
-        t0 = time.perf_counter()
+    def start(req: ChatCompletionRequest):
+        """A chat request checked and queued: its Job, and `finished(gen)` recording its metrics.
+        Chat completions and the Responses API (which arrives translated) both take this path."""
         if req.model != state.model:
             raise ServeError(404, f"unknown model {req.model!r}; this server serves {state.model!r}",
                              param="model", code="model_not_found")
@@ -140,11 +140,16 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         hint_asked = (method == "oospec" and bool(req.tools) and req.tool_choice != "none"
                       and getattr(eng, "sidecar", None) is not None)
         job = state.scheduler.submit(events, cancelled)
-        reply = Reply(state.model, state.replica, ParallelToolCalls.openai(req.parallel_tool_calls))
 
         def finished(gen):
             state.metrics.record(gen, hint_asked and not dict(gen.stats).get("sidecar_declined"))
+        return job, finished
 
+    @app.post(CHAT_PATH)
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        t0 = time.perf_counter()
+        job, finished = start(req)
+        reply = Reply(state.model, state.replica, ParallelToolCalls.openai(req.parallel_tool_calls))
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(_sse(job, reply, state, t0, usage, finished), media_type="text/event-stream",
