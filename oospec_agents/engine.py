@@ -47,6 +47,9 @@ from .verify import Verifier, build_tree, eos_ids
 log = logging.getLogger(__name__)
 
 METHODS = ("ar", "toolspec", "oospec")
+#: prompt tokens per prefill forward (prefix_cache.py: what makes a cache hit exact); chosen by
+#: measurement, docs/determinism.md
+PREFILL_CHUNK = 256
 __all__ = ["Engine", "Generation", "Prepared", "METHODS", "SOURCES"]
 
 
@@ -90,7 +93,8 @@ class Engine:
     def __init__(self, target, tokenizer, sidecar=None, *, fmt: ToolFormat | None = None,
                  model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32,
                  prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO,
-                 hint_follow_up: bool | None = None, target_cores: frozenset[int] | None = None):
+                 hint_follow_up: bool | None = None, target_cores: frozenset[int] | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
         `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected
@@ -98,6 +102,9 @@ class Engine:
         `hint_follow_up`: when the target writes a function the hint does not call, ask the sidecar for
         that function's slots alone (sidecar/session.py); None, the default, does so where the sidecar
         has cores of its own (a follow-up on the target's own CPU cores costs more than it saves).
+        `prefill_chunk`: prompts are prefilled in chunks that end at multiples of it (absolute positions),
+        and a prefix-cache hit is whole chunks, so a warm request's reply is the cold one bit for bit
+        (prefix_cache.py); 1 turns the chunking off (a warm reply may then differ in bf16).
         `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")`
         pins the process to them); None, the default, is every core, shared with a CPU sidecar."""
         require_chat_template(tokenizer)
@@ -111,7 +118,7 @@ class Engine:
         self.context_window = int(getattr(target.config, "max_position_embeddings", 0) or 2048)
         self.max_draft_nodes = max_draft_nodes
         self.memory = CallMemory(memory_size)
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens, prefill_chunk)
         self.payback = None if wave_payback is None else PayBack(wave_payback)
         self.hint_follow_up = hint_follow_up
         self.eos_ids = eos_ids(target)
@@ -327,7 +334,7 @@ class Engine:
             t0 = time.perf_counter()
             hit, cache = self.prefix_cache.lookup(req.prompt_ids, self._verifier.new_cache)
             forced = self._forced(req, req.max_new_tokens - 1, stats)  # the reply's first tokens, if forced
-            logits = self._verifier.forward(req.prompt_ids[hit:] + forced, cache, hit, last_only=True)
+            logits = self._prefill(req.prompt_ids + forced, cache, hit)
             self.prefix_cache.store(req.prompt_ids + forced, cache)  # before decoding grows it
             self._sync()
             stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
@@ -359,6 +366,18 @@ class Engine:
         if state.prediction is not None:
             stats.prediction_matched = matched_tokens(state.prediction.tokens, reply.new)
         yield self._finish(req, reply, stats, ids)
+
+    def _prefill(self, ids: list[int], cache, hit: int):
+        """The last position's logits after `ids[hit:]` is fed in chunks that end at multiples of the
+        chunk size (`hit` is one): a warm prefill runs the cold one's own last forwards."""
+        step = self.prefix_cache.chunk
+        start = hit
+        while True:
+            end = min(len(ids), start + step) if step > 1 else len(ids)
+            logits = self._verifier.forward(ids[start:end], cache, start, last_only=True)
+            if end == len(ids):
+                return logits
+            start = end
 
     def _forced(self, req: Prepared, limit: int, stats: DecodeStats) -> list[int]:
         """The tokens the grammar forces next (none without one), counted as the grammar's."""

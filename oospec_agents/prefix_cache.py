@@ -10,6 +10,12 @@ same tools reuses the system prompt and tool schemas. The budget counts cached t
 recently used entries go first. A request never sees an entry itself, only a cache of its own cut to
 the hit, so verification's rollback can never change what the next request reuses.
 
+With `chunk` > 1 a hit is cut back to a multiple of `chunk` tokens: the engine prefills in chunks that
+end at those absolute positions, so a warm request runs the very forwards (the same kernels on the
+same shapes over the same past) that its cold prefill ran, and its reply is the cold one bit for bit.
+A prefill of the whole tail at once would differ from the cold one in its last bits (bf16), and
+greedy decoding can turn on them.
+
 That cache shares the entry's tensors where it can (`fork`): transformers' `DynamicLayer` never
 writes a tensor it holds (it grows by `torch.cat`, crops by slicing, and our tree rollback keeps
 paths with `index_select`), so a fork over the same tensors is as safe as a copy and costs nothing;
@@ -28,10 +34,12 @@ DEFAULT_TOKENS = 8192
 
 
 class PrefixCache:
-    def __init__(self, max_tokens: int = DEFAULT_TOKENS):
+    def __init__(self, max_tokens: int = DEFAULT_TOKENS, chunk: int = 1):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be an integer >= 0, got {max_tokens!r}")
-        self.max_tokens = max_tokens
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise ValueError(f"prefill_chunk must be an integer >= 1, got {chunk!r}")
+        self.max_tokens, self.chunk = max_tokens, chunk
         self._entries: OrderedDict[tuple[int, ...], object] = OrderedDict()
         self._lock = threading.Lock()  # lookups and stores may come from several engines' threads
 
@@ -49,7 +57,7 @@ class PrefixCache:
                 n = _common_prefix(key, ids)
                 if n > hit:
                     best, hit = key, n
-            hit = min(hit, len(ids) - 1)
+            hit = self._aligned(min(hit, len(ids) - 1))
             if best is None or hit <= 0:
                 return 0, make_empty()
             self._entries.move_to_end(best)
@@ -61,7 +69,10 @@ class PrefixCache:
         """How many tokens `lookup(ids)` would reuse, without copying anything."""
         with self._lock:
             hit = max((_common_prefix(key, ids) for key in self._entries), default=0)
-        return max(0, min(hit, len(ids) - 1))
+        return max(0, self._aligned(min(hit, len(ids) - 1)))
+
+    def _aligned(self, hit: int) -> int:
+        return hit - hit % self.chunk
 
     def store(self, ids: list[int], cache) -> None:
         """Keep a copy of `cache`, which holds exactly the KV of `ids`."""

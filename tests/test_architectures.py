@@ -117,7 +117,8 @@ def test_a_sliding_target_reuses_a_cached_prompt_prefix_far_past_its_window(smol
     """A partial prefix-cache hit crops the cached prompt back to the shared prefix, which a
     window-sized cache could not: the full-past cache can, and the reply is still greedy's."""
     model_type, overrides = FAMILIES[family]
-    engine = Engine(tiny_target(model_type, overrides, smollm2_tokenizer), smollm2_tokenizer)
+    # chunks of 16 prompt tokens (prefix_cache.py): a short prompt still shares whole chunks
+    engine = Engine(tiny_target(model_type, overrides, smollm2_tokenizer), smollm2_tokenizer, prefill_chunk=16)
     engine.generate(ASK, TOOLS, tool_choice="required", max_new_tokens=4, method="ar")
     other = [{"role": "user", "content": "And in Rome, in fahrenheit?"}]
     ids = engine.prompt_ids(other, TOOLS, tool_choice="required")
