@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI Chat Completions over one engine, plus /v1/models, /health and /metrics.
+"""The FastAPI app: OpenAI Chat Completions over one engine, plus /v1/models, /health and /metrics,
+and the Responses API (responses.py: translated into a chat request, it takes the chat path from `start`).
 
 Every reply, streamed or not, is built from the engine's one event stream, so a non-streamed reply is
 exactly the aggregate of the streamed chunks.
@@ -27,6 +28,7 @@ from .errors import Guard, ServeError, error_body, install_error_handlers
 from .metrics import Metrics
 from .protocol import (ChatCompletionRequest, Reply, check_tool_messages, check_tools, refuse_sampling,
                        refuse_unserved, sse)
+from .responses import RESPONSES_PATH, ResponsesRequest, respond
 from .scheduler import Scheduler
 
 log = logging.getLogger("oospec.serve")
@@ -159,6 +161,13 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
             return Response(status_code=499)  # the client closed the request; nobody reads this
         finished(gen)
         return reply.body(gen)
+
+    @app.post(RESPONSES_PATH)
+    async def responses(req: ResponsesRequest, request: Request):
+        """OpenAI's Responses API (responses.py), translated to a chat request and taking its path."""
+        t0 = time.perf_counter()
+        return await respond(req, request, start, state.model, state.replica,
+                             lambda: state.metrics.ttft.observe(time.perf_counter() - t0))
 
     return app
 

@@ -11,7 +11,7 @@ from .app import DEFAULT_MAX_BODY_BYTES
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="serve OpenAI Chat Completions (tools, streaming) over the engine",
+    p = sub.add_parser(name, help="serve OpenAI Chat Completions and Responses (tools, streaming) over the engine",
                        description=__doc__)
     p.add_argument("--model", default="embedded", help="the target: HF id, local dir, GGUF file, or 'embedded'")
     side = p.add_mutually_exclusive_group()

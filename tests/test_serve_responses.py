@@ -1,0 +1,419 @@
+"""`oospec serve` speaks OpenAI's Responses API (`POST /v1/responses`): driven by the official `openai`
+SDK (`client.responses.create`, `.stream`, `.parse`), raw HTTP, and the OpenAI Agents SDK (its
+`OpenAIResponsesModel` and its `OpenAIChatCompletionsModel`) against a real uvicorn server.
+
+The mechanics run on `ScriptedEngine` (scripted replies through the engine's own event code) and on
+the tiny random model (a real decode: token counts, max_output_tokens, sampling, disconnects).
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+
+import httpx
+import openai
+import pytest
+from serve_testing import API_KEY, running
+
+from oospec_agents import Engine
+from oospec_agents.frontend import join_text_parts
+from oospec_agents.serve import create_app
+from oospec_agents.testing import ScriptedEngine
+from oospec_testing import tiny_model
+
+MODEL = "m"
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+TIME = {"type": "function", "name": "get_time", "description": "Local time in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+CALL_TIME = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Rome"}}\n</tool_call>'
+ANSWER = "It is 22 C and sunny in Paris."
+
+
+@contextmanager
+def scripted(*replies: str, step: int = 4):
+    """A server on a ScriptedEngine that replays `replies`: yields (sync client, base URL, engine)."""
+    engine = ScriptedEngine(*replies, step=step)
+    with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0), url, engine
+
+
+def post(url, body, *, key=API_KEY, **kw):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(url + "/v1/responses", json=body, headers=headers, timeout=60, **kw)
+
+
+def items(response) -> list[dict]:
+    """The output items without their generated ids."""
+    return [{k: v for k, v in item.model_dump(exclude_none=True).items() if k != "id"} for item in response.output]
+
+
+# ----------------------------------------------------------------------------- the openai SDK
+
+def test_a_text_reply_is_a_completed_message():
+    with scripted(ANSWER) as (client, _, engine):
+        r = client.responses.create(model=MODEL, input="Weather in Paris?")
+    assert r.id.startswith("resp_") and r.object == "response" and r.model == MODEL
+    assert r.status == "completed" and r.incomplete_details is None and r.error is None
+    assert r.output_text == ANSWER
+    assert items(r) == [{"type": "message", "role": "assistant", "status": "completed",
+                         "content": [{"type": "output_text", "text": ANSWER, "annotations": [], "logprobs": []}]}]
+    assert r.output[0].id.startswith("msg_")
+    assert r.usage.input_tokens == 11 and r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+    assert r.store is False and r.previous_response_id is None
+    assert r.model_extra["oospec"]["stats"]["method"] == "oospec" and r.model_extra["oospec"]["replica"]
+    assert engine.requests[0]["messages"] == [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def test_a_tool_call_then_its_output_then_the_answer():
+    """The SDK's own loop: send the response's output back as input, with a function_call_output."""
+    with scripted("Let me look.\n" + CALL, ANSWER) as (client, _, engine):
+        conversation = [{"role": "user", "content": "Weather in Paris?"}]
+        first = client.responses.create(model=MODEL, input=conversation, tools=[WEATHER], tool_choice="required",
+                                        instructions="Use the tools.")
+        message, call = first.output
+        assert message.type == "message" and message.content[0].text == "Let me look."
+        assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
+        assert json.loads(call.arguments) == {"city": "Paris"}
+        assert call.id.startswith("fc_") and call.call_id and call.call_id != call.id
+        assert first.tool_choice == "required" and [t.name for t in first.tools] == ["get_weather"]
+        conversation += [item.model_dump(exclude_none=True) for item in first.output]
+        conversation.append({"type": "function_call_output", "call_id": call.call_id, "output": "22 C, sunny"})
+        second = client.responses.create(model=MODEL, input=conversation, tools=[WEATHER],
+                                         instructions="Use the tools.")
+    assert second.output_text == ANSWER and [i.type for i in second.output] == ["message"]
+    tool = {"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}
+    assert engine.requests[0]["tools"] == [tool] and engine.requests[0]["tool_choice"] == "required"
+    assert engine.requests[1]["messages"] == [
+        {"role": "system", "content": "Use the tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [{
+            "id": call.call_id, "type": "function", "function": {"name": "get_weather", "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "22 C, sunny"}]
+
+
+def test_input_items_become_the_chat_they_say():
+    """Text parts join; a developer message is a system message (the engine's rule); two calls of one
+    turn are one assistant message, answered in either order."""
+    calls = [{"type": "function_call", "call_id": c, "name": "get_weather", "arguments": json.dumps({"city": city})}
+             for c, city in (("a", "Paris"), ("b", "Rome"))]
+    conversation = [
+        {"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Paris"},
+                                                         {"type": "input_text", "text": "and Rome?"}]},
+        *calls,
+        {"type": "function_call_output", "call_id": "b", "output": [{"type": "input_text", "text": "rain"}]},
+        {"type": "function_call_output", "call_id": "a", "output": "sun"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Sun and rain."}]},
+        {"role": "user", "content": "Thanks"}]
+    with scripted(ANSWER) as (client, _, engine):
+        client.responses.create(model=MODEL, input=conversation, tools=[WEATHER])
+    messages = engine.requests[0]["messages"]
+    assert [m["role"] for m in messages] == ["developer", "user", "assistant", "tool", "tool", "assistant", "user"]
+    assert messages[1]["content"] == join_text_parts(["Paris", "and Rome?"])
+    assert [c["id"] for c in messages[2]["tool_calls"]] == ["a", "b"]
+    assert [(m["tool_call_id"], m["content"]) for m in messages[3:5]] == [("b", "rain"), ("a", "sun")]
+
+
+@pytest.mark.parametrize("replies, kinds", [
+    ((ANSWER,), ["message"]),
+    (("Checking both.\n" + CALL + "\n" + CALL_TIME,), ["message", "function_call", "function_call"]),
+    ((CALL,), ["function_call"]),
+])
+def test_the_stream_adds_up_to_the_response(replies, kinds):
+    with scripted(*replies, *replies, *replies) as (client, _, _engine):
+        kw = dict(model=MODEL, input="Weather in Paris, time in Rome?", tools=[WEATHER, TIME])
+        whole = client.responses.create(**kw)
+        events = list(client.responses.create(**kw, stream=True))
+        with client.responses.stream(**kw) as stream:   # the SDK's accumulator checks every event's place
+            helper = stream.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    done = events[-1]
+    assert done.type == "response.completed" and done.response.status == "completed"
+    assert [i.type for i in whole.output] == kinds
+    assert items(done.response) == items(whole) == items(helper)
+    assert done.response.usage == whole.usage
+    # each item: added, its deltas, its done events, then output_item.done, before the next is added
+    expected = []
+    for index, item in enumerate(done.response.output):
+        expected.append(("response.output_item.added", index))
+        if item.type == "message":
+            expected += [("response.content_part.added", index), ("response.output_text.delta", index),
+                         ("response.output_text.done", index), ("response.content_part.done", index)]
+        else:
+            expected += [("response.function_call_arguments.delta", index),
+                         ("response.function_call_arguments.done", index)]
+        expected.append(("response.output_item.done", index))
+    seen = [(e.type, e.output_index) for e in events[2:-1]]
+    assert [pair for i, pair in enumerate(seen) if i == 0 or pair != seen[i - 1]] == expected  # deltas repeat
+    by_item = {}
+    for e in events:
+        if e.type in ("response.output_text.delta", "response.function_call_arguments.delta"):
+            by_item[e.output_index] = by_item.get(e.output_index, "") + e.delta
+    for index, item in enumerate(done.response.output):
+        if item.type == "message":
+            assert by_item[index] == item.content[0].text
+        else:
+            assert by_item[index] == item.arguments
+            finished = next(e for e in events if e.type == "response.function_call_arguments.done"
+                            and e.output_index == index)
+            assert (finished.name, finished.arguments, finished.item_id) == (item.name, item.arguments, item.id)
+            added = next(e for e in events if e.type == "response.output_item.added" and e.output_index == index)
+            assert added.item.status == "in_progress" and added.item.call_id == item.call_id
+
+
+def test_raw_stream_has_event_lines_and_no_done_marker():
+    with scripted(ANSWER) as (_, url, _engine):
+        with httpx.stream("POST", url + "/v1/responses", json={"model": MODEL, "input": "hi", "stream": True},
+                          headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+            lines = [line for line in r.iter_lines() if line]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    pairs = list(zip(lines[::2], lines[1::2]))
+    assert all(e.startswith("event: ") and d.startswith("data: ") for e, d in pairs) and len(lines) % 2 == 0
+    assert all(json.loads(d[6:])["type"] == e[7:] for e, d in pairs)
+    assert lines[-2] == "event: response.completed"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_the_first_call(stream):
+    with scripted(CALL + "\n" + CALL_TIME) as (client, _, _engine):
+        kw = dict(model=MODEL, input="Both?", tools=[WEATHER, TIME], parallel_tool_calls=False)
+        if stream:
+            events = list(client.responses.create(**kw, stream=True))
+            r = events[-1].response
+            assert not any(getattr(e, "output_index", 0) > 0 for e in events)
+        else:
+            r = client.responses.create(**kw)
+    assert [(i.type, i.name) for i in r.output] == [("function_call", "get_weather")]
+    assert r.parallel_tool_calls is False
+
+
+def test_structured_output_through_the_sdks_parse():
+    """`text.format` (a JSON Schema) is chat completions' response_format; the SDK parses the text."""
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: str
+        celsius: int
+
+    with scripted('{"city": "Paris", "celsius": 22}') as (client, _, engine):
+        r = client.responses.parse(model=MODEL, input="Weather in Paris?", text_format=Weather)
+    assert r.output_parsed == Weather(city="Paris", celsius=22)
+    fmt = engine.requests[0]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "Weather"
+    assert fmt["json_schema"]["strict"] is True and "celsius" in fmt["json_schema"]["schema"]["properties"]
+
+
+def test_the_sdk_raises_bad_request_naming_the_field():
+    with scripted() as (client, _, _engine):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model=MODEL, input="hi", previous_response_id="resp_123")
+    assert err.value.body["param"] == "previous_response_id"
+    assert "stores no responses" in err.value.body["message"]
+
+
+UNSERVED = [
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
+    ({"conversation": "conv_1"}, "conversation", "stores no responses"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "'web_search' is not served"),
+    ({"tools": [WEATHER, {"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools[1].type", "'file_search'"),
+    ({"tools": [{"type": "function", "function": WEATHER}]}, "tools[0].name", "flat"),
+    ({"tools": [{**WEATHER, "strict": "yes"}]}, "tools[0].strict", "expected a boolean"),
+    ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice", "is not served"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "'reasoning' are not served"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "stores no items"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
+     "input[0].content[0]", "'input_image' parts are not served"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "expected one of"),
+    ({"input": [{"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}]},
+     "input", "No tool output found for function call c1"),
+    ({"input": [{"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                {"role": "user", "content": "and?"}]}, "input", "No tool output found for function call c1"),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "c9", "output": "x"}]},
+     "input[1].call_id", "No tool call found for function call output with call_id c9"),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": "function_call", "name": "f", "arguments": "{}"}]},
+     "input[1].call_id", "must be a non-empty string"),
+    ({"input": []}, "input", "input is required"),
+    ({"background": True}, "background", "not served"),
+    ({"reasoning": {"effort": "high"}}, "reasoning", "no reasoning mode"),
+    ({"truncation": "auto"}, "truncation", "never truncated"),
+    ({"top_logprobs": 3}, "top_logprobs", "logprobs are not served"),
+    ({"include": ["message.output_text.logprobs"]}, "include", "logprobs are not served"),
+    ({"text": {"format": {"type": "grammar"}}}, "text.format", "not served"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal to 1"),
+]
+
+
+def test_what_is_not_served_is_a_400_naming_it():
+    with scripted() as (_, url, engine):
+        for change, param, says in UNSERVED:
+            r = post(url, {"model": MODEL, "input": "Weather in Paris?", **change})
+            assert r.status_code == 400, (change, r.text)
+            error = r.json()["error"]
+            assert error["param"] == param and says in error["message"], (change, error)
+            assert error["type"] == "invalid_request_error"
+        assert engine.requests == []  # refused before the engine ran
+
+
+def test_the_key_the_model_and_a_bad_tool_choice():
+    with scripted() as (_, url, _engine):
+        assert post(url, {"model": MODEL, "input": "hi"}, key=None).status_code == 401
+        assert post(url, {"model": MODEL, "input": "hi"}, key="wrong").status_code == 401
+        r = post(url, {"model": "other", "input": "hi"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        r = post(url, {"model": MODEL, "input": "hi", "tools": [WEATHER],
+                       "tool_choice": {"type": "function", "name": "nope"}})
+        assert r.status_code == 400 and "nope" in r.json()["error"]["message"]
+
+
+def test_store_is_accepted_and_nothing_is_stored():
+    with scripted(ANSWER) as (client, url, _engine):
+        r = client.responses.create(model=MODEL, input="hi", store=True, metadata={"run": "7"})
+        assert r.store is False and r.metadata == {"run": "7"}
+        retrieved = httpx.get(f"{url}/v1/responses/{r.id}", headers={"Authorization": f"Bearer {API_KEY}"})
+        assert retrieved.status_code in (404, 405)
+
+
+# ----------------------------------------------------------------------------- the tiny model: a real decode
+
+@pytest.fixture(scope="module")
+def tiny(smollm2_tokenizer):
+    engine = Engine(tiny_model("llama", smollm2_tokenizer), smollm2_tokenizer, model_name="tiny-llama")
+    with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
+        yield url, openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_output_tokens_is_an_incomplete_response(tiny, stream):
+    _, client = tiny
+    kw = dict(model=MODEL, input="Tell me a story.", max_output_tokens=5, tool_choice="none")
+    if stream:
+        events = list(client.responses.create(**kw, stream=True))
+        assert events[-1].type == "response.incomplete"
+        r = events[-1].response
+    else:
+        r = client.responses.create(**kw)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 5 and r.max_output_tokens == 5
+    assert r.output[-1].status == "incomplete" and r.completed_at is None
+
+
+def test_a_forced_call_has_the_chat_completions_tokens(tiny):
+    """One engine, one translation: the response's call and text are chat completions' reply."""
+    url, client = tiny
+    for tool_choice in ({"type": "function", "name": "get_time"}, "none"):
+        r = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER, TIME],
+                                    tool_choice=tool_choice, max_output_tokens=12)
+        chat_choice = tool_choice if tool_choice == "none" else {"type": "function", "function": {"name": "get_time"}}
+        chat = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=12,
+            tools=[{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
+                   for t in (WEATHER, TIME)], tool_choice=chat_choice)
+        message = chat.choices[0].message
+        calls = [(i.name, i.arguments) for i in r.output if i.type == "function_call"]
+        assert calls == [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        assert r.output_text == (message.content or "")
+        assert r.usage.output_tokens == chat.usage.completion_tokens
+        assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.7}, {"temperature": -1},
+                                      {"top_p": 1}, {"top_p": 0.5}, {"top_p": 7}, {"temperature": 0.5, "top_p": 0.9}])
+def test_sampling_is_answered_as_chat_completions_answers_it(tiny, sampling):
+    url, _ = tiny
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    chat = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, **sampling})
+    response = post(url, {"model": MODEL, "input": "Hi", "max_output_tokens": 3, **sampling})
+    assert response.status_code == chat.status_code, (response.text, chat.text)
+    if chat.status_code == 400:
+        assert response.json()["error"] == chat.json()["error"]
+    else:
+        assert response.json()["usage"]["output_tokens"] == chat.json()["usage"]["completion_tokens"]
+
+
+def test_a_client_leaving_mid_stream_frees_the_engine(tiny):
+    url, client = tiny
+    body = {"model": MODEL, "input": "Tell me a story.", "max_output_tokens": 1900, "stream": True,
+            "tool_choice": "none"}
+    with httpx.stream("POST", url + "/v1/responses", json=body, headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        lines = r.iter_lines()
+        for _ in range(12):
+            next(lines)
+    t0 = time.perf_counter()
+    reply = client.responses.create(model=MODEL, input="Hi", max_output_tokens=3)
+    waited = time.perf_counter() - t0
+    assert reply.usage.output_tokens == 3
+    assert waited < 2.5, f"the next request waited {waited:.1f}s: the abandoned stream held the engine"
+
+
+# ----------------------------------------------------------------------------- the OpenAI Agents SDK
+
+agents = pytest.importorskip("agents", reason="the OpenAI Agents SDK (openai-agents, the dev extra) is not installed")
+
+
+@pytest.mark.parametrize("model_class, streamed", [
+    ("OpenAIResponsesModel", False), ("OpenAIResponsesModel", True), ("OpenAIChatCompletionsModel", False)])
+async def test_an_openai_agents_agent_calls_the_tool_then_answers(model_class, streamed):
+    agents.set_tracing_disabled(True)  # no traces sent to OpenAI
+    seen = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        seen.append(city)
+        return f"22 C and sunny in {city}"
+
+    engine = ScriptedEngine(CALL, ANSWER)
+    with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+        model = getattr(agents, model_class)(model=MODEL, openai_client=client)
+        agent = agents.Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather], model=model)
+        if streamed:
+            result = agents.Runner.run_streamed(agent, "Weather in Paris?")
+            kinds = {event.type async for event in result.stream_events()}
+            assert "raw_response_event" in kinds
+        else:
+            result = await agents.Runner.run(agent, "Weather in Paris?")
+    assert seen == ["Paris"]
+    assert result.final_output == ANSWER
+    first, second = engine.requests
+    assert first["messages"] == [{"role": "system", "content": "Answer with the tool."},
+                                 {"role": "user", "content": "Weather in Paris?"}]
+    assert first["tools"][0]["function"]["name"] == "get_weather"
+    assert first["tools"][0]["function"]["strict"] is True  # the SDK's strict schemas reach the engine
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+    assert second["messages"][-1]["content"] == "22 C and sunny in Paris"
+
+
+@pytest.mark.slow
+async def test_an_openai_agents_agent_on_the_embedded_model_through_either_api(embedded_server):
+    """The embedded 135M, as the agent's model through each API: it calls the tool, reads its result
+    and answers; one engine and one chat, so both APIs give the same answer."""
+    agents.set_tracing_disabled(True)
+    seen, answers = [], {}
+
+    @agents.function_tool
+    def get_current_weather(location: str) -> str:
+        """Get the current weather in a given city."""
+        seen.append(location)
+        return f"It is 22 degrees Celsius and sunny in {location}."
+
+    client = openai.AsyncOpenAI(base_url=embedded_server + "/v1", api_key="unused", max_retries=0)
+    for model_class in ("OpenAIResponsesModel", "OpenAIChatCompletionsModel"):
+        model = getattr(agents, model_class)(model="embedded", openai_client=client)
+        agent = agents.Agent(name="weather", tools=[get_current_weather], model=model,
+                             model_settings=agents.ModelSettings(max_tokens=48))
+        result = await agents.Runner.run(agent, "What is the current weather in Paris?", max_turns=4)
+        assert [type(item).__name__ for item in result.new_items] == \
+            ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], model_class
+        assert "Paris" in seen[-1] and result.final_output.strip()
+        answers[model_class] = result.final_output
+    assert answers["OpenAIResponsesModel"] == answers["OpenAIChatCompletionsModel"]
