@@ -16,7 +16,7 @@ APP_NAME = "oospec"
 @serve.ingress()
 class OoOSpecReplica:
     """One engine. The app is built after it has loaded (`__serve_build_asgi_app__`), so a replica
-    takes traffic only once its engine is ready."""
+    takes traffic only once its engine is ready; `check_health` keeps asking the app whether it can answer."""
 
     def __init__(self, load: dict, options: dict):
         from ..engine import Engine
@@ -26,7 +26,19 @@ class OoOSpecReplica:
 
     def __serve_build_asgi_app__(self):
         from .app import create_app
-        return create_app(self.engine, replica_id=self.replica, close_engine=True, **self.options)
+        self.app = create_app(self.engine, replica_id=self.replica, close_engine=True, **self.options)
+        return self.app
+
+    def check_health(self):
+        """Ray Serve's periodic health check: the replica is healthy while its app can answer, the
+        rule `GET /health` answers 200 by; raising makes Ray replace the replica."""
+        check_ready(self.app)
+
+
+def check_ready(app) -> None:
+    """Raise unless `app` (create_app's) can answer a request now: its engine is loaded. The same rule
+    as the routes' 503 (`model_loading`) and 500 (`model_load_failed`), and as `GET /health`."""
+    app.state.oospec.ready_engine()
 
 
 def gpus_per_replica() -> int:
