@@ -1,6 +1,9 @@
 """The seam every front-end stands on: LangChain's ChatOoOSpec, LlamaIndex's OoOSpec and the server.
 
-- `ChatRequest`: one typed request, checked by the engine, instead of `**request` dicts.
+- `ChatRequest`: one typed request, checked by the engine, instead of `**request` dicts; its sampling
+  settings, and `for_choice` (choice i of n: its own seed).
+- `choice_count`, `openai_logprobs`, `check_seed`: the sampling rules the engine does not own (how
+  many choices, OpenAI's `logprobs`/`top_logprobs` pair, a seed's range), one place for every front-end.
 - `LazyEngine`: engine selection, loaded on first use and shared between chat-model objects.
 - `Bridge`: the one sync-to-async bridge for the engine's blocking event stream; `aiterate` runs it on
   the loop's executor, the server's scheduler (serve/scheduler.py) on its queue's worker.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import threading
 from contextlib import aclosing, closing
 from dataclasses import dataclass, field
@@ -23,9 +27,18 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, I
 
 from .chat import join_text_parts  # noqa: F401  (re-exported: the front-ends' text-part policy)
 from .engine import Engine, Event, Generation
+from .errors import SamplingError
 from .events import ToolCallDelta
+from .sampling import check_logprobs
 
 T = TypeVar("T")
+
+#: the most choices (`n`) one request may ask for: they are decoded one after another
+MAX_CHOICES = 8
+#: the engine's seeds are 64-bit: OpenAI's and vLLM's range
+SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)
+#: ChatRequest's sampling fields, as the engine's keywords
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
 
 
 @dataclass
@@ -39,19 +52,94 @@ class ChatRequest:
     stop: list[str] | None = None
     response_format: dict | None = None  # OpenAI's: a reply that calls no tool is JSON of its schema
     prediction: Any = None               # OpenAI's Predicted Outputs: drafted where the reply agrees with it
+    # Sampling (the engine's keywords; None leaves each unset): temperature None or 0 decodes greedily.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    logprobs: bool | int | None = None   # True (the chosen token's), or alternatives per token (0-20)
 
     def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
-        """The engine's event stream for this request (bad input raises here, eagerly); setting
-        `cancel` ends it after the round in progress."""
-        extra = {k: v for k, v in (("response_format", self.response_format), ("prediction", self.prediction))
-                 if v is not None}
+        """The engine's event stream for this request (bad input raises here, eagerly: a bad sampling
+        setting is a `SamplingError` naming its field in `.param`); setting `cancel` ends it after the
+        round in progress. With `logprobs`, the stream has `LogprobsDelta`s too."""
+        check_seed(self.seed)
+        optional = ("response_format", "prediction") + _SAMPLING
+        extra = {k: v for k in optional if (v := getattr(self, k)) is not None}
         return engine.stream(self.messages, self.tools, tool_choice=self.tool_choice or "auto",
                              max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop, cancel=cancel,
                              **extra)
 
+    def stream_choices(self, engine: Engine, n: int = 1, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """The events of `n` choices (`for_choice`), one after another: choice i's events follow i
+        Generations. Choice 0's stream is made now (bad input raises here, eagerly), each other one
+        as it starts; a cancelled reply starts no other."""
+        first = self.stream(engine, cancel)
+        return first if n == 1 else self._choices(first, engine, n, cancel)
+
+    def _choices(self, first: Iterator[Event], engine: Engine, n: int, cancel: threading.Event | None):
+        try:
+            with closing(first) as events:
+                yield from events
+            for index in range(1, n):
+                if cancel is not None and cancel.is_set():
+                    return
+                with closing(self.for_choice(index).stream(engine, cancel)) as events:
+                    yield from events
+        finally:
+            first.close()  # when closed before it started
+
+    def for_choice(self, index: int) -> "ChatRequest":
+        """The request of choice `index` of several (`n`): the same, with its own seed, `seed + index`
+        when a seed is given (without one, every choice draws a fresh seed)."""
+        if index == 0 or self.seed is None:
+            return self
+        return dataclasses.replace(self, seed=self.seed + index)
+
     def generate(self, engine: Engine) -> Generation:
         with closing(self.stream(engine)) as events:
             return _last(events)
+
+
+def _refused(param: str, message: str) -> SamplingError:
+    error = SamplingError(message)
+    error.param = param
+    return error
+
+
+def choice_count(n: Any) -> int:
+    """How many choices a request asks for (OpenAI's `n`): None is 1; at most `MAX_CHOICES`."""
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise _refused("n", f"n must be an integer from 1 to {MAX_CHOICES} (the choices are decoded one after "
+                            f"another), got {n!r}")
+    return n
+
+
+def check_seed(seed: Any) -> None:
+    """A seed is an integer in the 64-bit range (`SEED_RANGE`), or None."""
+    if seed is None:
+        return
+    low, high = SEED_RANGE
+    if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
+        raise _refused("seed", f"seed must be an integer from {low} to {high}, got {seed!r}")
+
+
+def openai_logprobs(logprobs: Any, top_logprobs: Any) -> bool | int | None:
+    """OpenAI's pair as the engine's one `logprobs` argument: `logprobs=True` asks for each token's
+    log-probability, `top_logprobs` (0-20) for that many alternatives too. `top_logprobs` above 0
+    without `logprobs=True` is an error (vLLM's rule; OpenAI's too), naming `top_logprobs`."""
+    if top_logprobs is not None:
+        check_logprobs(top_logprobs)
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise _refused("logprobs", f"logprobs must be true or false, got {logprobs!r}")
+    if not logprobs:
+        if top_logprobs:
+            raise _refused("top_logprobs", f"top_logprobs={top_logprobs!r} needs logprobs=true")
+        return None
+    return True if top_logprobs is None else top_logprobs
 
 
 def _last(events: Iterable[Event]) -> Generation:
@@ -80,6 +168,14 @@ class Usage:
         s = gen.stats
         return cls(gen.prompt_tokens, len(gen.token_ids), s.cached_prompt_tokens, s.prediction_matched,
                    s.prediction_tokens - s.prediction_matched)
+
+    @classmethod
+    def of_choices(cls, gens: list[Generation]) -> "Usage":
+        """Several choices of one prompt (`n`): the prompt counted once (the first choice's, with its
+        cached tokens), the completion tokens and the prediction counts summed."""
+        each = [cls.of(gen) for gen in gens]
+        return cls(each[0].prompt_tokens, sum(u.completion_tokens for u in each), each[0].cached_prompt_tokens,
+                   sum(u.accepted_prediction_tokens for u in each), sum(u.rejected_prediction_tokens for u in each))
 
     def openai(self) -> dict:
         """OpenAI's `usage` object."""

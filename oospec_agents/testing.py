@@ -4,16 +4,36 @@ Only the decoding is faked. Requests are checked, replies are cut into events, p
 by the engine's own code, so front-end tests (LangChain, LlamaIndex, the server) exercise the real
 event stream without loading a model. Replies are committed in `step`-character rounds, as a real
 engine commits them in tokens.
+
+The sampling keywords (`temperature`, `top_p`, `top_k`, `min_p`, `seed`, `logprobs`) are checked as the
+engine checks them (a `SamplingError` naming the field, before any event) and recorded in `requests`;
+the reply is the scripted one whatever they are. With `logprobs`, each "token" (a `step`-character
+piece; the last takes the rest) gets a made-up entry in OpenAI's shape, sent as a `LogprobsDelta` in
+its round, as the engine sends them.
 """
 from __future__ import annotations
 
 from typing import Iterator
 
 from .engine import Engine, Event, Generation
-from .events import ReplyEvents
+from .events import LogprobsDelta, ReplyEvents
 from .formats import HermesFormat
+from .sampling import Sampling, check_logprobs
 from .stats import DecodeStats
 from .tools import check_calls
+
+
+#: Sampling settings every front-end refuses before decoding: (the field its error names, the settings,
+#: a regex of its message). Each front-end's tests add what only it takes (`n`, penalties, ...).
+BAD_SAMPLING = [
+    ("temperature", {"temperature": -0.1}, "temperature must be a number >= 0, got -0.1"),
+    ("top_p", {"top_p": 0}, r"top_p must be a number in \(0, 1\]"),
+    ("top_k", {"top_k": -3}, "top_k must be >= 0"),
+    ("min_p", {"min_p": 1.5}, r"min_p must be a number in \[0, 1\]"),
+    ("seed", {"seed": 2 ** 64}, "seed must be an integer from"),
+    ("top_logprobs", {"logprobs": True, "top_logprobs": 21}, "top_logprobs must be an integer from 0 to 20"),
+    ("top_logprobs", {"top_logprobs": 2}, "top_logprobs=2 needs logprobs=true"),
+]
 
 
 class ScriptedEngine(Engine):
@@ -35,26 +55,46 @@ class ScriptedEngine(Engine):
         return msgs, offered
 
     def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens=256, method="oospec",
-               stop=None, **kw) -> Iterator[Event]:
+               stop=None, temperature=None, top_p=None, top_k=None, min_p=None, seed=None, logprobs=None,
+               **kw) -> Iterator[Event]:
         _, offered = self.prepare(messages, tools, tool_choice, max_new_tokens, stop)
+        Sampling(temperature, top_p, top_k, min_p, seed)  # bad settings raise here, as the engine's do
+        top_logprobs = check_logprobs(logprobs)
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p, "seed": seed,
+                    "logprobs": logprobs}
         self.requests.append({"messages": messages, "tools": tools, "tool_choice": tool_choice,
                               "max_new_tokens": max_new_tokens, "method": method, "stop": stop,
-                              **{k: v for k, v in kw.items() if k in ("response_format", "prediction")}})
+                              **{k: v for k, v in kw.items() if k in ("response_format", "prediction")},
+                              **{k: v for k, v in sampling.items() if v is not None}})
         text = self.replies.pop(0)
         cuts = [i for s in stop or [] if (i := text.find(s)) >= 0]
         text = text[:min(cuts)] if cuts else text
-        return self._replay(text, offered, method)
+        return self._replay(text, offered, method, top_logprobs)
 
-    def _replay(self, text: str, offered, method: str) -> Iterator[Event]:
+    def _replay(self, text: str, offered, method: str, top_logprobs: int | None = None) -> Iterator[Event]:
         events = ReplyEvents(self.fmt, lambda i: f"call_scripted_{i}")
-        for end in range(self.step, len(text), self.step):
+        n = max(1, len(text) // self.step)
+        pieces = [text[i * self.step:(i + 1) * self.step] for i in range(n - 1)] + [text[(n - 1) * self.step:]]
+        scored = [] if top_logprobs is None else [_entry(piece, top_logprobs) for piece in pieces]
+        for round_, end in enumerate(range(self.step, len(text), self.step)):
             yield from events.feed(text[:end])
+            if round_ < n - 1 and scored:
+                yield LogprobsDelta([scored[round_]])
         yield from events.feed(text, final=True)
+        if scored:
+            yield LogprobsDelta([scored[-1]])
         content, parsed = self.fmt.parse(text)
         calls, invalid = check_calls(events.settle(text, parsed), offered, id_prefix="call_scripted")
-        n = max(1, len(text) // self.step)
         stats = DecodeStats(method, prompt_tokens=11, new_tokens=n, target_forwards=3,
                             accepted_by_source={"schema": 5, "retrieval": 0, "hint": 2}, hint_bytes=40)
         yield Generation(text=text, token_ids=list(range(n)), tool_calls=calls, invalid_tool_calls=invalid,
                          stats=stats, content=content, finish_reason="tool_calls" if calls else "stop",
-                         prompt_tokens=11)
+                         prompt_tokens=11, logprobs=None if top_logprobs is None else scored)
+
+
+def _entry(token: str, top: int) -> dict:
+    """A made-up logprobs entry in OpenAI's shape: the token at -0.25, and `top` alternatives."""
+    def one(text: str, logprob: float) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return one(token, -0.25) | {"top_logprobs": [one(token if k == 0 else f"alt{k}", -0.25 * (k + 1))
+                                                 for k in range(top)]}
