@@ -278,9 +278,11 @@ BAD_REQUESTS = {
     "bad role": ({"messages": [{"role": "robot", "content": "hi"}]}, "'robot'"),
     "no messages": ({"messages": []}, "messages"),
     "over context": ({"messages": [{"role": "user", "content": "word " * 3000}]}, "context window"),
-    "temperature": ({"temperature": 0.7}, "temperature=0.7"),
-    "top_p": ({"top_p": 0.5}, "top_p=0.5"),
-    "n": ({"n": 2}, "n=2"),
+    "temperature": ({"temperature": -0.7}, "temperature must be a number >= 0, got -0.7"),
+    "top_p": ({"top_p": 1.5}, "top_p must be a number in (0, 1], got 1.5"),
+    "n": ({"n": 9}, "n must be an integer from 1 to 8"),
+    "frequency_penalty": ({"frequency_penalty": 0.5}, "frequency_penalty=0.5 is not served"),
+    "logit_bias": ({"logit_bias": {"42": 5}}, "logit_bias is not served"),
     "wrong type": ({"max_tokens": "ten"}, 'max_tokens: Input should be a valid integer, unable to parse string as an '
                                           'integer (got "ten")'),
     "unknown method": ({"method": "beam"}, "method"),
@@ -294,7 +296,7 @@ BAD_REQUESTS = {
     "audio output": ({"modalities": ["text", "audio"]}, "audio output is not served"),
     "web search": ({"web_search_options": {}}, "web_search_options is not served"),
     "reasoning effort": ({"reasoning_effort": "low"}, "reasoning_effort='low' is not served"),
-    "top_logprobs": ({"top_logprobs": 3}, "top_logprobs=3 is not supported"),
+    "top_logprobs": ({"top_logprobs": 3}, "top_logprobs=3 needs logprobs=true"),
     "prediction content": ({"prediction": {"type": "content", "content": 5}}, "prediction.content must be"),
 }
 

@@ -22,12 +22,12 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .. import TextDelta, ToolCallDelta
-from ..frontend import ChatRequest, ParallelToolCalls
+from .. import Generation, LogprobsDelta, TextDelta, ToolCallDelta
+from ..frontend import ChatRequest, choice_count
 from .errors import Guard, ServeError, error_body, install_error_handlers
 from .metrics import Metrics
-from .protocol import (ChatCompletionRequest, Reply, check_tool_messages, check_tools, refuse_sampling,
-                       refuse_unserved, sse)
+from .protocol import (ChatCompletionRequest, Completion, check_tool_messages, check_tools, refuse_sampling,
+                       refuse_unserved, sampling, sse)
 from .responses import RESPONSES_PATH, ResponsesRequest, respond
 from .scheduler import Scheduler
 
@@ -121,7 +121,9 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
 
     def start(req: ChatCompletionRequest):
         """A chat request checked and queued: its Job, and `finished(gen)` recording its metrics.
-        Chat completions and the Responses API (which arrives translated) both take this path."""
+        Chat completions and the Responses API (which arrives translated) both take this path. The
+        job's events are the engine's (`LogprobsDelta`s among them when logprobs are asked for), of
+        `n` choices one after another: choice i's events follow i Generations."""
         if req.model != state.model:
             raise ServeError(404, f"unknown model {req.model!r}; this server serves {state.model!r}",
                              param="model", code="model_not_found")
@@ -133,12 +135,12 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         method = req.method or state.method
         chat = ChatRequest(req.messages, req.tools, req.tool_choice or "auto", method=method,
                            stop=[req.stop] if isinstance(req.stop, str) else req.stop,
-                           response_format=req.response_format, prediction=req.prediction)
+                           response_format=req.response_format, prediction=req.prediction, **sampling(req))
         if req.max_completion_tokens or req.max_tokens:
             chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
         # Bad input raises here, on the loop, before the request takes a place in the queue.
         cancelled = threading.Event()  # set when the client leaves: the engine stops after its round
-        events = chat.stream(eng, cancelled)
+        events = chat.stream_choices(eng, choice_count(req.n), cancelled)
         hint_asked = (method == "oospec" and bool(req.tools) and req.tool_choice != "none"
                       and getattr(eng, "sidecar", None) is not None)
         job = state.scheduler.submit(events, cancelled)
@@ -151,16 +153,18 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         t0 = time.perf_counter()
         job, finished = start(req)
-        reply = Reply(state.model, state.replica, ParallelToolCalls.openai(req.parallel_tool_calls))
+        completion = Completion(state.model, state.replica, choice_count(req.n), req.parallel_tool_calls,
+                                bool(req.logprobs))
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_sse(job, reply, state, t0, usage, finished), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        gen = await _collect(job, reply, state, t0, request)
-        if gen is None:
+            return StreamingResponse(_sse(job, completion, state, t0, usage, finished),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        gens = await _collect(job, completion, state, t0, request)
+        if gens is None:
             return Response(status_code=499)  # the client closed the request; nobody reads this
-        finished(gen)
-        return reply.body(gen)
+        for gen in gens:
+            finished(gen)
+        return completion.body(gens)
 
     @app.post(RESPONSES_PATH)
     async def responses(req: ResponsesRequest, request: Request):
@@ -181,46 +185,50 @@ def _load(state: _State, loader) -> None:
         state.load_error = f"{type(e).__name__}: {e}"
 
 
-def _apply(reply: Reply, item, state: _State, t0: float):
-    """Fold one engine event into the reply; returns its chunk, the Generation, or None."""
+def _apply(completion: Completion, gens: list, item, state: _State, t0: float) -> list[dict]:
+    """Fold one engine event into its choice's reply (choice i's events follow i Generations, which
+    `gens` collects); returns the chunks to send now."""
+    reply = completion.replies[len(gens)]
     if isinstance(item, (TextDelta, ToolCallDelta)):
-        if not reply.content and not reply.calls:
+        if not gens and not reply.content and not reply.calls:
             state.metrics.ttft.observe(time.perf_counter() - t0)
-        return reply.text(item.text) if isinstance(item, TextDelta) else reply.tool_call(item)
-    return item  # the Generation
+        return reply.hold(reply.text(item.text) if isinstance(item, TextDelta) else reply.tool_call(item))
+    if isinstance(item, LogprobsDelta):
+        return reply.logprobs(item)
+    gens.append(item)  # the choice's Generation
+    return reply.release() + [reply.last_chunk(item)]
 
 
-async def _collect(job, reply: Reply, state: _State, t0: float, request: Request):
-    """A non-streamed reply: every event folded in; None when the client left before the end."""
+async def _collect(job, completion: Completion, state: _State, t0: float, request: Request):
+    """A non-streamed reply: every event folded in; its choices' Generations, or None when the client
+    left before the end."""
     async def watch():
         while not await request.is_disconnected():
             await asyncio.sleep(0.25)
         job.cancel()
 
     watcher = asyncio.create_task(watch())
-    gen = None
+    gens: list = []
     try:
         async for item in job.events():
-            _apply(reply, item, state, t0)
-            if not isinstance(item, (TextDelta, ToolCallDelta)):
-                gen = item
+            _apply(completion, gens, item, state, t0)
     finally:
         watcher.cancel()
-    return gen
+    return gens if len(gens) == len(completion.replies) else None
 
 
-async def _sse(job, reply: Reply, state: _State, t0: float, usage: bool, finished):
-    yield sse(reply.first_chunk())
+async def _sse(job, completion: Completion, state: _State, t0: float, usage: bool, finished):
+    for chunk in completion.first_chunks():
+        yield sse(chunk)
+    gens: list = []
     try:
         async for item in job.events():
-            out = _apply(reply, item, state, t0)
-            if isinstance(out, dict):
-                yield sse(out)
-            elif out is not None:
-                finished(out)
-                yield sse(reply.last_chunk(out))
-                if usage:
-                    yield sse(reply.usage_chunk(out))
+            for chunk in _apply(completion, gens, item, state, t0):
+                yield sse(chunk)
+            if isinstance(item, Generation):
+                finished(item)
+        if usage and len(gens) == len(completion.replies):
+            yield sse(completion.usage_chunk(gens))
     except Exception as e:  # the status line is sent: the error goes in the stream, as OpenAI's does
         log.exception("streamed request failed")
         yield sse(error_body(500, f"internal error ({type(e).__name__}); the server log has the details"))

@@ -1,13 +1,16 @@
 """The OpenAI Chat Completions request as we accept it, and the bodies we answer with.
 
 This module owns the wire format: the request model, the checks that answer a 400 before the engine
-runs (`refuse_sampling`, `refuse_unserved`, `check_tools`, `check_tool_messages`), and `Reply`, which
-turns the engine's events into chunks and the same reply's body. Which tool calls a reply keeps
-(`parallel_tool_calls`) is the front-ends' one rule, `frontend.ParallelToolCalls`.
+runs (`refuse_sampling`, `refuse_unserved`, `check_tools`, `check_tool_messages`), the request's
+sampling settings as the engine takes them (`sampling`), and `Completion`, whose `Reply`s (one per
+choice, `n`) turn the engine's events into chunks and the same replies' body. Which tool calls a reply
+keeps (`parallel_tool_calls`) is the front-ends' one rule, `frontend.ParallelToolCalls`.
 
-Fields we do not use (`user`, `seed`, `metadata`, `store`, ...) are accepted and ignored. Fields that
-would ask for something other than the target's greedy decoding are refused by `refuse_sampling`:
-the server never alters the tokens the target commits.
+Fields we do not use (`user`, `metadata`, `store`, ...) are accepted and ignored. Sampling is served
+as the engine serves it, keeping the target's distribution: `temperature`, `top_p`, `seed`, `n`,
+`logprobs`/`top_logprobs`, and vLLM's `top_k` and `min_p`; a bad value is a 400 naming the field
+(the engine's `SamplingError.param`). What would change the distribution the verification keeps
+(penalties, `logit_bias`) is refused by `refuse_sampling`, unless it is neutral.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS
-from ..frontend import CallsSoFar, ParallelToolCalls, Usage
+from ..frontend import CallsSoFar, ParallelToolCalls, Usage, choice_count, openai_logprobs
 
 #: stats not worth a line in every response
 _HIDDEN_STATS = ("margins", "sidecar_profile", "rounds")
@@ -43,14 +46,18 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = None
-    temperature: float | None = None
+    n: int | None = None                     # 1 to frontend.MAX_CHOICES, decoded one after another
+    temperature: float | None = None         # None or 0: greedy decoding
     top_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    top_k: int | None = None                 # vLLM's: 0 or -1 is no top-k
+    min_p: float | None = None               # vLLM's
+    seed: int | None = None                  # choice i draws with seed + i
+    presence_penalty: float | None = None    # refused unless 0
+    frequency_penalty: float | None = None   # refused unless 0
+    repetition_penalty: float | None = None  # vLLM's; refused unless 1
+    logit_bias: dict[str, float] | None = None  # refused unless empty
     logprobs: bool | None = None
-    top_logprobs: int | None = None          # refused with logprobs
+    top_logprobs: int | None = None          # 0-20, with logprobs=true
     reasoning_effort: str | None = None      # refused: no reasoning mode is served
     response_format: dict[str, Any] | None = None
     functions: list[Any] | None = None       # refused, by name (`refuse_unserved`)
@@ -72,21 +79,27 @@ class RequestError(ValueError):
 
 
 def refuse_sampling(req: ChatCompletionRequest) -> None:
-    """Only greedy decoding is served: anything that would change the tokens is a 400."""
-    neutral = {"temperature": (0,), "top_p": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
-               "n": (1,)}
-    for field, values in neutral.items():
-        value = getattr(req, field)
-        if value is not None and value not in values:
-            raise RequestError(f"{field}={value!r} is not served: the reply is the target's greedy decoding, "
-                               f"so {field} must be absent or {values[0]}", field)
+    """What sampling is not served is a 400 naming it: penalties other than neutral, and `logit_bias`
+    (each token's draw would depend on the tree node's own path, or on a bias the verification does
+    not apply). `n` out of range is a 400 too; the engine checks the rest (`ChatRequest.stream`)."""
+    neutral = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
+    for field, value in neutral.items():
+        got = getattr(req, field)
+        if got is not None and got != value:
+            raise RequestError(f"{field}={got!r} is not served: sampling keeps the target's own distribution, "
+                               f"so {field} must be absent or {value}", field, "unsupported_parameter")
     if req.logit_bias:
-        raise RequestError("logit_bias is not served: it would change the target's greedy tokens", "logit_bias")
-    if req.logprobs:
-        raise RequestError("logprobs=true is not supported", "logprobs")
-    if req.top_logprobs is not None:
-        raise RequestError(f"top_logprobs={req.top_logprobs!r} is not supported: this server returns no logprobs",
-                           "top_logprobs")
+        raise RequestError("logit_bias is not served: sampling keeps the target's own distribution, so logit_bias "
+                           "must be absent or empty", "logit_bias", "unsupported_parameter")
+    choice_count(req.n)
+
+
+def sampling(req: ChatCompletionRequest) -> dict:
+    """The request's sampling settings, as `ChatRequest` takes them (the engine checks their values):
+    vLLM's `top_k=-1` is no top-k, and OpenAI's `logprobs`/`top_logprobs` pair is the engine's one
+    `logprobs` (`frontend.openai_logprobs`)."""
+    return {"temperature": req.temperature, "top_p": req.top_p, "top_k": None if req.top_k == -1 else req.top_k,
+            "min_p": req.min_p, "seed": req.seed, "logprobs": openai_logprobs(req.logprobs, req.top_logprobs)}
 
 
 def refuse_unserved(req: ChatCompletionRequest) -> None:
@@ -168,10 +181,6 @@ def check_tools(req: ChatCompletionRequest) -> None:
                            "invalid_type")
 
 
-def usage(gen) -> dict:
-    return Usage.of(gen).openai()
-
-
 def oospec_object(gen, calls: list[dict], replica: str) -> dict:
     """The extra top-level object: speculation stats, the calls that failed their schema, the replica."""
     stats = {k: v for k, v in dict(gen.stats).items() if k not in _HIDDEN_STATS}
@@ -181,17 +190,55 @@ def oospec_object(gen, calls: list[dict], replica: str) -> dict:
     return {"replica": replica, "stats": json.loads(json.dumps(stats, default=str)), "schema_failures": failures}
 
 
-class Reply:
-    """One reply as it is sent: the chunks of a stream, or (aggregated from the same events) the body."""
+class Completion:
+    """One request's replies, `n` choices of one id: each `Reply` folds its choice's events in. The
+    stream's role chunks, its usage chunk, and the body with every choice are the completion's."""
 
-    def __init__(self, model: str, replica: str, parallel: ParallelToolCalls | None = None):
+    def __init__(self, model: str, replica: str, n: int = 1, parallel_tool_calls: bool | None = None,
+                 logprobs: bool = False):
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self.model, self.replica = model, replica
+        self.replies = [Reply(model, replica, ParallelToolCalls.openai(parallel_tool_calls), index=i,
+                              logprobs=logprobs, completion=self) for i in range(n)]
+
+    def first_chunks(self) -> list[dict]:
+        return [reply.first_chunk() for reply in self.replies]
+
+    def usage_chunk(self, gens: list) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": Usage.of_choices(gens).openai()}
+
+    def body(self, gens: list) -> dict:
+        """The whole reply: a choice per Generation, usage over them all (the prompt counted once), and
+        the `oospec` object of choice 0, with one per choice under `"choices"` when there are several."""
+        extra = oospec_object(gens[0], self.replies[0].calls, self.replica)
+        if len(gens) > 1:
+            extra["choices"] = [oospec_object(gen, reply.calls, self.replica)
+                                for reply, gen in zip(self.replies, gens)]
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [reply.choice(gen) for reply, gen in zip(self.replies, gens)],
+                "usage": Usage.of_choices(gens).openai(), "oospec": extra}
+
+
+class Reply:
+    """One choice as it is sent: the chunks of a stream, or (aggregated from the same events) its part
+    of the body. With `logprobs`, a streamed round's log-probabilities go in the chunk of that round's
+    last text or call delta (`hold`/`logprobs`), as OpenAI sends a token's logprobs with its text."""
+
+    def __init__(self, model: str, replica: str, parallel: ParallelToolCalls | None = None, *, index: int = 0,
+                 logprobs: bool = False, completion: Completion | None = None):
+        self.id = completion.id if completion else "chatcmpl-" + uuid.uuid4().hex[:24]
+        self.created = completion.created if completion else int(time.time())
         self.model = model
         self.replica = replica
+        self.index = index
         self.parallel = parallel or ParallelToolCalls()  # parallel_tool_calls=false: the first call only
+        self.wants_logprobs = logprobs
         self.content = ""
+        self.logprobs_content: list[dict] = []  # every entry sent, with logprobs asked for
         self._calls = CallsSoFar()
+        self._held: dict | None = None          # a chunk waiting for its round's logprobs
 
     @property
     def calls(self) -> list[dict]:
@@ -200,7 +247,7 @@ class Reply:
 
     def chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
+                "choices": [{"index": self.index, "delta": delta, "finish_reason": finish_reason}], **extra}
 
     def first_chunk(self) -> dict:
         return self.chunk({"role": "assistant", "content": ""})
@@ -219,23 +266,39 @@ class Reply:
             return self.chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function", "function": fn}]})
         return self.chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})
 
+    def hold(self, chunk: dict | None) -> list[dict]:
+        """The chunks to send now, given a text or call chunk: with logprobs asked for, the chunk is held
+        until its round's `LogprobsDelta` (the one before it goes out); otherwise it goes at once."""
+        if chunk is None:
+            return []
+        if not self.wants_logprobs:
+            return [chunk]
+        sent, self._held = self.release(), chunk
+        return sent
+
+    def logprobs(self, ev) -> list[dict]:
+        """The chunk that carries a round's log-probabilities: the held chunk, or one with an empty delta."""
+        self.logprobs_content += ev.content
+        chunk, self._held = self._held or self.chunk({}), None
+        chunk["choices"][0]["logprobs"] = {"content": ev.content, "refusal": None}
+        return [chunk]
+
+    def release(self) -> list[dict]:
+        held, self._held = self._held, None
+        return [] if held is None else [held]
+
     def last_chunk(self, gen) -> dict:
         return self.chunk({}, gen.finish_reason, oospec=oospec_object(gen, self.calls, self.replica))
 
-    def usage_chunk(self, gen) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage(gen)}
-
-    def body(self, gen) -> dict:
+    def choice(self, gen) -> dict:
+        """This choice in the body: its message, finish_reason and logprobs."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content or (None if self.calls else "")}
         if self.calls:
             message["tool_calls"] = [{"id": c["id"], "type": "function",
                                       "function": {"name": c["name"] or "", "arguments": c["arguments"]}}
                                      for c in self.calls]
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": gen.finish_reason,
-                             "logprobs": None}],
-                "usage": usage(gen), "oospec": oospec_object(gen, self.calls, self.replica)}
+        logprobs = {"content": gen.logprobs or [], "refusal": None} if self.wants_logprobs else None
+        return {"index": self.index, "message": message, "finish_reason": gen.finish_reason, "logprobs": logprobs}
 
 
 def sse(obj: dict | str) -> str:

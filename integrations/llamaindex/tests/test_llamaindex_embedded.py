@@ -167,8 +167,10 @@ async def test_the_second_model_call_of_a_function_agent_prefills_only_what_is_n
     chunk = embedded_llm.engine.prefix_cache.chunk
     assert first["usage"]["prompt_tokens"] - chunk < second["usage"]["cached_prompt_tokens"] < second["usage"]["prompt_tokens"]
     assert second["stats"]["cached_prompt_tokens"] == second["usage"]["cached_prompt_tokens"]
-    # prefilled: the call and the tool result only (counted, not timed; the benchmark times it)
-    assert second["usage"]["prompt_tokens"] - second["usage"]["cached_prompt_tokens"] < first["usage"]["prompt_tokens"]
+    # prefilled: the call and the tool result, and the first prompt's last partial chunk (counted, not timed;
+    # the benchmark times it)
+    new = second["usage"]["prompt_tokens"] - first["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens"] - second["usage"]["cached_prompt_tokens"] < new + chunk
 
 
 async def test_agent_workflow_picks_function_agent_and_completes(embedded_llm):
