@@ -1,9 +1,10 @@
 """ChatOoOSpec: a LangChain chat model whose replies and tool calls come from the oospec-agents engine.
 
 This module owns LangChain's idioms: call keyword arguments, `bind_tools`, `with_structured_output`,
-and the engine's events as `AIMessageChunk`s whose sum is `invoke`'s message. What every front-end
-shares (the request, the engine's loading, the async bridge, usage, the `parallel_tool_calls` rule)
-is oospec_agents.frontend's.
+the engine's events as `AIMessageChunk`s whose sum is `invoke`'s message, ChatOpenAI's sampling fields
+and `n` (several ChatGenerations in one ChatResult) and its `response_metadata["logprobs"]`. What every
+front-end shares (the request, its sampling rules, the engine's loading, the async bridge, usage, the
+`parallel_tool_calls` rule) is oospec_agents.frontend's.
 """
 from __future__ import annotations
 
@@ -26,24 +27,31 @@ from langchain_core.utils.function_calling import convert_to_openai_function, co
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from oospec_agents import Engine, Generation, TextDelta, ToolCallDelta
+from oospec_agents import Engine, Generation, LogprobsDelta, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
-from oospec_agents.frontend import ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate
+from oospec_agents.frontend import (ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate, check_seed,
+                                    choice_count, openai_logprobs)
+from oospec_agents.sampling import Sampling
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
 
+#: the sampling settings, as ChatOpenAI names them: fields, and keyword arguments of a single call
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "top_logprobs")
+#: ChatOpenAI's settings that are not served, with the neutral value each may take
+_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0}
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
-#: `seed`, as ChatOpenAI takes it, is honoured by construction: greedy decoding gives the same reply
-#: for every seed, so any integer is accepted
-_CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "temperature", "response_format",
-                "prediction", "parallel_tool_calls", "seed")
+_CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "response_format", "prediction",
+                "parallel_tool_calls", "logit_bias", *_SAMPLING, *_NEUTRAL)
 
 
 class ChatOoOSpec(BaseChatModel):
     """A local tool-calling chat model, decoded losslessly faster with out-of-order speculation.
 
-    Output is the target model's own greedy decoding; the speculation only saves target forwards.
+    Output is the target model's own greedy decoding, or with a `temperature` a sample of its own
+    distribution (`top_p`, `top_k`, `min_p`, `seed` as ChatOpenAI and vLLM take them); the speculation
+    only saves target forwards. `n` gives several generations; `logprobs=True` (and `top_logprobs`)
+    puts `{"content": [...]}` in `response_metadata["logprobs"]`, as ChatOpenAI does.
 
     Setup:
         `pip install langchain-oospec`. `model="embedded"` (the default) needs no download.
@@ -78,7 +86,29 @@ class ChatOoOSpec(BaseChatModel):
     """Decoding: plain autoregressive, schema drafting only, or schema drafting plus sidecar hints."""
     max_tokens: int = 256
     temperature: float | None = None
-    """Only greedy decoding exists, so only 0 (or unset) is accepted."""
+    """None or 0: greedy decoding. Otherwise each token is drawn from the target's distribution at that
+    temperature, verified so that the speculation keeps that distribution exactly."""
+    top_p: float | None = None
+    """Nucleus sampling, in (0, 1]."""
+    top_k: int | None = None
+    """Draw from the k likeliest tokens only (0 or None: all)."""
+    min_p: float | None = None
+    """Drop tokens less likely than min_p times the likeliest, in [0, 1]."""
+    seed: int | None = None
+    """The same seed gives the same reply (on the same machine and method); none: a fresh seed each reply."""
+    n: int | None = None
+    """Generations per prompt, 1 to 8 (decoded one after another; generation i draws with seed + i). Not
+    with streaming."""
+    logprobs: bool | None = None
+    """Whether to return each token's log-probability, in `response_metadata["logprobs"]["content"]`."""
+    top_logprobs: int | None = None
+    """The most likely alternatives per token to return too, 0 to 20; needs `logprobs=True`."""
+    frequency_penalty: float | None = None
+    """Not served: only 0 (or unset) is accepted."""
+    presence_penalty: float | None = None
+    """Not served: only 0 (or unset) is accepted."""
+    logit_bias: dict[int, int] | None = None
+    """Not served: only an empty one (or unset) is accepted."""
     stop: list[str] | None = None
     prefix_cache_tokens: int | None = None
     """KV of recent prompts the engine keeps for reuse, in tokens (0 turns it off; None: the engine's
@@ -99,14 +129,9 @@ class ChatOoOSpec(BaseChatModel):
     def _path_as_str(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
 
-    @field_validator("temperature")
-    @classmethod
-    def _greedy_only(cls, value: float | None) -> float | None:
-        _check_temperature(value)
-        return value
-
     @model_validator(mode="after")
     def _select_engine(self) -> ChatOoOSpec:
+        self._sampling({})  # bad settings fail here, naming the field
         if self.engine is not None and "model" not in self.model_fields_set:
             self.model = self.engine.model_name
         options = {"target_device": self.target_device, "sidecar_device": self.sidecar_device,
@@ -214,7 +239,8 @@ class ChatOoOSpec(BaseChatModel):
 
     # ------------------------------------------------------------------ generation
     # One code path, as in langchain-ollama: `_stream` maps the engine's events to chunks, and
-    # `_generate` is the sum of that stream.
+    # `_generate` is the sum of that stream. With `n` > 1, `_generate` sums each choice's chunks
+    # (the choices decoded one after another) into a ChatGeneration of its own, as ChatOpenAI gives them.
 
     def _generate(
         self,
@@ -223,6 +249,8 @@ class ChatOoOSpec(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        if self._choices(kwargs) > 1:
+            return _result(self._chunks(messages, stop, kwargs))
         return _result(self._stream(messages, stop, run_manager, **kwargs))
 
     async def _agenerate(
@@ -232,6 +260,8 @@ class ChatOoOSpec(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        if self._choices(kwargs) > 1:
+            return _result([chunk async for chunk in aiterate(lambda: self._chunks(messages, stop, kwargs))])
         return _result([chunk async for chunk in self._astream(messages, stop, run_manager, **kwargs)])
 
     def _stream(
@@ -241,6 +271,7 @@ class ChatOoOSpec(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        self._one_choice(kwargs)
         # closing(): a consumer that stops early releases the engine now, not when garbage is collected
         with closing(self._chunks(messages, stop, kwargs)) as chunks:
             for chunk in chunks:
@@ -255,6 +286,7 @@ class ChatOoOSpec(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        self._one_choice(kwargs)
         # The engine (its loading included) runs on aiterate's worker thread, off the event loop.
         async with aclosing(aiterate(lambda: self._chunks(messages, stop, kwargs))) as chunks:
             async for chunk in chunks:
@@ -262,11 +294,27 @@ class ChatOoOSpec(BaseChatModel):
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
 
+    def _choices(self, kwargs: dict) -> int:
+        return choice_count(kwargs.get("n", self.n))
+
+    def _one_choice(self, kwargs: dict) -> None:
+        if self._choices(kwargs) > 1:
+            raise ValueError(f"n={self._choices(kwargs)}: ChatOoOSpec streams one generation; n must be 1 when "
+                             "streaming (invoke, batch or generate give n generations)")
+
     def _chunks(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator[ChatGenerationChunk]:
         """One chunk per engine event, as the engine commits it: text, a call's name, its argument
         fragments; the last chunk carries usage and stats. `parallel_tool_calls=False` (as ChatOpenAI
-        takes it): the reply's first call only, by the front-ends' one rule, as the server keeps it."""
+        takes it): the reply's first call only, by the front-ends' one rule, as the server keeps it.
+        With logprobs asked for, a chunk of empty content carries each round's in
+        `generation_info["logprobs"]` (`{"content": [...]}`, as ChatOpenAI's chunks do), which LangChain
+        puts in the chunk's `response_metadata`; the chunks' sum concatenates them. With `n` > 1, the
+        choices' chunks one after another, each ending with its last chunk."""
         engine, request = self._request(messages, stop, kwargs)
+        for index in range(self._choices(kwargs)):
+            yield from self._choice_chunks(engine, request.for_choice(index), kwargs)
+
+    def _choice_chunks(self, engine: Engine, request: ChatRequest, kwargs: dict) -> Iterator[ChatGenerationChunk]:
         parallel = ParallelToolCalls.openai(kwargs.get("parallel_tool_calls"))
         with closing(request.stream(engine)) as events:
             for event in events:
@@ -277,6 +325,9 @@ class ChatOoOSpec(BaseChatModel):
                         continue
                     call = tool_call_chunk(name=event.name, args=event.arguments, id=event.id, index=event.index)
                     yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call]))
+                elif isinstance(event, LogprobsDelta):
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=""),
+                                              generation_info={"logprobs": {"content": event.content}})
                 else:  # the Generation, always the last event
                     yield _last_chunk(event, engine.model_name, parallel)
 
@@ -285,10 +336,8 @@ class ChatOoOSpec(BaseChatModel):
         unknown = sorted(set(kwargs) - set(_CALL_KWARGS))
         if unknown:
             raise TypeError(f"ChatOoOSpec got unsupported call arguments {unknown}; supported: {list(_CALL_KWARGS)}")
-        _check_temperature(kwargs.get("temperature"))
-        seed = kwargs.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"seed must be an integer, got {seed!r}")
+        settings = self._sampling(kwargs)
+        settings.pop("n")
         request = ChatRequest(
             messages=to_openai_messages(messages),
             tools=kwargs.get("tools"),
@@ -298,8 +347,27 @@ class ChatOoOSpec(BaseChatModel):
             stop=self.stop if stop is None else stop,
             response_format=kwargs.get("response_format"),
             prediction=kwargs.get("prediction"),
+            **settings,
         )
         return self._engines.get(kwargs.get("model")), request
+
+    def _sampling(self, kwargs: dict) -> dict:
+        """The sampling settings of a call (its keyword arguments over the fields), checked: the
+        ChatRequest's, and `n`. A bad value is a ValueError naming the field (the engine's
+        `SamplingError`); a penalty or `logit_bias` that is not neutral is a ValueError naming it."""
+        get = lambda name: kwargs.get(name, getattr(self, name))  # noqa: E731
+        for name, neutral in _NEUTRAL.items():
+            if get(name) not in (None, neutral):
+                raise ValueError(f"{name}={get(name)!r} is not served: sampling keeps the target's own "
+                                 f"distribution, so use {name}={neutral} or leave it unset")
+        if get("logit_bias"):
+            raise ValueError("logit_bias is not served: sampling keeps the target's own distribution, so leave "
+                             "it unset or empty")
+        settings = {name: get(name) for name in ("temperature", "top_p", "top_k", "min_p", "seed")}
+        Sampling(**settings)
+        check_seed(settings["seed"])
+        return {**settings, "n": choice_count(get("n")),
+                "logprobs": openai_logprobs(get("logprobs"), get("top_logprobs"))}
 
 
 class _LastChunk(ChatGenerationChunk):
@@ -320,12 +388,20 @@ def _last_chunk(gen: Generation, model_name: str, parallel: ParallelToolCalls) -
 
 
 def _result(chunks: Iterable[ChatGenerationChunk]) -> ChatResult:
-    """The reply as `invoke` returns it: the sum of its stream, with the calls the engine validated."""
-    full = last = None
+    """The reply as `invoke` returns it: the sum of its stream, with the calls the engine validated; with
+    `n` > 1, a generation per choice (each choice's chunks end with its last chunk)."""
+    generations, full, last = [], None, None
     for last in chunks:
         full = last if full is None else full + last
-    if not isinstance(last, _LastChunk):
+        if isinstance(last, _LastChunk):
+            generations.append(_generation(full, last))
+            full = None
+    if full is not None or not generations:
         raise RuntimeError(f"ChatOoOSpec's stream ended without its last chunk; it ended with {last!r}")
+    return ChatResult(generations=generations)
+
+
+def _generation(full: ChatGenerationChunk, last: _LastChunk) -> ChatGeneration:
     gen, parallel = last._generation, last._parallel
     message = AIMessage(
         content=full.message.content,
@@ -336,13 +412,9 @@ def _result(chunks: Iterable[ChatGenerationChunk]) -> ChatResult:
         usage_metadata=full.message.usage_metadata,
         response_metadata=full.message.response_metadata,
     )
-    return ChatResult(generations=[ChatGeneration(message=message)])
-
-
-def _check_temperature(value: Any) -> None:
-    if value not in (None, 0):
-        raise ValueError(f"temperature={value!r} is not supported: ChatOoOSpec decodes greedily (the speculation "
-                         "is verified against the target's argmax), so use temperature=0 or leave it unset")
+    # as ChatOpenAI's: LangChain puts generation_info in the message's response_metadata
+    info = None if gen.logprobs is None else {"logprobs": {"content": gen.logprobs}}
+    return ChatGeneration(message=message, generation_info=info)
 
 
 def _openai_tool(tool: Any, position: int, strict: bool | None = None) -> dict:

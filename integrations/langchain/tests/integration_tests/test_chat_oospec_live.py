@@ -190,6 +190,11 @@ def test_duplicate_tool_names_are_a_clear_error(model):
         model.bind_tools([get_current_weather, same_name]).invoke("Weather?")
 
 
-def test_unsupported_temperature_is_a_clear_error(model):
-    with pytest.raises(ValueError, match="temperature=0.8 is not supported"):
-        model.invoke("hi", temperature=0.8)
+def test_a_bad_temperature_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="temperature must be a number >= 0, got -0.8"):
+        model.invoke("hi", temperature=-0.8)
+
+
+def test_a_penalty_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="frequency_penalty=0.5 is not served"):
+        model.invoke("hi", frequency_penalty=0.5)

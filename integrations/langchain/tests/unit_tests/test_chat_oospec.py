@@ -17,6 +17,7 @@ from langchain_oospec.chat_models import _usage_metadata
 from oospec_agents import Engine
 from oospec_agents.errors import ToolSchemaError, UnknownToolError
 from oospec_agents.frontend import Usage
+from oospec_agents.testing import BAD_SAMPLING
 
 
 @tool
@@ -68,10 +69,10 @@ def test_sidecar_false_reaches_the_engine_as_no_sidecar(monkeypatch, scripted):
     assert seen == [("Qwen/Qwen2.5-7B-Instruct", False), ("Qwen/Qwen2.5-7B-Instruct", None)]
 
 
-@pytest.mark.parametrize("temperature", [0.7, 1.0, -0.1])
-def test_only_greedy_temperature_is_accepted(temperature):
-    with pytest.raises(ValueError, match=rf"temperature={temperature} is not supported.*greedily"):
-        ChatOoOSpec(temperature=temperature)
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 0.1])
+def test_a_sampling_temperature_is_accepted(temperature):
+    """Agent templates copy temperature=0.7; OpenAI's default is 1; LlamaIndex's 0.1: all are served."""
+    assert ChatOoOSpec(temperature=temperature).temperature == temperature
 
 
 def test_temperature_zero_or_unset_is_accepted():
@@ -79,23 +80,124 @@ def test_temperature_zero_or_unset_is_accepted():
     assert ChatOoOSpec().temperature is None
 
 
+@pytest.mark.parametrize("bad, says", [(bad, says) for _, bad, says in BAD_SAMPLING] + [
+    ({"n": 0}, "n must be an integer from 1 to 8"),
+    ({"n": 9}, "n must be an integer from 1 to 8"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty=0.5 is not served"),
+    ({"presence_penalty": -1.0}, "presence_penalty=-1.0 is not served"),
+    ({"logit_bias": {50256: -100}}, "logit_bias is not served"),
+])
+def test_bad_or_unserved_sampling_settings_are_clear_errors(scripted, bad, says):
+    """At construction, and as a call's arguments (before the engine decodes anything)."""
+    with pytest.raises(ValueError, match=says):
+        ChatOoOSpec(**bad)
+    engine = scripted("hi")
+    with pytest.raises(ValueError, match=says):
+        ChatOoOSpec(engine=engine).invoke("hello", **bad)
+    assert engine.requests == []
+
+
+def test_neutral_penalties_and_an_empty_logit_bias_are_accepted(scripted):
+    model = ChatOoOSpec(engine=scripted("hi", "hi"), frequency_penalty=0, presence_penalty=0, logit_bias={})
+    assert model.invoke("hello").content == model.invoke("hello", frequency_penalty=0.0, logit_bias={}).content
+
+
 def test_per_call_temperature_is_checked_too(scripted):
     model = ChatOoOSpec(engine=scripted("hi"))
-    with pytest.raises(ValueError, match="temperature=0.5 is not supported"):
-        model.invoke("hello", temperature=0.5)
+    with pytest.raises(ValueError, match="temperature must be a number >= 0, got -0.5"):
+        model.invoke("hello", temperature=-0.5)
 
 
 def test_unknown_call_arguments_are_an_error(scripted):
-    with pytest.raises(TypeError, match=r"unsupported call arguments \['top_p'\]"):
-        ChatOoOSpec(engine=scripted("hi")).invoke("hello", top_p=0.9)
+    with pytest.raises(TypeError, match=r"unsupported call arguments \['reasoning_effort'\]"):
+        ChatOoOSpec(engine=scripted("hi")).invoke("hello", reasoning_effort="low")
 
 
-def test_a_seed_is_accepted_and_changes_nothing(scripted):
-    """ChatOpenAI code passes `seed` for reproducible replies; a greedy reply is the same for every seed."""
-    model = ChatOoOSpec(engine=scripted("hi", "hi"))
+def test_sampling_settings_reach_the_engine(scripted):
+    """Fields, then a call's arguments over them (through bind too), as ChatOpenAI takes them."""
+    engine = scripted("a", "b", "c")
+    model = ChatOoOSpec(engine=engine, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=3)
+    model.invoke("x")
+    model.invoke("x", temperature=1.0, seed=4, top_k=0)
+    model.bind(temperature=0, logprobs=True, top_logprobs=2).invoke("x")
+    sampling = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
+    assert [{k: r[k] for k in sampling if k in r} for r in engine.requests] == [
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3},
+        {"temperature": 1.0, "top_p": 0.9, "top_k": 0, "min_p": 0.05, "seed": 4},
+        {"temperature": 0, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3, "logprobs": 2}]
+
+
+def test_a_seed_reaches_the_engine_and_a_bad_one_is_an_error(scripted):
+    """ChatOpenAI code passes `seed` for reproducible replies: the engine draws with it."""
+    engine = scripted("hi", "hi")
+    model = ChatOoOSpec(engine=engine)
     assert model.invoke("hello", seed=1).content == model.bind(seed=2).invoke("hello").content == "hi"
-    with pytest.raises(TypeError, match="seed must be an integer, got 'x'"):
+    assert [r["seed"] for r in engine.requests] == [1, 2]
+    with pytest.raises(ValueError, match="seed must be an integer, got 'x'"):
         model.invoke("hello", seed="x")
+
+
+@pytest.mark.parametrize("async_", [False, True])
+async def test_n_gives_a_generation_per_choice_each_with_its_own_seed(scripted, async_):
+    """As ChatOpenAI's `n`: several ChatGenerations in one ChatResult; choice i draws with seed + i."""
+    engine = scripted("first", "second", "third")
+    model = ChatOoOSpec(engine=engine, temperature=0.7, seed=10, n=3)
+    result = await model.agenerate([[HumanMessage("hi")]]) if async_ else model.generate([[HumanMessage("hi")]])
+    assert [g.message.content for g in result.generations[0]] == ["first", "second", "third"]
+    assert [r["seed"] for r in engine.requests] == [10, 11, 12]
+    assert all(g.message.usage_metadata["output_tokens"] >= 1 for g in result.generations[0])
+
+
+def test_n_as_a_call_argument_and_without_a_seed(scripted):
+    engine = scripted("a", "b")
+    result = ChatOoOSpec(engine=engine, temperature=1.0).generate([[HumanMessage("hi")]], n=2)
+    assert [g.text for g in result.generations[0]] == ["a", "b"]
+    assert all("seed" not in r for r in engine.requests)  # each choice draws a fresh seed
+
+
+def test_streaming_more_than_one_choice_is_an_error(scripted):
+    with pytest.raises(ValueError, match="n must be 1 when streaming"):
+        list(ChatOoOSpec(engine=scripted("a", "b"), n=2).stream("hi"))
+
+
+@pytest.mark.parametrize("how", ["invoke", "stream", "generate"])
+def test_logprobs_are_in_response_metadata_as_chat_openai_gives_them(scripted, how):
+    """`response_metadata["logprobs"] == {"content": [{"token", "logprob", "bytes", "top_logprobs"}, ...]}`,
+    one entry per generated token; streamed, each round's in a chunk, which the sum concatenates."""
+    engine = scripted("Hello there, friend.")
+    model = ChatOoOSpec(engine=engine, logprobs=True, top_logprobs=2)
+    if how == "invoke":
+        message = model.invoke("hi")
+    elif how == "stream":
+        chunks = list(model.stream("hi"))
+        assert sum(1 for c in chunks if c.response_metadata.get("logprobs")) >= 2
+        message = collect(chunks)
+    else:
+        generation = model.generate([[HumanMessage("hi")]]).generations[0][0]
+        assert generation.generation_info["logprobs"] == generation.message.response_metadata["logprobs"]
+        message = generation.message
+    content = message.response_metadata["logprobs"]["content"]
+    assert len(content) == message.usage_metadata["output_tokens"] == 5
+    assert "".join(entry["token"] for entry in content) == "Hello there, friend."
+    for entry in content:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"} and len(entry["top_logprobs"]) == 2
+        assert entry["bytes"] == list(entry["token"].encode())
+
+
+def test_no_logprobs_unless_asked(scripted):
+    assert "logprobs" not in ChatOoOSpec(engine=scripted("hi")).invoke("hello").response_metadata
+
+
+def test_an_agent_loop_at_temperature_0_7(scripted):
+    """An agent whose code sets temperature=0.7 (as agent templates do) calls the tool, reads its
+    result and answers, with no error."""
+    from langchain.agents import create_agent
+    engine = scripted(WEATHER_CALL, "It is sunny in Paris.")
+    agent = create_agent(ChatOoOSpec(engine=engine, temperature=0.7), tools=[get_current_weather])
+    messages = agent.invoke({"messages": [HumanMessage("Weather in Paris?")]}, {"recursion_limit": 6})["messages"]
+    assert [type(m) for m in messages] == [HumanMessage, AIMessage, ToolMessage, AIMessage]
+    assert messages[2].content == "It is sunny in Paris." and messages[3].content == "It is sunny in Paris."
+    assert [r["temperature"] for r in engine.requests] == [0.7, 0.7]
 
 
 def test_same_models_share_one_engine(monkeypatch, scripted):
@@ -375,7 +477,7 @@ async def test_astream_stopped_early_releases_the_stream(scripted):
 
 def test_stream_errors_surface(scripted):
     with pytest.raises(ValueError, match="temperature"):
-        list(ChatOoOSpec(engine=scripted("x")).stream("hi", temperature=1.0))
+        list(ChatOoOSpec(engine=scripted("x")).stream("hi", temperature=-1.0))
 
 
 # ---------------------------------------------------------------- structured output
