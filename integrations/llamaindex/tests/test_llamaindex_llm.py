@@ -14,6 +14,7 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from oospec_agents import Engine
 from oospec_agents.frontend import aiterate
+from oospec_agents.testing import BAD_SAMPLING
 from pydantic import BaseModel, ValidationError
 
 from llama_index.llms.oospec import OoOSpec
@@ -507,10 +508,73 @@ def test_bad_messages_get_clear_errors(scripted, messages, error, match):
 
 def test_unknown_chat_options_are_rejected(scripted):
     llm, _ = scripted(("never reached", []))
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['temperature'\].*greedy"):
-        llm.chat(USER, temperature=0.7)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['frequency_penalty'\]"):
+        llm.chat(USER, frequency_penalty=0.7)
     with pytest.raises(TypeError, match="unexpected keyword"):
-        llm.stream_chat(USER, top_p=0.9)  # raised at the call, not on the first chunk
+        llm.stream_chat(USER, logit_bias={1: 5})  # raised at the call, not on the first chunk
+
+
+# ------------------------------------------------------------------ sampling
+
+def test_sampling_settings_reach_the_engine(scripted):
+    """Fields (LlamaIndex's OpenAI LLM's names), then a call's keyword arguments over them."""
+    llm, engine = scripted(("a", []), ("b", []), ("c", []), temperature=0.1, top_p=0.9, top_k=40, min_p=0.05, seed=3)
+    llm.chat(USER)
+    llm.chat(USER, temperature=0.7, seed=4)
+    llm.complete("hi", temperature=0, logprobs=True, top_logprobs=2)
+    sampling = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
+    assert [{k: r[k] for k in sampling if k in r} for r in engine.requests] == [
+        {"temperature": 0.1, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3},
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 4},
+        {"temperature": 0, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3, "logprobs": 2}]
+
+
+@pytest.mark.parametrize("bad, says", [(bad, says) for _, bad, says in BAD_SAMPLING] + [
+    ({"logprobs": False, "top_logprobs": 3}, "top_logprobs=3 needs logprobs=true")])
+def test_bad_sampling_settings_are_clear_errors(scripted, bad, says):
+    """At construction, and as a call's keyword arguments, before anything is decoded."""
+    with pytest.raises(ValueError, match=says):
+        scripted(**bad)
+    llm, engine = scripted(("never reached", []))
+    with pytest.raises(ValueError, match=says):
+        llm.chat(USER, **bad)
+    with pytest.raises(ValueError, match=says):
+        llm.stream_chat(USER, **bad)  # raised at the call, not on the first chunk
+    assert engine.requests == []
+
+
+@pytest.mark.parametrize("top_logprobs", [0, 2])
+def test_logprobs_fill_the_chat_response(scripted, top_logprobs):
+    """`ChatResponse.logprobs`: per token, its top alternatives as LogProbs (as llama-index-llms-openai gives
+    them), or the chosen token alone when none are asked for. Streamed, each response has them so far."""
+    llm, _ = scripted(("Hello there, friend.", []), ("Hello there, friend.", []), logprobs=True,
+                      top_logprobs=top_logprobs)
+    response = llm.chat(USER)
+    assert len(response.logprobs) == response.raw["usage"]["completion_tokens"] == 5
+    assert all(len(token) == max(1, top_logprobs) for token in response.logprobs)
+    if not top_logprobs:
+        assert "".join(token[0].token for token in response.logprobs) == "Hello there, friend."
+    streamed = list(llm.stream_chat(USER))
+    counts = [len(r.logprobs or []) for r in streamed]
+    assert counts == sorted(counts) and streamed[-1].logprobs == response.logprobs
+
+
+def test_no_logprobs_unless_asked(scripted):
+    llm, _ = scripted(("Hi.", []))
+    assert llm.chat(USER).logprobs is None
+
+
+async def test_a_function_agent_at_temperature_0_1(scripted):
+    """LlamaIndex's OpenAI-style default, temperature=0.1: a FunctionAgent calls the tool, reads its
+    result and answers, with no error."""
+    from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
+    llm, engine = scripted(("", [CALL]), ("6 times 7 is 42.", []), temperature=0.1)
+    handler = FunctionAgent(tools=TOOLS, llm=llm).run("What is 6 times 7?", max_iterations=4)
+    events = [event async for event in handler.stream_events()]
+    response = await handler
+    assert [e.tool_output.content for e in events if isinstance(e, ToolCallResult)] == ["42"]
+    assert "42" in str(response)
+    assert [r["temperature"] for r in engine.requests] == [0.1, 0.1]
 
 
 def test_tools_must_be_llamaindex_tools(scripted):

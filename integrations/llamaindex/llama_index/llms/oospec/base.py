@@ -1,9 +1,11 @@
 """OoOSpec: a LlamaIndex FunctionCallingLLM that runs local HF models through the oospec engine.
 
 This module owns LlamaIndex's idioms: chat and completion methods and their callbacks, ChatResponses
-carrying the whole message so far, `_prepare_chat_with_tools` and `get_tool_calls_from_response`.
-Message translation is messages.py's; what every front-end shares (the request, the engine's loading,
-the async bridge, usage, the `allow_parallel_tool_calls` rule) is oospec_agents.frontend's.
+carrying the whole message so far (and its `logprobs` so far), the sampling fields as LlamaIndex's
+OpenAI LLM names them, `_prepare_chat_with_tools` and `get_tool_calls_from_response`. Message
+translation is messages.py's; what every front-end shares (the request, its sampling rules, the
+engine's loading, the async bridge, usage, the `allow_parallel_tool_calls` rule) is
+oospec_agents.frontend's.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from llama_index.core.base.llms.types import (
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
+    LogProb,
     MessageRole,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -36,22 +39,29 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
-from oospec_agents import Engine, Generation, TextDelta
+from oospec_agents import Engine, Generation, LogprobsDelta, TextDelta
 from oospec_agents.engine import Event
-from oospec_agents.frontend import CallsSoFar, ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate
+from oospec_agents.frontend import (CallsSoFar, ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate,
+                                    check_seed, openai_logprobs)
+from oospec_agents.sampling import Sampling
 
 from .messages import assistant_message, to_engine_messages, tool_calls_of
 
+# The sampling settings: fields, and keyword arguments of a single call.
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "top_logprobs")
 # What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three.
-_CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format", "prediction")
+_CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format", "prediction",
+                *_SAMPLING)
 
 
 class OoOSpec(FunctionCallingLLM):
     """A local HF model as a function-calling LLM, decoded losslessly with speculative tool calls.
 
-    Greedy decoding only: the output is exactly the target's own greedy reply, produced in fewer
-    target forwards. Engines are shared: every OoOSpec naming the same models uses one engine,
-    loaded on first use (constructing an OoOSpec loads nothing).
+    The output is exactly the target's own greedy reply, or with a `temperature` a sample of its own
+    distribution (`top_p`, `top_k`, `min_p`, `seed`), produced in fewer target forwards. `logprobs=True`
+    fills `ChatResponse.logprobs`. Each setting may be given per call too. Engines are shared: every
+    OoOSpec naming the same models uses one engine, loaded on first use (constructing an OoOSpec
+    loads nothing).
 
     Examples:
         ```python
@@ -88,6 +98,21 @@ class OoOSpec(FunctionCallingLLM):
         default=False, description="Whether tool calls are strict, as in LlamaIndex's OpenAI LLM: every tool is "
         'sent with "strict": true, and the engine decodes the calls under a grammar of valid calls, so they always '
         "match the tools' schemas (docs/strict.md). A call's own `strict=` wins over it.")
+    temperature: Optional[float] = Field(
+        default=None, description="None or 0: greedy decoding. Otherwise each token is drawn from the "
+        "target's distribution at this temperature, verified so that the speculation keeps it exactly.")
+    top_p: Optional[float] = Field(default=None, description="Nucleus sampling, in (0, 1].")
+    top_k: Optional[int] = Field(default=None, description="Draw from the k likeliest tokens only (0 or None: all).")
+    min_p: Optional[float] = Field(
+        default=None, description="Drop tokens less likely than min_p times the likeliest, in [0, 1].")
+    seed: Optional[int] = Field(
+        default=None, description="The same seed gives the same reply (on the same machine and method); none: a "
+        "fresh seed each reply.")
+    logprobs: Optional[bool] = Field(
+        default=None, description="Whether to return logprobs per token, in ChatResponse.logprobs: per token, its "
+        "top_logprobs alternatives as LogProbs (as LlamaIndex's OpenAI LLM gives them), or the chosen token "
+        "alone when top_logprobs is 0.")
+    top_logprobs: int = Field(default=0, description="The number of top token log probs to return, 0 to 20.")
 
     _engine: LazyEngine = PrivateAttr()
 
@@ -121,6 +146,7 @@ class OoOSpec(FunctionCallingLLM):
                          max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens,
                          chat_template=chat_template, sidecar_placement=sidecar_placement, strict=strict,
                          **placement, **kwargs)
+        self._sampling({})  # bad settings fail here, naming the field
         # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
         self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device, "sidecar_device": sidecar_device,
                                                         "prefix_cache_tokens": prefix_cache_tokens,
@@ -217,7 +243,7 @@ class OoOSpec(FunctionCallingLLM):
         last one carries the validated calls and the raw reply."""
         # Closed with this generator, so that a stream abandoned early releases the engine at once.
         with closing(events):
-            content, calls = "", CallsSoFar()
+            content, calls, scored = "", CallsSoFar(), []
             for event in events:
                 if isinstance(event, Generation):
                     yield self._final(event, parallel, delta="")
@@ -225,12 +251,14 @@ class OoOSpec(FunctionCallingLLM):
                 delta = ""
                 if isinstance(event, TextDelta):
                     content, delta = content + event.text, event.text
+                elif isinstance(event, LogprobsDelta):
+                    scored += event.content
                 else:
                     call = calls.feed(event)
                     call["kwargs"] = _partial_kwargs(call["arguments"], call.get("kwargs", {}))
                 so_far = [dict(c, arguments=c["kwargs"]) for c in calls.calls]
                 yield ChatResponse(message=assistant_message(content, parallel.first(so_far)),
-                                   delta=delta)
+                                   delta=delta, logprobs=_logprobs(scored) if scored else None)
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[ChatRequest, ParallelToolCalls]:
         """The engine request for one reply, and which of its tool calls to keep: every one, or (unless
@@ -238,7 +266,7 @@ class OoOSpec(FunctionCallingLLM):
         unknown = sorted(set(kwargs) - set(_CHAT_KWARGS))
         if unknown:
             raise TypeError(f"OoOSpec chat got unexpected keyword arguments {unknown}; it accepts "
-                            f"{list(_CHAT_KWARGS)} (decoding is greedy, so there is no temperature)")
+                            f"{list(_CHAT_KWARGS)}")
         tools = kwargs.get("tools") or None
         if tools and self.strict:
             tools = [_strict_tool(t) for t in tools]
@@ -246,8 +274,17 @@ class OoOSpec(FunctionCallingLLM):
                               tool_choice=kwargs.get("tool_choice", "auto"),
                               max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
                               method=self.method, response_format=kwargs.get("response_format"),
-                              prediction=kwargs.get("prediction"))
+                              prediction=kwargs.get("prediction"), **self._sampling(kwargs))
         return request, ParallelToolCalls(bool(kwargs.get("allow_parallel_tool_calls", True)))
+
+    def _sampling(self, kwargs: dict) -> dict:
+        """A call's sampling settings (its keyword arguments over the fields), checked: a bad value is a
+        ValueError naming the field (the engine's `SamplingError`)."""
+        get = lambda name: kwargs.get(name, getattr(self, name))  # noqa: E731
+        settings = {name: get(name) for name in ("temperature", "top_p", "top_k", "min_p", "seed")}
+        Sampling(**settings)
+        check_seed(settings["seed"])
+        return {**settings, "logprobs": openai_logprobs(get("logprobs"), get("top_logprobs"))}
 
     def _final(self, generation: Generation, parallel: ParallelToolCalls, delta: Optional[str] = None) -> ChatResponse:
         # the message's first call (it holds the valid ones), as llama-index-llms-openai's
@@ -262,7 +299,9 @@ class OoOSpec(FunctionCallingLLM):
             "stats": generation.stats.to_dict(),
             "sidecar": generation.stats.sidecar,
         }
-        return ChatResponse(message=assistant_message(generation.content, calls), delta=delta, raw=raw)
+        logprobs = None if generation.logprobs is None else _logprobs(generation.logprobs)
+        return ChatResponse(message=assistant_message(generation.content, calls), delta=delta, raw=raw,
+                            logprobs=logprobs)
 
     # ------------------------------------------------------------------ tools
 
@@ -338,6 +377,14 @@ def _strict_tool(tool: Any) -> Any:
     if "name" in tool and "strict" not in tool:  # a bare function dict
         return {**tool, "strict": True}
     return tool
+
+
+def _logprobs(entries: List[dict]) -> List[List[LogProb]]:
+    """OpenAI's logprobs entries as LlamaIndex's: per token, its `top_logprobs` alternatives (as
+    llama-index-llms-openai converts them), or the chosen token alone when no alternatives were asked for."""
+    def one(entry: dict) -> LogProb:
+        return LogProb(token=entry["token"], logprob=entry["logprob"], bytes=entry["bytes"])
+    return [[one(alt) for alt in entry["top_logprobs"]] or [one(entry)] for entry in entries]
 
 
 def _partial_kwargs(arguments: str, before: dict) -> dict:
