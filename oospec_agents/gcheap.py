@@ -2,13 +2,10 @@
 
 A process that has imported torch and transformers and loaded an engine tracks about 400,000 Python
 objects (the modules, the tokenizer's vocabulary tables, the grammar's token tables). CPython's
-oldest-generation collection walks all of them: 215-235 ms on the 2-core Xeon of docs/gpu.md. It
-runs whenever enough objects have survived since the last one, which in a serving process means in
-the middle of some request, and most allocations happen inside a target forward, so the pause lands
-in a forward. On the 6 first dev records (`oospec bench --sidecar none --methods ar,toolspec`) the
-bench's forwards averaged 47.9 ms (ar) and 91.2 ms (toolspec) per round with the collector as it is,
-and 42.6 ms and 81.0 ms with it off: 1.27 s of collection pauses, eight of them full passes of
-126 ms each, inside 13 s of forwards.
+oldest-generation collection walks all of them, a pause of a few hundred ms. It runs whenever enough
+objects have survived since the last one, which in a serving process means in the middle of some
+request, and most allocations happen inside a target forward, so the pause lands in a forward
+(measured: docs/engine.md, "The garbage collector and the decode loop").
 
 `gc.freeze()` moves every object alive now into a permanent generation that collections skip, so
 later passes only walk what was allocated since. This is what vLLM does once its engine has started

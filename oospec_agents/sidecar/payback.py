@@ -2,8 +2,8 @@
 
 On a second device the wave is free: it always runs. On the target's own CPU it is not: while it
 runs it takes cores the target's matrix products would use, and its seconds land on the target's
-call almost one for one (the unseen-sources bench: a 3.2 s wave lengthened the target's prefill by
-3.1 s). What a hint can win back is a share of the decode: the rounds it saves. So, per request:
+call almost one for one. What a hint can win back is a share of the decode: the rounds it saves.
+So, per request:
 
     wave_s   = the sidecar's estimate of its wave, from the cost of its earlier waves
                (a line through their seconds against uncached prefix tokens + 8 per row)
@@ -11,9 +11,8 @@ call almost one for one (the unseen-sources bench: a 3.2 s wave lengthened the t
                speculative replies
     run the wave when wave_s <= share * decode_s
 
-The share is what the hint is expected to save at most: on the EPYC, with the wave free, it cut
-`toolspec`'s decode by 30% (README). An earlier rule weighed the wave against the whole call,
-prefill included; on long prompts (2000-7000 tokens) that let 3 s waves run for a decode of 1.8 s.
+The share is what the hint is expected to save at most, and the rule weighs the wave against the
+decode alone, not the whole call (docs/sidecar.md, "The pay-back rule: the measurements behind it").
 
 Both estimates are fitted on line as requests finish (exponentially weighted, so they follow the
 machine); until there is something to fit, the wave runs. The share was chosen on train records,
