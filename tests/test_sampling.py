@@ -93,7 +93,8 @@ def test_the_same_seed_draws_the_same_tokens_and_another_seed_others():
                                              (dict(temperature=1, top_p=0), "top_p"), (dict(temperature=1, top_p=1.5), "top_p"),
                                              (dict(temperature=1, top_k=-1), "top_k"), (dict(temperature=1, top_k=2.5), "top_k"),
                                              (dict(temperature=1, min_p=2), "min_p"), (dict(temperature=1, seed="7"), "seed"),
-                                             (dict(temperature=1, seed=True), "seed"), (dict(logprobs=21), "top_logprobs"),
+                                             (dict(temperature=1, seed=True), "seed"),
+                                             (dict(temperature=1, seed=2 ** 64), "seed"), (dict(logprobs=21), "top_logprobs"),
                                              (dict(temperature="hot"), "temperature")])
 def test_bad_settings_are_clear_errors_before_any_token(settings, param, smollm2_tokenizer):
     engine = Engine(tiny_model("llama", smollm2_tokenizer), smollm2_tokenizer)
