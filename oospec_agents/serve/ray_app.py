@@ -26,12 +26,12 @@ class OoOSpecReplica:
 
     def __serve_build_asgi_app__(self):
         from .app import create_app
-        self.app = create_app(self.engine, replica_id=self.replica, close_engine=True, **self.options)
-        return self.app
+        return create_app(self.engine, replica_id=self.replica, close_engine=True, **self.options)
 
     def check_health(self):
-        """Ray Serve's periodic health check: the replica is healthy while its app can answer, the
-        rule `GET /health` answers 200 by; raising makes Ray replace the replica."""
+        """Ray Serve's periodic health check (from after the app is built and started): the replica is
+        healthy while its app can answer, the rule `GET /health` answers 200 by; raising makes Ray
+        replace the replica. `self.app` is the ingress wrapper's: the app `__serve_build_asgi_app__` built."""
         check_ready(self.app)
 
 
