@@ -16,9 +16,10 @@ call it is the `arguments` string of its `invalid_tool_calls` entry.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Callable
+
+from .jsonscan import CallSoFar, read_call  # read_call: what an open call's JSON says so far (re-exported)
 
 
 @dataclass(frozen=True)
@@ -40,114 +41,6 @@ class LogprobsDelta:
     "logprob", "bytes", "top_logprobs"}` each), in the round that commits them. Joined, they are
     `Generation.logprobs`."""
     content: list
-
-
-@dataclass
-class CallSoFar:
-    """What one call's JSON text says so far."""
-    name: str | None = None         # the function name, once its string is closed
-    args_start: int | None = None   # where the arguments value begins in the call text
-    args_end: int | None = None     # where it ends, once it has ended
-    safe_end: int = 0               # how far the text may be sent (an unfinished escape waits)
-    closed: bool = False            # the call object's closing brace is written
-
-
-def read_call(raw: str, args_keys: tuple[str, ...]) -> CallSoFar:
-    """Scan the (possibly unfinished) JSON text of one call object.
-
-    A small scanner rather than a JSON parser, because the text is read while it is still being
-    written: it finds the "name" string and the span of the arguments value without needing the end.
-    """
-    out = CallSoFar(safe_end=len(raw))
-    i, n = 0, len(raw)
-    while i < n and raw[i].isspace():
-        i += 1
-    if i >= n or raw[i] != "{":
-        return out
-    # `expect` walks the top-level object: key, colon, value, (in-value | primitive), comma
-    depth, expect, key, start, i = 1, "key", None, 0, i + 1
-    while i < n:
-        c = raw[i]
-        if depth == 1 and expect == "value" and not c.isspace():
-            start = i
-            if key in args_keys and out.args_start is None:
-                out.args_start = i
-            expect = "in-value" if c in '{["' else "primitive"
-        if c == '"':
-            end = _string_end(raw, i)
-            if end < 0:  # still open: an escape cut in half waits for the rest of it
-                out.safe_end = _escape_start(raw, i)
-                return out
-            if depth == 1 and expect == "key":
-                key, expect = _loads(raw[i:end], None), "colon"
-            elif depth == 1 and expect == "in-value":
-                _value_done(out, key, raw, start, end, args_keys)
-                expect = "comma"
-            i = end
-            continue
-        if c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 1 and expect == "in-value":
-                _value_done(out, key, raw, start, i + 1, args_keys)
-                expect = "comma"
-            elif depth == 0:
-                if expect == "primitive":
-                    _value_done(out, key, raw, start, i, args_keys)
-                out.closed = True
-                return out
-        elif depth == 1:
-            if c == ":" and expect == "colon":
-                expect = "value"
-            elif expect == "primitive" and (c == "," or c.isspace()):
-                _value_done(out, key, raw, start, i, args_keys)
-                expect = "key" if c == "," else "comma"
-            elif c == "," and expect == "comma":
-                expect = "key"
-        i += 1
-    return out
-
-
-def _value_done(out: CallSoFar, key, raw: str, start: int, end: int, args_keys) -> None:
-    if key == "name" and out.name is None and raw[start] == '"':
-        out.name = _loads(raw[start:end], None)
-    elif key in args_keys and out.args_start == start:
-        out.args_end = end
-
-
-def _string_end(raw: str, i: int) -> int:
-    """Index just past the string that opens at `i`, or -1 while it is still open."""
-    j = i + 1
-    while j < len(raw):
-        if raw[j] == "\\":
-            j += 2
-        elif raw[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return -1
-
-
-def _escape_start(raw: str, i: int) -> int:
-    """Where an unfinished escape at the end of the open string starting at `i` begins (else the end)."""
-    j, n = i + 1, len(raw)
-    while j < n:
-        if raw[j] != "\\":
-            j += 1
-            continue
-        width = 6 if j + 1 < n and raw[j + 1] == "u" else 2
-        if j + width > n:
-            return j
-        j += width
-    return n
-
-
-def _loads(text: str, default):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return default
 
 
 class ReplyEvents:

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from oospec_agents.chat import normalize_messages, render_prompt
-from oospec_agents.drafters.schema import scan_json
+from oospec_agents.jsonscan import scan_json
 from oospec_agents.formats import HermesFormat, Llama3JsonFormat, detect_format
 from oospec_agents.tools import check_calls, normalize_tools
 

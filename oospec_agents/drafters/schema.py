@@ -4,122 +4,12 @@ next required key, an enum's unique completion and the closing brackets."""
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, field
 
 from ..formats.base import enum_strings, unique_completion
+from ..jsonscan import call_name, scan_json
 from .base import Draft, ReplyState, Drafter, encode_after, separator_variants
 
 MAX_DRAFT_CHARS = 96
-
-
-@dataclass
-class _Frame:
-    kind: str                       # "obj" | "arr"
-    keys: list[str] = field(default_factory=list)
-    key: str | None = None          # key whose value is being read
-    state: str = "key"              # obj: key | colon | value | after ; arr: value | after
-
-
-@dataclass
-class JsonState:
-    """Where a JSON prefix stops: the container stack and, if inside a string or scalar, its text."""
-    stack: list[_Frame]
-    in_string: str | None = None     # partial string content (raw)
-    string_is_key: bool = False
-    scalar: str | None = None        # partial number / literal
-    done: bool = False               # the top-level value is complete
-    error: bool = False
-
-
-def scan_json(text: str) -> JsonState:
-    st = JsonState(stack=[])
-    i, n = 0, len(text)
-    buf: list[str] = []
-    escape = False
-    while i < n:
-        c = text[i]
-        if st.in_string is not None:
-            if escape:
-                escape = False
-                buf.append(c)
-            elif c == "\\":
-                escape = True
-                buf.append(c)
-            elif c == '"':
-                s = "".join(buf)
-                st.in_string, buf = None, []
-                _end_value(st, s, is_key=st.string_is_key)
-            else:
-                buf.append(c)
-            i += 1
-            continue
-        if st.scalar is not None:
-            if c in ",}] \n\t":
-                st.scalar = None
-                _end_value(st, None, is_key=False)
-                continue  # re-read the delimiter
-            st.scalar += c
-            i += 1
-            continue
-        top = st.stack[-1] if st.stack else None
-        if c in " \n\t\r":
-            pass
-        elif st.done:
-            st.error = True
-            return st
-        elif c == "{" or c == "[":
-            if top is not None and top.state not in ("value",):
-                st.error = True
-                return st
-            st.stack.append(_Frame("obj" if c == "{" else "arr", state="key" if c == "{" else "value"))
-        elif c in "}]":
-            if top is None or (c == "}") != (top.kind == "obj"):
-                st.error = True
-                return st
-            st.stack.pop()
-            _end_value(st, None, is_key=False)
-        elif c == '"':
-            if top is not None and top.kind == "obj" and top.state == "key":
-                st.string_is_key = True
-            elif top is None or top.state == "value":
-                st.string_is_key = False
-            else:
-                st.error = True
-                return st
-            st.in_string, buf = "", []
-        elif c == ":":
-            if top is None or top.state != "colon":
-                st.error = True
-                return st
-            top.state = "value"
-        elif c == ",":
-            if top is None or top.state != "after":
-                st.error = True
-                return st
-            top.state = "key" if top.kind == "obj" else "value"
-        else:
-            if top is not None and top.state != "value":
-                st.error = True
-                return st
-            st.scalar = c
-        i += 1
-    if st.in_string is not None:
-        st.in_string = "".join(buf)
-    return st
-
-
-def _end_value(st: JsonState, s: str | None, is_key: bool) -> None:
-    if not st.stack:
-        st.done = True
-        return
-    top = st.stack[-1]
-    if is_key:
-        top.key = s
-        top.keys.append(s)
-        top.state = "colon"
-    else:
-        top.state = "after"
 
 
 class SchemaDrafter(Drafter):
@@ -184,7 +74,7 @@ def _next_forced(ctx: ReplyState, text: str) -> str:
                 return "}"
         return ""
     if depth == 2 and st.stack[0].key == fmt.args_key and top.kind == "obj":
-        tool = next((t for t in ctx.tools if t.name == _call_name(body)), None)
+        tool = next((t for t in ctx.tools if t.name == call_name(body, st)), None)
         if tool is None:
             return ""
         remaining = [k for k in tool.required if k not in top.keys]
@@ -211,12 +101,3 @@ def _next_forced(ctx: ReplyState, text: str) -> str:
             return ', "' + remaining[0] + '": ' if remaining else "}"
     return ""
 
-
-def _call_name(body: str) -> str | None:
-    found = re.search(r'"name"\s*:\s*', body)
-    if found is None:
-        return None
-    try:
-        return json.JSONDecoder().raw_decode(body, found.end())[0]
-    except json.JSONDecodeError:
-        return None

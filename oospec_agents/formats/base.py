@@ -11,6 +11,7 @@ import json
 from abc import ABC, abstractmethod
 from typing import Any
 
+from ..jsonscan import call_name
 from ..tools import Tool
 
 
@@ -115,9 +116,9 @@ class ToolFormat(ABC):
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
-            return {"name": _guess_name(raw), "arguments": raw, "error": f"call is not valid JSON: {e}"}
+            return {"name": call_name(raw), "arguments": raw, "error": f"call is not valid JSON: {e}"}
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return {"name": _guess_name(raw), "arguments": raw, "error": "call JSON has no string 'name'"}
+            return {"name": call_name(raw), "arguments": raw, "error": "call JSON has no string 'name'"}
         args = obj.get(self.args_key, obj.get("arguments", obj.get("parameters", {})))
         if isinstance(args, str):
             try:
@@ -144,12 +145,6 @@ def unique_completion(prefix: str, options: list[str]) -> str | None:
 def enum_strings(schema: dict) -> list[str]:
     enum = schema.get("enum")
     return [e for e in enum if isinstance(e, str)] if isinstance(enum, list) else []
-
-
-def _guess_name(raw: str) -> str | None:
-    import re
-    m = re.search(r'"name"\s*:\s*"([^"]*)', raw)
-    return m.group(1) if m else None
 
 
 def tools_json_lines(tools: list[Tool]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+from ..jsonscan import scan_json
 from .base import UNTERMINATED, ToolFormat, tools_json_lines
 
 TAG, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -123,7 +124,6 @@ def _read_items(text: str, pos: int) -> tuple[list[str], int | None]:
 
 def _json_prefix(text: str) -> bool:
     """`text` is the start of some JSON value, cut short."""
-    from ..drafters.schema import scan_json  # the drafter's scanner reads unfinished JSON
     state = scan_json(text)
     return not state.error and not state.done
 

@@ -19,6 +19,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
+from ..jsonscan import call_name
 from .base import UNTERMINATED, ToolFormat, enum_strings, unique_completion
 
 _NAME = r"[A-Za-z_][\w.]*"
@@ -64,7 +65,7 @@ class PythonicFormat(ToolFormat):
         if not self._is_list(text):
             return text.strip(), []
         scan = scan_calls(text)
-        calls = [_read_call(text[c.start:c.end], finished=c.end is not None) for c in scan.calls]
+        calls = [_read_call(text[c.start:c.end], c.end is not None, call_name(c.json())) for c in scan.calls]
         return ("" if scan.end is None else text[scan.end:].strip()), calls
 
     def segments(self, text):
@@ -160,9 +161,10 @@ def python_literal(value) -> str:
 
 # ---------------------------------------------------------------------------- reading finished calls
 
-def _read_call(raw: str, finished: bool) -> dict:
-    """One call's text, read by Python's parser, as a call dict (with "error" when it cannot be read)."""
-    name = _guess_name(raw)
+def _read_call(raw: str, finished: bool, name: str | None) -> dict:
+    """One call's text, read by Python's parser, as a call dict (with "error" when it cannot be read).
+    `name` is the name an invalid call reports: the one its call JSON (`PyCall.json`) gives, so the
+    same that the event stream announces."""
     try:
         node = ast.parse(raw.strip(), mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
@@ -205,11 +207,6 @@ def _json_value(value):
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: _json_value(v) for k, v in value.items()}
     raise ValueError(f"{value!r} has no JSON equivalent")
-
-
-def _guess_name(raw: str) -> str | None:
-    m = re.match(r"\s*(" + _NAME + r")\s*\(", raw)
-    return m.group(1) if m else None
 
 
 def _escape(s: str, quote: str) -> str:
