@@ -24,7 +24,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..events import read_call
+from ..jsonscan import call_name
 from . import cores
 from .protocol import HintRequest, Sidecar
 
@@ -111,7 +111,7 @@ class HintSession:
             return self._read_next()
         fmt = self._request.fmt
         body = fmt.open_call_json(reply)
-        name = read_call(body, (fmt.args_key,)).name if body else None
+        name = call_name(body) if body else None
         if (name is None or name == self.name or name in self._asked or len(self._asked) >= MAX_FOLLOW_UPS
                 or name not in {t.name for t in self._request.tools}):
             return None
@@ -189,14 +189,14 @@ class HintSession:
 
 
 def _call_name(request: HintRequest | None, text: str) -> str | None:
-    """The function a hint's text calls (its first call), as the target's format reads it."""
+    """The function a hint's text calls: its first call's name, read by the one name reader (jsonscan)."""
     if request is None:
         return None
     try:
-        calls = request.fmt.parse(text)[1]
+        body = next((piece for kind, piece in request.fmt.segments(text) if kind == "call"), None)
     except Exception:
         return None
-    return calls[0].get("name") if calls else None
+    return None if body is None else call_name(body)
 
 
 def follows_up(setting: bool | None, shares: bool) -> bool:
