@@ -47,9 +47,10 @@ from .verify import Verifier, build_tree, eos_ids
 log = logging.getLogger(__name__)
 
 METHODS = ("ar", "toolspec", "oospec")
-#: prompt tokens per prefill forward (prefix_cache.py: what makes a cache hit exact); chosen by
-#: measurement, docs/determinism.md
-PREFILL_CHUNK = 256
+#: prompt tokens per prefill forward; 1 (the default) prefills a prompt's uncached tail in one forward.
+#: `prefill_chunk=256` makes a cache hit exact (prefix_cache.py), at a cost not yet measured on an idle
+#: machine: opt-in until it is
+PREFILL_CHUNK = 1
 __all__ = ["Engine", "Generation", "Prepared", "METHODS", "SOURCES"]
 
 
@@ -104,7 +105,8 @@ class Engine:
         has cores of its own (a follow-up on the target's own CPU cores costs more than it saves).
         `prefill_chunk`: prompts are prefilled in chunks that end at multiples of it (absolute positions),
         and a prefix-cache hit is whole chunks, so a warm request's reply is the cold one bit for bit
-        (prefix_cache.py); 1 turns the chunking off (a warm reply may then differ in bf16).
+        (prefix_cache.py; e.g. 256); 1, the default, prefills the uncached tail in one forward (a warm
+        reply may then differ from the cold one in bf16).
         `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")`
         pins the process to them); None, the default, is every core, shared with a CPU sidecar."""
         require_chat_template(tokenizer)

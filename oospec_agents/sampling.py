@@ -48,8 +48,8 @@ class Sampling:
         for name, value in (("top_k", self.top_k), ("seed", self.seed)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise _error(name, f"{name} must be an integer, got {value!r}")
-        if self.seed is not None and not -2 ** 63 <= self.seed < 2 ** 64:
-            raise _error("seed", f"seed must fit in 64 bits, got {self.seed}")
+        if self.seed is not None and not -2 ** 63 <= self.seed <= 2 ** 63 - 1:
+            raise _error("seed", f"seed must be an integer from {-2 ** 63} to {2 ** 63 - 1}, got {self.seed!r}")
         if self.top_k is not None and self.top_k < 0:
             raise _error("top_k", f"top_k must be >= 0 (0: no top-k), got {self.top_k}")
 

@@ -242,7 +242,7 @@ def test_in_bf16_a_warm_request_gives_the_cold_reply_bit_for_bit(smollm2_dir):
     from oospec_agents.bench.records import load_records
     ids = {"nestful/executable_0", "tooltalk/easy/CreateEvent-easy#0", "nestful/executable_4"}
     records = [r for r in load_records(DATA / "train-extra.jsonl") if r["id"] in ids]
-    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
+    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16, prefill_chunk=256)
     for r in records:
         engine.clear_prefix_cache()
         cold, warm = (_without_memory(engine).generate(r["messages"], r["tools"], tool_choice="required",
