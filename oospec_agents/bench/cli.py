@@ -129,14 +129,9 @@ def run(args):
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
                          warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario,
                          strict=args.strict, temperature=args.temperature or None, seed=args.seed)
-    try:
-        results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
-                            data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""),
-                            split_engine=split_engine)
-    finally:
-        for e in (engine, split_engine):
-            if e is not None:
-                e.close()
+    results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
+                        data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""),
+                        split_engine=split_engine)
     paths = write_all(results, args.out)
     if not args.quiet:
         print(paths["report"].read_text())
