@@ -24,25 +24,13 @@ def _exists(name: str) -> bool:
     return _is_package(name) or (PACKAGE.parent / (name.replace(".", "/") + ".py")).exists()
 
 
-def _type_checking_only(tree: ast.AST) -> set[int]:
-    """Line numbers of imports under `if TYPE_CHECKING:` (never run)."""
-    lines = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            lines |= {n.lineno for b in node.body for n in ast.walk(b) if isinstance(n, (ast.Import, ast.ImportFrom))}
-    return lines
-
-
 def imports(path: Path) -> set[str]:
-    """The package's modules that `path` imports, anywhere in it."""
+    """The package's modules that `path` imports, anywhere in it (typing-only imports too)."""
     me = _module(path)
     base = me if path.name == "__init__.py" else me.rpartition(".")[0]
     tree = ast.parse(path.read_text())
-    skip = _type_checking_only(tree)
     out = set()
-    for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
+    for node in ast.walk(tree):  # `if TYPE_CHECKING:` imports count too: they are a layering choice as well
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("oospec_agents")}
         elif isinstance(node, ast.ImportFrom):

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..formats import ToolFormat
 from ..tools import Tool
 
-if TYPE_CHECKING:
-    from .prediction import Prediction
+
+@dataclass
+class Prediction:
+    """The caller's predicted output in target tokens, and what the prediction drafter keeps of it
+    between rounds (drafters/prediction.py)."""
+    tokens: list[int]
+    index: dict[tuple[int, ...], list[int]] | None = None  # n-gram -> where it ends in `tokens` (built once)
+    at: int = 0                                            # where the reply last matched
 
 
 @dataclass
@@ -27,7 +32,7 @@ class ReplyState:
     #: earlier token sequences retrieval drafts from besides `ids`: this tool set's earlier replies
     #: (the engine's call memory) and the hint's tokens once it is here
     pool: list[list[int]] = field(default_factory=list)
-    prediction: "Prediction | None" = None  # the caller's predicted output, and where the reply is in it
+    prediction: Prediction | None = None  # the caller's predicted output, and where the reply is in it
 
     @property
     def new(self) -> list[int]:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from dataclasses import dataclass
 
 from ..chat import join_text_parts
 from ..errors import PredictionError
-from .base import Draft, ReplyState, Drafter
+from .base import Draft, Drafter, Prediction, ReplyState
 
 
 def prediction_text(prediction) -> str | None:
@@ -41,14 +40,6 @@ def prediction_text(prediction) -> str | None:
             parts.append(part["text"])
         return join_text_parts(parts) or None
     raise PredictionError(f"prediction.content must be a string or a list of text parts, got {type(content).__name__}")
-
-
-@dataclass
-class Prediction:
-    """The caller's prediction in target tokens, and what the drafter keeps of it between rounds."""
-    tokens: list[int]
-    index: dict[tuple[int, ...], list[int]] | None = None  # n-gram -> where it ends in `tokens` (built once)
-    at: int = 0                                            # where the reply last matched
 
 
 class PredictionDrafter(Drafter):
