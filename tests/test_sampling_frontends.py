@@ -4,6 +4,8 @@ logprobs are the engine's, in each framework's shape. The frameworks' plumbing, 
 is in integrations/*/tests."""
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_oospec import ChatOoOSpec
@@ -55,3 +57,22 @@ def test_oospec_at_temperature_0_1_is_reproducible_and_gives_logprobs(engine):
         [[p.token for p in token] for token in response.logprobs]
     assert len(response.logprobs) == response.raw["usage"]["completion_tokens"] == 8
     assert all(len(token) == 2 and token[0].logprob >= token[1].logprob for token in response.logprobs)
+
+
+def test_chat_oospec_at_temperature_0_7_runs_a_tool_loop(engine):
+    """#46's goal: the agent code that sets temperature=0.7 runs its loop: a call, the tool's result, a reply."""
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: Literal["Paris", "Rome"]) -> str:  # an enum: the tiny model's call ends in a few tokens
+        """The weather in a city."""
+        return f"Sunny in {city}"
+
+    model = ChatOoOSpec(engine=engine, temperature=0.7, max_tokens=24, seed=11)
+    messages = [HumanMessage(ASK)]
+    ai = model.bind_tools([get_weather], tool_choice="required", strict=True, parallel_tool_calls=False).invoke(messages)
+    assert ai.tool_calls and not ai.invalid_tool_calls  # strict: the sampled call fits its schema
+    messages += [ai] + [ToolMessage(get_weather.invoke(c["args"]), tool_call_id=c["id"]) for c in ai.tool_calls]
+    final = model.bind_tools([get_weather]).invoke(messages)
+    assert final.response_metadata["finish_reason"] in ("stop", "length", "tool_calls")
