@@ -79,7 +79,7 @@ def run(wave, rec: dict, *, cold: bool = True) -> dict:
     wave_s = time.perf_counter() - t
     try:
         call = join(rows, texts, req.tools, req.tool_choice)
-        valid = not check_calls([call], req.tools)[1]
+        valid = check_calls([call], req.tools).all_fit
     except JoinError:
         call, valid = None, False
     return {"id": rec["id"], "tools": len(rec["tools"]), "wave_s": wave_s, **wave.profile,

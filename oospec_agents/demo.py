@@ -105,8 +105,9 @@ def summary(prompt: str, tools: list[dict], tool_choice: str, gens: dict, *, mod
     lines = ["oospec demo", ""] + [f"  {k:<12} {v}" for k, v in (models or {}).items()]
     lines += [f"  request      {prompt}",
              f"  tools        {names}   (tool_choice={tool_choice})"]
-    calls = [_call_text(c) for c in ar.tool_calls] or [f"invalid: {_call_text(c)} ({c['error']})"
-                                                      for c in ar.invalid_tool_calls]
+    problems = {p["id"]: p["error"] for p in ar.tool_call_problems}
+    calls = [_call_text(c) + (f" (misfits its schema: {problems[c['id']]})" if c["id"] in problems else "")
+             for c in ar.tool_calls] + [f"invalid: {_call_text(c)} ({c['error']})" for c in ar.invalid_tool_calls]
     lines += [f"  tool call    {c}" for c in calls] or [f"  reply        {ar.content or ar.text!r} (no tool call)"]
     lines += ["", f"  {'method':<9} {'target forwards':>15} {'tokens':>7} {'prefill':>8} {'decode':>8} "
                   f"{'total':>8}   speedup over ar (decode, total)"]
@@ -152,7 +153,8 @@ def summary(prompt: str, tools: list[dict], tool_choice: str, gens: dict, *, mod
 
 
 def as_json(gens: dict) -> dict:
-    return {m: {"text": g.text, "tool_calls": g.tool_calls, "invalid_tool_calls": g.invalid_tool_calls,
+    return {m: {"text": g.text, "tool_calls": g.tool_calls, "tool_call_problems": g.tool_call_problems,
+                "invalid_tool_calls": g.invalid_tool_calls,
                 "stats": g.stats.to_dict()} for m, g in gens.items()}
 
 

@@ -56,15 +56,23 @@ __all__ = ["Engine", "Generation", "Prepared", "METHODS", "SOURCES"]
 
 @dataclass
 class Generation:
+    """One reply. Its calls are classed as OpenAI classes them (`tools.CheckedCalls`): a call whose
+    arguments parse as a JSON object is in `tool_calls`, even when it misfits its tool's schema or names
+    a tool that was not offered, and that problem is reported beside it in `tool_call_problems`
+    ({"id" of the call, "name", "error": the validator's message}); only a call that cannot be read
+    (arguments that do not parse or are no object, a call cut off) is in `invalid_tool_calls`. Under
+    `strict` the calls fit their schemas. `finish_reason` is "length" when `max_new_tokens` cut the
+    reply off; else "tool_calls" when it holds any call (valid, misfit or invalid), else "stop"."""
     text: str                       # the whole assistant reply as generated, forced opener included
     token_ids: list[int]            # the new tokens only (after `Engine.prompt_ids`)
-    tool_calls: list[dict]          # {"id", "name", "arguments": dict}, each valid against its schema
+    tool_calls: list[dict]          # {"id", "name", "arguments": dict}, each checked against its schema
     invalid_tool_calls: list[dict]  # {"id", "name", "arguments": str, "error"}
     stats: DecodeStats
     content: str = ""               # the reply's text outside tool calls
     finish_reason: str = "stop"     # "stop" | "length" | "tool_calls"
     prompt_tokens: int = 0
     logprobs: list[dict] | None = None  # with `logprobs`: per new token, OpenAI's {"token", "logprob", ...}
+    tool_call_problems: list[dict] = field(default_factory=list)  # {"id", "name", "error"} per misfit call
 
 
 Event = Union[TextDelta, ToolCallDelta, LogprobsDelta, Generation]
@@ -448,16 +456,17 @@ class Engine:
         content, parsed = reply.events.fmt.parse(reply.text)  # read as the stream was
         if reply.finish == "stop" and reply.new and reply.new[-1] in self.eos_ids:  # not cut off: the model ended
             parsed = [dict(c, error=ENDED_INSIDE) if c.get("error") == UNTERMINATED else c for c in parsed]
-        calls, invalid = check_calls(reply.events.settle(reply.text, parsed), req.tools, id_prefix=ids)
+        calls, invalid, problems = check_calls(reply.events.settle(reply.text, parsed), req.tools, id_prefix=ids)
         finish = reply.finish
-        if calls and finish == "stop":
+        if (calls or invalid) and finish == "stop":  # as OpenAI's: a message holding calls, readable or not
             finish = "tool_calls"
         stats.new_tokens = len(reply.new)
         if stats.margins is not None:
             del stats.margins[len(reply.new):]
         return Generation(text=reply.text, token_ids=reply.new, tool_calls=calls, invalid_tool_calls=invalid,
                           stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids),
-                          logprobs=None if req.top_logprobs is None else reply.logprobs[:len(reply.new)])
+                          logprobs=None if req.top_logprobs is None else reply.logprobs[:len(reply.new)],
+                          tool_call_problems=problems)
 
 
 def _wave_estimate(sidecar: Sidecar, request: HintRequest) -> float | None:

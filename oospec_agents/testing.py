@@ -35,6 +35,29 @@ BAD_SAMPLING = [
     ("top_logprobs", {"top_logprobs": 2}, "top_logprobs=2 needs logprobs=true"),
 ]
 
+#: book_table(restaurant: str, people: int, time: str) as an OpenAI tool: the tool of `CALL_REPLIES`
+BOOK_TABLE = {"type": "function", "function": {
+    "name": "book_table", "description": "Book a table at a restaurant.",
+    "parameters": {"type": "object", "properties": {"restaurant": {"type": "string"}, "people": {"type": "integer"},
+                                                     "time": {"type": "string"}},
+                   "required": ["restaurant", "people", "time"]}}}
+
+
+def _book(arguments: str) -> str:
+    return '<tool_call>\n{"name": "book_table", "arguments": ' + arguments + '}\n</tool_call>'
+
+
+#: Replies (hermes text, as `ScriptedEngine` replays them) whose calls every front-end must class as
+#: OpenAI does, and alike streamed and not: a call whose arguments parse but misfit the schema (a tool
+#: call, its problem reported beside it), one whose arguments do not parse (an invalid call), and two
+#: calls, the second a misfit.
+CALL_REPLIES = {
+    "misfit": "Booking it." + _book('{"restaurant": "Da Michele", "people": "4", "time": "19:30"}'),
+    "unparseable": _book('{"restaurant": "Da Michele", "people": 4, "time": 19:30}'),
+    "two_calls": _book('{"restaurant": "Da Michele", "people": 4, "time": "19:30"}') + "\n"
+                 + _book('{"restaurant": "Pizzeria Bella", "people": "two", "time": "20:00"}'),
+}
+
 
 class ScriptedEngine(Engine):
     def __init__(self, *replies: str, step: int = 4, model_name: str = "scripted-test-double"):
@@ -84,12 +107,13 @@ class ScriptedEngine(Engine):
         if scored:
             yield LogprobsDelta([scored[-1]])
         content, parsed = self.fmt.parse(text)
-        calls, invalid = check_calls(events.settle(text, parsed), offered, id_prefix="call_scripted")
+        calls, invalid, problems = check_calls(events.settle(text, parsed), offered, id_prefix="call_scripted")
         stats = DecodeStats(method, prompt_tokens=11, new_tokens=n, target_forwards=3,
                             accepted_by_source={"schema": 5, "retrieval": 0, "hint": 2}, hint_bytes=40)
         yield Generation(text=text, token_ids=list(range(n)), tool_calls=calls, invalid_tool_calls=invalid,
-                         stats=stats, content=content, finish_reason="tool_calls" if calls else "stop",
-                         prompt_tokens=11, logprobs=None if top_logprobs is None else scored)
+                         stats=stats, content=content, finish_reason="tool_calls" if calls or invalid else "stop",
+                         prompt_tokens=11, logprobs=None if top_logprobs is None else scored,
+                         tool_call_problems=problems)
 
 
 def _entry(token: str, top: int) -> dict:

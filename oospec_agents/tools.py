@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import jsonschema
 
@@ -125,24 +125,48 @@ def resolve_tool_choice(tool_choice: Any, tools: list[Tool]) -> tuple[str, str |
     return "named", tool_choice
 
 
-def check_calls(calls: list[dict], tools: list[Tool], id_prefix: str = "call") -> tuple[list[dict], list[dict]]:
-    """Split parsed calls into (valid tool_calls, invalid_tool_calls), validating each against its schema.
+class CheckedCalls(NamedTuple):
+    """A reply's calls, classed as OpenAI (and ChatOpenAI, ChatOllama) class them.
 
-    Each parsed call is {"name", "arguments": dict | str, "error"?}; nothing is dropped.
+    - `tool_calls`: {"id", "name", "arguments": dict}, every call whose arguments parse as a JSON object,
+      even one that misfits its tool's schema or names a tool that was not offered;
+    - `invalid_tool_calls`: {"id", "name", "arguments": str, "error"}, the calls that cannot be read:
+      arguments that do not parse, or that are no object, or a call cut off before its end;
+    - `tool_call_problems`: {"id", "name", "error"}, beside the tool call of that id, for each one that
+      misfits its schema (the validator's message) or names a tool not offered. `strict` is what makes
+      calls fit their schemas; without it a problem is reported, not turned into an invalid call.
+    """
+    tool_calls: list[dict]
+    invalid_tool_calls: list[dict]
+    tool_call_problems: list[dict]
+
+    @property
+    def all_fit(self) -> bool:
+        """Every call parses and fits its offered tool's schema."""
+        return not self.invalid_tool_calls and not self.tool_call_problems
+
+
+def check_calls(calls: list[dict], tools: list[Tool], id_prefix: str = "call") -> CheckedCalls:
+    """Class parsed calls (`CheckedCalls`), validating each that parses against its tool's schema.
+
+    Each parsed call is {"name", "arguments": dict | str, "error"?} (a format's `parse`); call `i` gets
+    the id `f"{id_prefix}_{i}"` (the reply's order, which `frontend.call_problems` reads back), and
+    nothing is dropped.
     """
     by_name = {t.name: t for t in tools}
-    valid, invalid = [], []
+    valid, invalid, problems = [], [], []
     for i, call in enumerate(calls):
         call_id = f"{id_prefix}_{i}"
         name, args, error = call.get("name"), call.get("arguments"), call.get("error")
-        if error is None:
-            if name not in by_name:
-                error = f"unknown tool {name!r}; offered tools: {sorted(by_name)}"
-            else:
-                error = by_name[name].validate(args)
-        if error is None:
-            valid.append({"id": call_id, "name": name, "arguments": args})
-        else:
+        if error is None and not isinstance(args, dict):
+            error = f"arguments must be a JSON object, got {type(args).__name__}"
+        if error is not None:
             text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
             invalid.append({"id": call_id, "name": name, "arguments": text, "error": error})
-    return valid, invalid
+            continue
+        valid.append({"id": call_id, "name": name, "arguments": args})
+        problem = (f"unknown tool {name!r}; offered tools: {sorted(by_name)}" if name not in by_name
+                   else by_name[name].validate(args))
+        if problem is not None:
+            problems.append({"id": call_id, "name": name, "error": problem})
+    return CheckedCalls(valid, invalid, problems)

@@ -246,3 +246,27 @@ class InTime(SidecarBase):
         while ticket.poll() is None and ticket.error is None and not ticket.declined and time.perf_counter() < deadline:
             time.sleep(0.002)
         return ticket
+
+
+class ScriptedTarget:
+    """A tiny random model made to write a given reply, for a real engine (drafts, verification, KV
+    cache, events, `_finish`) whose reply does not depend on what a model happens to write. A forward
+    hook puts the script's next token far above every other at each position (the engine passes its
+    position ids), so greedy decoding, by any method, writes `script(...)`'s text and then its
+    end-of-sequence token."""
+
+    def __init__(self, model, tokenizer):
+        self.tokenizer, self.eos = tokenizer, tokenizer.eos_token_id
+        self.start, self.tokens = 0, []
+        model.register_forward_hook(self._force, with_kwargs=True)
+
+    def script(self, prompt_ids: list[int], text: str) -> None:
+        """The reply to write after `prompt_ids` (`Engine.prompt_ids` of the request)."""
+        self.start = len(prompt_ids)
+        self.tokens = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos]
+
+    def _force(self, module, args, kwargs, out):
+        rows = out.logits.shape[1]
+        for row, pos in enumerate(kwargs["position_ids"][0, -rows:].tolist()):
+            k = pos + 1 - self.start  # the logits at `pos` choose the token after it
+            out.logits[0, row, self.tokens[k] if 0 <= k < len(self.tokens) else self.eos] += 1e4

@@ -108,7 +108,7 @@ def test_json_prints_each_methods_calls_and_stats(tiny, monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out)
     assert list(out) == ["ar", "toolspec"]
     assert out["ar"]["stats"]["method"] == "ar" and out["toolspec"]["stats"]["target_forwards"] >= 1
-    assert {"text", "tool_calls", "invalid_tool_calls", "stats"} == set(out["ar"])
+    assert {"text", "tool_calls", "tool_call_problems", "invalid_tool_calls", "stats"} == set(out["ar"])
 
 
 def test_quiet_silences_the_libraries_warnings_and_logging(monkeypatch, capsys):

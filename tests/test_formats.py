@@ -45,8 +45,8 @@ def test_hermes_render_matches_qwen_layout():
 ])
 def test_malformed_hermes_lands_in_invalid_with_reason(text, error):
     _, parsed = HermesFormat().parse(text)
-    valid, invalid = check_calls(parsed, normalize_tools([WEATHER]))
-    assert valid == [] and len(invalid) == 1
+    valid, invalid, problems = check_calls(parsed, normalize_tools([WEATHER]))
+    assert valid == [] and len(invalid) == 1 and problems == []
     assert error in invalid[0]["error"]
     assert isinstance(invalid[0]["arguments"], str)
 
@@ -56,16 +56,27 @@ def test_llama3_truncated_call_is_invalid():
     assert "unterminated" in parsed[0]["error"]
 
 
-def test_schema_violations_and_unknown_tools_keep_the_validator_message():
+def test_schema_violations_and_unknown_tools_are_calls_with_the_validator_message_beside_them():
+    """As OpenAI classes calls (issue 48): arguments that parse make a tool call, even one that misfits
+    its schema or names a tool not offered; the problem is reported beside it, by the call's id."""
     tools = normalize_tools([WEATHER])
     parsed = [{"name": "get_weather", "arguments": {"unit": "kelvin"}},
               {"name": "nope", "arguments": {}},
               {"name": "get_weather", "arguments": {"city": "Rome"}}]
-    valid, invalid = check_calls(parsed, tools)
-    assert [c["arguments"] for c in valid] == [{"city": "Rome"}]
-    assert "'city' is a required property" in invalid[0]["error"]
-    assert "unknown tool 'nope'" in invalid[1]["error"]
-    assert len({c["id"] for c in valid + invalid}) == 3
+    valid, invalid, problems = check_calls(parsed, tools)
+    assert [(c["name"], c["arguments"]) for c in valid] == [(c["name"], c["arguments"]) for c in parsed]
+    assert invalid == []
+    assert [p["id"] for p in problems] == [valid[0]["id"], valid[1]["id"]]
+    assert [p["name"] for p in problems] == ["get_weather", "nope"]
+    assert "'city' is a required property" in problems[0]["error"]
+    assert "unknown tool 'nope'" in problems[1]["error"]
+    assert len({c["id"] for c in valid}) == 3
+    assert not check_calls(parsed, tools).all_fit and check_calls(parsed[2:], tools).all_fit
+
+
+def test_arguments_that_are_no_object_make_an_invalid_call():
+    (bad,) = check_calls([{"name": "get_weather", "arguments": ["Rome"]}], normalize_tools([WEATHER])).invalid_tool_calls
+    assert bad["arguments"] == '["Rome"]' and "must be a JSON object" in bad["error"]
 
 
 def test_format_detection_from_chat_templates(smollm2_tokenizer):

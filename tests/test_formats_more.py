@@ -104,8 +104,8 @@ def test_a_text_reply_is_content():
 ])
 def test_malformed_calls_land_in_invalid_with_reason(fmt, text, error):
     _, parsed = fmt.parse(text)
-    valid, invalid = check_calls(parsed, normalize_tools([WEATHER]))
-    assert valid == [] and len(invalid) == 1
+    valid, invalid, problems = check_calls(parsed, normalize_tools([WEATHER]))
+    assert valid == [] and len(invalid) == 1 and problems == []
     assert error in invalid[0]["error"]
     assert isinstance(invalid[0]["arguments"], str)
 

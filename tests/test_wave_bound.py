@@ -134,8 +134,8 @@ def test_a_70_tool_wave_stays_under_the_bound_and_hints_a_valid_call(embedded_si
     assert prof["rows"] <= MAX_ROWS, prof
     assert prof["steps"] <= 2 * embedded_sidecar.wave.max_row_tokens
     _, calls = req.fmt.parse(hint.text)
-    valid, invalid = check_calls(calls, req.tools)
-    assert len(calls) == 1 and valid and not invalid, (hint.text, invalid)
+    valid, invalid, problems = check_calls(calls, req.tools)
+    assert len(calls) == 1 and valid and not invalid and not problems, (hint.text, invalid, problems)
     assert calls[0]["name"] in {t.name for t in req.tools}
     print(f"\n{rec['id']}: {len(rec['tools'])} tools, rows {prof['rows']} of {prof['rows_offered']}, "
           f"steps {prof['steps']}, wave {prof['wave_s']:.2f} s (prefill {prof['prefill_s']:.2f} s), "

@@ -189,10 +189,11 @@ def evaluate_target(engine, records: list[dict], *, sources=("bfcl_simple", "bfc
         names = [c["name"] for c in gen.tool_calls + gen.invalid_tool_calls]
         exp = rec["expected"]
         right = names == [c["name"] for c in exp]
-        exact = right and not gen.invalid_tool_calls and \
+        fit = not gen.invalid_tool_calls and not gen.tool_call_problems  # every call parses and fits its schema
+        exact = right and fit and \
             [(c["name"], c["arguments"]) for c in gen.tool_calls] == [(c["name"], c["arguments"]) for c in exp]
         poss = (rec.get("meta") or {}).get("possible_answer") or []
-        lenient = exact or (right and not gen.invalid_tool_calls and len(poss) == len(gen.tool_calls)
+        lenient = exact or (right and fit and len(poss) == len(gen.tool_calls)
                             and all(_lenient_ok(c, p) for c, p in zip(gen.tool_calls, poss)))
         s = per.setdefault(rec["source"], {"n": 0, "right_tool": 0, "exact_args": 0, "lenient_args": 0})
         s["n"] += 1

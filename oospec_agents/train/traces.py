@@ -22,7 +22,7 @@ def teacher_traces(records: list[dict], teacher, *, max_new_tokens: int = 256, p
     for rec in tqdm(records, disable=not progress, desc="teacher"):
         gen = engine.generate(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=max_new_tokens,
                               method=method)
-        if gen.invalid_tool_calls:
+        if gen.invalid_tool_calls or gen.tool_call_problems:  # a call that does not parse, or misfits its schema
             stats["invalid"] += 1
         elif not gen.tool_calls:
             stats["no_call"] += 1
