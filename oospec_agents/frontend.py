@@ -10,6 +10,8 @@
 - `Usage`: token counts of a `Generation`, one definition for every front-end.
 - `CallsSoFar`: tool calls folded from `ToolCallDelta`s, for front-ends that show a call as it grows.
 - `ParallelToolCalls`: the `parallel_tool_calls=False` rule (the reply's first call only), for every front-end.
+- `call_problems`: every call of a reply with a problem (a schema misfit, or arguments that cannot be
+  read), in the reply's order: what each front-end reports beside the calls.
 - `join_text_parts`: how the text parts of one message become its text.
 
 Framework idioms stay in the front-ends; nothing here imports LangChain, LlamaIndex, FastAPI or the
@@ -254,6 +256,14 @@ class ParallelToolCalls:
 
     def shown(self, calls: list[dict]) -> list[dict]:
         return calls if self.allowed else [c for c in calls if c["id"] == self.first_id]
+
+
+def call_problems(gen: Generation) -> list[dict]:
+    """{"id", "name", "error"} per call of the reply that has a problem, in the reply's order: a tool call
+    that misfits its schema (`Generation.tool_call_problems`), or an invalid call (why it cannot be read).
+    Each front-end reports them beside the message's calls; the ids are the calls' own."""
+    failed = gen.tool_call_problems + [{k: c[k] for k in ("id", "name", "error")} for c in gen.invalid_tool_calls]
+    return sorted(failed, key=lambda c: int(c["id"].rsplit("_", 1)[1]))  # check_calls numbers them <prefix>_<i>
 
 
 _END = object()

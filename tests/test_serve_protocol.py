@@ -23,7 +23,7 @@ from serve_testing import API_KEY, running
 
 from oospec_agents import Engine
 from oospec_agents.serve import create_app
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import BOOK_TABLE, CALL_REPLIES, ScriptedEngine
 from oospec_testing import load_records, spread, tiny_model
 
 MODEL = "tiny"
@@ -257,6 +257,35 @@ def test_schema_failures_carry_the_validators_message():
     assert len(failures) == 1
     assert failures[0]["index"] == 1 and failures[0]["name"] == "get_time"
     assert "7 is not of type 'string'" in failures[0]["error"]
+
+
+BOOK_ASK = [{"role": "user", "content": "Book a table for 4 people at Da Michele at 19:30."}]
+SCHEMA_FAILURES = {  # per scripted reply: (index, words of the error) of each call with a problem
+    "misfit": [(0, "'4' is not of type 'integer'")],
+    "unparseable": [(0, "not valid JSON")],
+    "two_calls": [(1, "'two' is not of type 'integer'")],
+}
+
+
+@pytest.mark.parametrize("reply", list(CALL_REPLIES))
+def test_stream_and_non_stream_give_the_same_message(reply):
+    """Issue 48, through the openai SDK: a schema misfit, an unparseable call and two calls come as the
+    same message streamed and not, `finish_reason` "tool_calls" (the message holds calls), and each call
+    with a problem named in `oospec.schema_failures` (the misfit stays a call, as OpenAI's would)."""
+    with running(create_app(ScriptedEngine(*[CALL_REPLIES[reply]] * 2), model=MODEL)) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        kw = dict(model=MODEL, messages=BOOK_ASK, tools=[BOOK_TABLE])
+        whole = client.chat.completions.create(**kw)
+        streamed = collect(client.chat.completions.create(**kw, stream=True))
+    message = whole.choices[0].message
+    assert streamed["content"] == (message.content or "")
+    assert [(c["id"], c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
+        [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls]
+    assert whole.choices[0].finish_reason == streamed["finish_reason"] == "tool_calls"
+    failures = whole.model_extra["oospec"]["schema_failures"]
+    assert streamed["oospec"]["schema_failures"] == failures
+    assert [(f["index"], f["id"]) for f in failures] == [(i, message.tool_calls[i].id) for i, _ in SCHEMA_FAILURES[reply]]
+    assert all(words in f["error"] for f, (_, words) in zip(failures, SCHEMA_FAILURES[reply]))
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -19,7 +19,7 @@ from serve_testing import API_KEY, running
 from oospec_agents import Engine
 from oospec_agents.frontend import join_text_parts
 from oospec_agents.serve import create_app
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import BOOK_TABLE, CALL_REPLIES, ScriptedEngine
 from oospec_testing import tiny_model
 
 MODEL = "m"
@@ -165,6 +165,29 @@ def test_the_stream_adds_up_to_the_response(replies, kinds):
             assert (finished.name, finished.arguments, finished.item_id) == (item.name, item.arguments, item.id)
             added = next(e for e in events if e.type == "response.output_item.added" and e.output_index == index)
             assert added.item.status == "in_progress" and added.item.call_id == item.call_id
+
+
+@pytest.mark.parametrize("reply", list(CALL_REPLIES))
+def test_stream_and_non_stream_give_the_same_response_on_calls_with_problems(reply):
+    """Issue 48 on /v1/responses: a schema misfit, an unparseable call and two calls are the same
+    function_call items streamed and not, the response completed, and each call with a problem named in
+    `oospec.schema_failures` beside it."""
+    with scripted(*[CALL_REPLIES[reply]] * 2) as (client, _, _engine):
+        kw = dict(model=MODEL, input="Book a table for 4 people at Da Michele at 19:30.", tools=[_flat(BOOK_TABLE)])
+        whole = client.responses.create(**kw)
+        done = list(client.responses.create(**kw, stream=True))[-1]
+    assert done.type == "response.completed" and whole.status == "completed"
+    assert items(done.response) == items(whole)
+    calls = [i for i in whole.output if i.type == "function_call"]
+    assert len(calls) == (2 if reply == "two_calls" else 1)
+    failures = whole.model_extra["oospec"]["schema_failures"]
+    assert done.response.model_extra["oospec"]["schema_failures"] == failures
+    assert [f["index"] for f in failures] == {"misfit": [0], "unparseable": [0], "two_calls": [1]}[reply]
+
+
+def _flat(tool: dict) -> dict:
+    """A chat completions tool as the Responses API writes it: the function's fields at the top."""
+    return {"type": "function", **tool["function"]}
 
 
 def test_raw_stream_has_event_lines_and_no_done_marker():

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS
-from ..frontend import CallsSoFar, ParallelToolCalls, Usage, choice_count, openai_logprobs
+from ..frontend import CallsSoFar, ParallelToolCalls, Usage, call_problems, choice_count, openai_logprobs
 
 #: stats not worth a line in every response
 _HIDDEN_STATS = ("margins", "sidecar_profile", "rounds")
@@ -182,11 +182,14 @@ def check_tools(req: ChatCompletionRequest) -> None:
 
 
 def oospec_object(gen, calls: list[dict], replica: str) -> dict:
-    """The extra top-level object: speculation stats, the calls that failed their schema, the replica."""
+    """The extra top-level object: speculation stats, the calls' schema failures, the replica.
+
+    `schema_failures`: {"index" (in the message's `tool_calls`; None for a call `parallel_tool_calls=false`
+    left out), "id", "name", "error"} per call that misfits its tool's schema (it is a call all the same, as
+    OpenAI's are: its arguments parse) or whose arguments cannot be read at all, in the reply's order."""
     stats = {k: v for k, v in dict(gen.stats).items() if k not in _HIDDEN_STATS}
     index = {c["id"]: i for i, c in enumerate(calls)}
-    failures = [{"index": index.get(c["id"]), "id": c["id"], "name": c["name"], "error": c["error"]}
-                for c in gen.invalid_tool_calls]
+    failures = [{"index": index.get(c["id"]), **c} for c in call_problems(gen)]
     return {"replica": replica, "stats": json.loads(json.dumps(stats, default=str)), "schema_failures": failures}
 
 
