@@ -24,6 +24,7 @@ from typing import Iterator, Union
 import torch
 
 from .chat import normalize_messages, render_prompt, require_chat_template, template_renders_tools
+from . import deterministic as det
 from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDrafter, SchemaDrafter
 from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
@@ -103,7 +104,7 @@ class Engine:
                  model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32,
                  prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO,
                  hint_follow_up: bool | None = None, target_cores: frozenset[int] | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, deterministic: bool = False):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
         `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected
@@ -115,6 +116,9 @@ class Engine:
         and a prefix-cache hit is whole chunks, so a warm request's reply is the cold one bit for bit
         (prefix_cache.py; e.g. 256); 1, the default, prefills the uncached tail in one forward (a warm
         reply may then differ from the cold one in bf16).
+        `deterministic`: the same request gives the same tokens whatever the method, the draft tree and
+        the concurrency, in bf16 too: every decode forward of a reply has the same shapes (deterministic.py,
+        docs/deterministic.md); prompts are then prefilled in chunks of 256 unless `prefill_chunk` is more than 1.
         `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")`
         pins the process to them); None, the default, is every core, shared with a CPU sidecar."""
         require_chat_template(tokenizer)
@@ -128,11 +132,17 @@ class Engine:
         self.context_window = int(getattr(target.config, "max_position_embeddings", 0) or 2048)
         self.max_draft_nodes = max_draft_nodes
         self.memory = CallMemory(memory_size)
+        self.deterministic = bool(deterministic)
+        if self.deterministic and prefill_chunk == 1:
+            prefill_chunk = det.PREFILL_CHUNK
         self.prefix_cache = PrefixCache(prefix_cache_tokens, prefill_chunk)
         self.payback = None if wave_payback is None else PayBack(wave_payback)
         self.hint_follow_up = hint_follow_up
         self.eos_ids = eos_ids(target)
         self._verifier = Verifier(target)
+        if self.deterministic and any(w is not None for w in self._verifier.layout.windows.values()):
+            raise OoOSpecError(f"deterministic=True takes a target whose layers all attend to the whole past; "
+                               f"{type(target).__name__} has sliding-window layers")
         self.place = cores.Place(self._verifier.device, target_cores)  # where the target decodes
         self._pinned: cores.Pinned | None = None  # what pinning the process to `target_cores` changed
         self._reply_text = ReplyText(tokenizer, self.fmt)
@@ -339,6 +349,8 @@ class Engine:
         reply = _Reply(req, state, self._reply_text, self.eos_ids, ReplyEvents(reading, lambda i: f"{ids}_{i}"),
                        choose)
         hints = self._open_hints(req, method, hint_text, stats)
+        if self.deterministic:  # every decode forward of the reply has these shapes
+            reply.shapes = det.Shapes.for_reply(len(req.prompt_ids), req.max_new_tokens)
         done = False
         try:
             t0 = time.perf_counter()
@@ -409,15 +421,20 @@ class Engine:
             drafters.insert(0, self._drafters["hint"])
         if method != "ar" and state.prediction is not None:
             drafters.insert(0, self._drafters["prediction"])
+        nodes = det.max_draft_nodes(self.max_draft_nodes) if self.deterministic else self.max_draft_nodes
         return build_tree(reply.new[-1 - len(forced)], [d for dr in drafters for d in dr.propose(state)],
-                          self.max_draft_nodes, chain=not self._verifier.layout.tree, forced=forced)
+                          nodes, chain=not self._verifier.layout.tree, forced=forced)
 
     def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats, choose: Choice | None):
         """One target forward over the tree; the accepted drafts plus the target's own next token (the
         forced tokens at the tree's start are committed already), and their logits."""
         past = len(reply.req.prompt_ids) + len(reply.new) - 1 - tree.start
         guide = reply.req.guide
-        path, nxt, logits = self._verifier.verify(tree, cache, past, choose=choose)
+        if reply.shapes is not None:  # deterministic: a tree that fits the reply's shapes
+            tree, past, fed = self._verifier.fit(tree, cache, past, reply.shapes)
+            stats.target_forwards += len(fed)
+            stats.forward_s += sum(fed)
+        path, nxt, logits = self._verifier.verify(tree, cache, past, choose=choose, shapes=reply.shapes)
         drafted = path[tree.start + 1:]
         stats.target_forwards += 1
         stats.forward_s += self._verifier.last_forward_s
@@ -523,6 +540,7 @@ class _Reply:
         self.new: list[int] = []        # the committed new tokens (also at the end of `state.ids`)
         self.logprobs: list[dict] = []  # OpenAI's entry per committed token, when asked for
         self.finish: str | None = None  # "stop" | "length" once the reply is over
+        self.shapes: det.Shapes | None = None  # deterministic mode: the shapes of its decode forwards
 
     @property
     def text(self) -> str:

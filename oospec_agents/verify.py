@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import get_layer_types_and_kwargs
 
+from . import deterministic
 from .drafters import Draft
 from .errors import ModelLoadError
 
@@ -142,9 +143,12 @@ class Verifier:
         return DynamicCache()
 
     def forward(self, ids: list[int], cache, past_len: int, tree: Tree | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, shapes: deterministic.Shapes | None = None) -> torch.Tensor:
         """Logits [len(ids), vocab] for `ids` appended after `past_len` cached tokens ([1, vocab] with
-        `last_only`: a prompt's prefill needs only its last position's logits)."""
+        `last_only`: a prompt's prefill needs only its last position's logits). With `shapes`
+        (deterministic mode), the forward has the reply's fixed shapes (deterministic.py)."""
+        if shapes is not None:
+            return self._fixed_forward(tree or chain(ids), cache, past_len, shapes)
         inp = torch.tensor([ids], device=self.device)
         kw = {self.cache_kw: cache, "use_cache": True}
         if last_only and self.keeps_logits:
@@ -164,6 +168,38 @@ class Verifier:
         self.last_forward_s = time.perf_counter() - t0
         return logits[-1:] if last_only else logits
 
+    def _fixed_forward(self, tree: Tree, cache, past_len: int, shapes: deterministic.Shapes) -> torch.Tensor:
+        """The tree's logits from a forward of fixed shapes: dummy rows after its nodes, keys padded to
+        the reply's width; the dummies' keys and values are cropped off the cache after it."""
+        n = len(tree.tokens)
+        reach = ancestry(tree.parents, max(tree.depths), self.device)
+        inp, positions, mask = deterministic.inputs(tree, reach, past_len, shapes, self.device, self.model.dtype)
+        kw = {self.cache_kw: deterministic.padded(cache, shapes.keys), "use_cache": True,
+              "position_ids": positions, "attention_mask": mask}
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.model(input_ids=inp, **kw).logits[0, :n]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.last_forward_s = time.perf_counter() - t0
+        if inp.shape[1] > n:
+            cache.crop(-(inp.shape[1] - n))
+        return logits
+
+    def fit(self, tree: Tree, cache, past_len: int, shapes: deterministic.Shapes) -> tuple[Tree, int, list[float]]:
+        """Deterministic mode: (the tree to verify, its past, the seconds of the forwards fed ahead). The
+        committed chain at the tree's start is fed ahead where the tree is too big for one forward, and
+        a tree whose keys would cross an attention block is cut back to its first chain (deterministic.py)."""
+        cut, seconds = deterministic.fed_ahead(tree), []
+        for start in range(0, cut, deterministic.MAX_ROWS):
+            ids = tree.tokens[start:min(cut, start + deterministic.MAX_ROWS)]
+            self.forward(ids, cache, past_len + start, shapes=shapes)
+            seconds.append(self.last_forward_s)
+        tree, past_len = deterministic.subtree(tree, cut), past_len + cut
+        if not deterministic.within_blocks(tree, past_len):
+            tree = deterministic.first_chain(tree)
+        return tree, past_len, seconds
+
     def _tree_mask(self, tree: Tree, past_len: int, window: int | None = None) -> torch.Tensor:
         """Node i sees the cached past and its own ancestors; under a sliding `window`, only the
         keys fewer than `window` positions behind its own (transformers' sliding rule). Built with
@@ -179,19 +215,28 @@ class Verifier:
         mask = torch.zeros(n, past_len + n, dtype=dtype, device=dev)
         return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
-    def verify(self, tree: Tree, cache, past_len: int, choose=None) -> tuple[list[int], int, torch.Tensor]:
+    def verify(self, tree: Tree, cache, past_len: int, choose=None,
+               shapes: deterministic.Shapes | None = None) -> tuple[list[int], int, torch.Tensor]:
         """(accepted node path starting at the root, the target's next token, logits of the path).
 
         `choose(logits row) -> token` replaces the plain argmax, e.g. a grammar's masked argmax that
         also advances the grammar: it is called on the accepted path's rows only, from `tree.start`
-        (the root, unless forced tokens come first: those are committed, not chosen)."""
-        logits = self.forward(tree.tokens, cache, past_len, tree)
+        (the root, unless forced tokens come first: those are committed, not chosen). `shapes`: a
+        deterministic forward (a tree that `fit` returned)."""
+        logits = self.forward(tree.tokens, cache, past_len, tree, shapes=shapes)
         pick = logits.argmax(-1).tolist().__getitem__ if choose is None else (lambda i: choose(logits[i]))
         path = list(range(tree.start + 1))
         while (nxt := tree.children[path[-1]].get(token := pick(path[-1]))) is not None:
             path.append(nxt)
         keep_cache(cache, past_len, path, len(tree.tokens))
         return path, token, logits[path]
+
+
+def chain(ids: list[int]) -> Tree:
+    """`ids` as a chain: each token below the one before."""
+    n = len(ids)
+    return Tree(list(ids), list(range(-1, n - 1)), [None] * n, list(range(n)),
+                [{ids[i + 1]: i + 1} for i in range(n - 1)] + [{}])
 
 
 def ancestry(parents: list[int], max_depth: int, device=None) -> torch.Tensor:
