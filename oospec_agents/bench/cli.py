@@ -59,6 +59,8 @@ def add_parser(sub, name):
     p.add_argument("--max-draft-nodes", type=_positive, default=None, metavar="N",
                    help="the most tree nodes (root included) a round verifies, for every method "
                         "(Engine(max_draft_nodes=...); default 48; docs/bench.md, \"The tree budget on a CPU\")")
+    p.add_argument("--deterministic", action="store_true",
+                   help="Engine(deterministic=True): the same tokens whatever the method (docs/deterministic.md)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before loading")
     p.add_argument("--no-warmup", action="store_true")
     scenario = p.add_mutually_exclusive_group()
@@ -115,6 +117,8 @@ def run(args):
         payback["hint_follow_up"] = args.hint_follow_up == "on"
     if args.max_draft_nodes is not None:
         payback["max_draft_nodes"] = args.max_draft_nodes
+    if args.deterministic:
+        payback["deterministic"] = True
     sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
     shared = args.layout == "shared"
     engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device if shared else None,

@@ -28,6 +28,9 @@ def add_parser(sub, name):
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
     p.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help="KV of recent prompts kept for reuse, in tokens (0 turns it off; default: the engine's)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="the same request gives the same tokens whatever the method, draft tree and concurrency, "
+                        "in bf16 too (Engine(deterministic=True); docs/deterministic.md)")
     p.add_argument("--chat-template", default=None, metavar="PATH_OR_STRING",
                    help="a Jinja chat template, or a file holding one, replacing the target tokenizer's own "
                         "(needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja)")
@@ -67,6 +70,8 @@ def run(args):
         load["prefix_cache_tokens"] = args.prefix_cache_tokens
     if args.sidecar_placement is not None:
         load["sidecar_placement"] = args.sidecar_placement
+    if args.deterministic:  # every engine the server builds (a Ray replica's too) gets it
+        load["deterministic"] = True
     if args.chat_template is not None:
         text = read_chat_template(args.chat_template)  # a bad path fails before the server starts
         # Ray replicas may run where this machine's files are not: they get the text itself
