@@ -8,6 +8,7 @@ front-end shares (the request, its sampling rules, the engine's loading, the asy
 """
 from __future__ import annotations
 
+import json
 import os
 from contextlib import aclosing, closing
 from operator import itemgetter
@@ -29,8 +30,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from oospec_agents import Engine, Generation, LogprobsDelta, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
-from oospec_agents.frontend import (ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate, check_seed,
-                                    choice_count, openai_logprobs)
+from oospec_agents.frontend import (ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate, call_problems,
+                                    check_seed, choice_count, openai_logprobs)
 from oospec_agents.sampling import Sampling
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
@@ -372,16 +373,17 @@ class ChatOoOSpec(BaseChatModel):
 
 class _LastChunk(ChatGenerationChunk):
     """A reply's last chunk. It keeps the engine's `Generation` for `_result`: the aggregate of the
-    chunks cannot tell a call that failed its schema from a valid one, the engine's verdict can."""
+    chunks reads a call cut off by `max_tokens` leniently (LangChain's partial JSON), the engine's
+    verdict makes it invalid."""
 
     _generation: Generation = PrivateAttr()
     _parallel: ParallelToolCalls = PrivateAttr(default_factory=ParallelToolCalls)  # which calls are kept
 
 
 def _last_chunk(gen: Generation, model_name: str, parallel: ParallelToolCalls) -> _LastChunk:
+    metadata = _response_metadata(gen, model_name, parallel)
     chunk = _LastChunk(message=AIMessageChunk(content="", usage_metadata=_usage_metadata(Usage.of(gen)),
-                                              response_metadata=_response_metadata(gen, model_name),
-                                              chunk_position="last"))
+                                              response_metadata=metadata, chunk_position="last"))
     chunk._generation = gen
     chunk._parallel = parallel
     return chunk
@@ -402,12 +404,17 @@ def _result(chunks: Iterable[ChatGenerationChunk]) -> ChatResult:
 
 
 def _generation(full: ChatGenerationChunk, last: _LastChunk) -> ChatGeneration:
+    """The message of one choice, the sum of its stream: its calls as ChatOpenAI and ChatOllama class
+    them, those whose arguments parse in `tool_calls` (a schema misfit too: its problem is in
+    `response_metadata["tool_call_problems"]`), the others in `invalid_tool_calls`. An invalid call's
+    `error` is None, as the summed stream's is (LangChain's sum of chunks sets none): its reason is in
+    `tool_call_problems` too."""
     gen, parallel = last._generation, last._parallel
     message = AIMessage(
         content=full.message.content,
         tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"])
                     for c in parallel.shown(gen.tool_calls)],
-        invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=c["error"])
+        invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=None)
                             for c in parallel.shown(gen.invalid_tool_calls)],
         usage_metadata=full.message.usage_metadata,
         response_metadata=full.message.response_metadata,
@@ -446,11 +453,15 @@ def _json_schema_response_format(schema: dict | type, strict: bool | None) -> di
 
 
 def _reject_invalid_call(message: AIMessage) -> AIMessage:
-    """Structured output from a call that failed its schema is an error, not a silent None."""
-    if not message.tool_calls and message.invalid_tool_calls:
-        bad = message.invalid_tool_calls[0]
-        raise OutputParserException(f"the model's {bad['name']!r} call does not match the schema: {bad['error']}",
-                                    llm_output=bad["args"])
+    """Structured output from a call that misfits the schema, or cannot be read, is an error, not a
+    silent None or a dict of the wrong shape."""
+    calls = message.tool_calls or message.invalid_tool_calls
+    problems = {p["id"]: p["error"] for p in message.response_metadata.get("tool_call_problems") or []}
+    if calls and calls[0]["id"] in problems:
+        bad = calls[0]
+        args = bad["args"] if isinstance(bad["args"], str) else json.dumps(bad["args"], ensure_ascii=False)
+        raise OutputParserException(f"the model's {bad['name']!r} call does not match the schema: "
+                                    f"{problems[bad['id']]}", llm_output=args)
     return message
 
 
@@ -462,9 +473,13 @@ def _usage_metadata(usage: Usage) -> UsageMetadata:
     return out
 
 
-def _response_metadata(gen: Generation, model_name: str) -> dict:
+def _response_metadata(gen: Generation, model_name: str, parallel: ParallelToolCalls) -> dict:
+    """ChatOpenAI's `model_name`, `finish_reason` and `token_usage`, the speculation stats, and
+    `tool_call_problems`: {"id", "name", "error"} per call of the message that misfits its schema or
+    cannot be read (`frontend.call_problems`), in the reply's order."""
     stats = gen.stats
-    return {"model_name": model_name, "finish_reason": gen.finish_reason, "method": stats.method,
+    return {"model_name": model_name, "finish_reason": gen.finish_reason,
+            "tool_call_problems": parallel.shown(call_problems(gen)), "method": stats.method,
             "target_forwards": stats.target_forwards, "accepted_by_source": stats.accepted_by_source,
             "hint_bytes": stats.hint_bytes, "prefill_s": stats.prefill_s, "decode_s": stats.decode_s,
             "sidecar": stats.sidecar, "token_usage": Usage.of(gen).openai()}

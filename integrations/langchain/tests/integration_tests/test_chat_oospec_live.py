@@ -111,7 +111,7 @@ def test_forced_call_streams_to_the_same_call_as_invoke(model, tool_choice):
     assert call_texts(streamed) == call_texts(invoked)
     assert [c["index"] for c in streamed.tool_call_chunks] == [0]
     assert [c["id"] for c in streamed.tool_call_chunks][0]
-    if invoked.tool_calls:  # the 135M target's arguments may fail the schema; see the README
+    if invoked.tool_calls:  # the 135M target's arguments may not parse (or be cut off); see the README
         assert [(c["name"], c["args"]) for c in streamed.tool_calls] == \
             [(c["name"], c["args"]) for c in invoked.tool_calls]
         assert invoked.response_metadata["finish_reason"] == "tool_calls"
@@ -165,7 +165,7 @@ def test_structured_output_plumbing(model):
     calls = raw.tool_calls + raw.invalid_tool_calls
     assert [c["name"] for c in calls] == ["Person"]
     assert (result["parsed"] is None) != (result["parsing_error"] is None)
-    if raw.tool_calls:
+    if raw.tool_calls and not raw.response_metadata["tool_call_problems"]:  # a call that fits the schema
         assert result["parsed"] == Person(**raw.tool_calls[0]["args"])
 
 
@@ -182,6 +182,38 @@ def test_json_schema_structured_output_decodes_the_reply_under_the_schema():
         assert result["parsing_error"] is None
         assert result["parsed"] == Person(**json.loads(raw.content))
         assert json.loads(raw.content).keys() == {"name", "age"}  # strict: closed, every key required
+
+
+@tool
+def book_table(restaurant: str, people: int, time: str) -> str:
+    """Book a table at a restaurant."""
+    return f"Booked {restaurant} for {people} at {time}."
+
+
+def test_the_issue_48_booking_is_one_tool_call_streamed_and_invoked():
+    """Issue 48's report, on the embedded model in float32 (repeatable run to run): the 135M target
+    writes people "4"; invoke gave an invalid call and stream a tool call. Now both give the same
+    message: a tool call whose schema problem is in response_metadata, as ChatOpenAI classes it."""
+    import torch
+
+    from oospec_agents import Engine
+    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.float32)
+    bound = ChatOoOSpec(engine=engine, max_tokens=64).bind_tools([book_table], tool_choice="required")
+    ask = "Book a table for 4 people at Da Michele at 19:30."
+    invoked, streamed = bound.invoke(ask), collect(bound.stream(ask))
+
+    def message(m):  # ids are drawn per reply
+        ids = {c["id"]: i for i, c in enumerate(m.tool_calls + m.invalid_tool_calls)}
+        return ([(c["name"], c["args"]) for c in m.tool_calls],
+                [(c["name"], c["args"], c["error"]) for c in m.invalid_tool_calls],
+                [(ids[p["id"]], p["name"], p["error"]) for p in m.response_metadata["tool_call_problems"]],
+                m.response_metadata["finish_reason"], m.content)
+    assert message(streamed) == message(invoked)
+    assert invoked.response_metadata["finish_reason"] == "tool_calls" and invoked.tool_calls
+    # what the 135M target writes today: a string for the integer, a call all the same
+    if invoked.tool_calls[0]["args"].get("people") == "4":
+        (problem,) = invoked.response_metadata["tool_call_problems"]
+        assert "'4' is not of type 'integer'" in problem["error"]
 
 
 def test_duplicate_tool_names_are_a_clear_error(model):

@@ -17,7 +17,7 @@ from langchain_oospec.chat_models import _usage_metadata
 from oospec_agents import Engine
 from oospec_agents.errors import ToolSchemaError, UnknownToolError
 from oospec_agents.frontend import Usage
-from oospec_agents.testing import BAD_SAMPLING
+from oospec_agents.testing import BAD_SAMPLING, BOOK_TABLE, CALL_REPLIES
 
 
 @tool
@@ -343,6 +343,7 @@ def test_invoke_returns_calls_with_ids_usage_and_stats(scripted):
     out = len("Checking." + WEATHER_CALL) // 4  # the double counts one token per 4-character delta
     assert message.usage_metadata == {"input_tokens": 11, "output_tokens": out, "total_tokens": 11 + out}
     assert message.response_metadata == {"model_name": "scripted-test-double", "finish_reason": "tool_calls",
+                                         "tool_call_problems": [],  # every call fits its schema
                                          "method": "oospec", "target_forwards": 3, "hint_bytes": 40,
                                          "accepted_by_source": {"schema": 5, "retrieval": 0, "hint": 2},
                                          "prefill_s": 0.0, "decode_s": 0.0,  # the double times nothing
@@ -365,13 +366,29 @@ def test_cached_prompt_tokens_are_reported_as_cache_reads():
     assert "input_token_details" not in _usage_metadata(Usage(prompt_tokens=11, completion_tokens=3))
 
 
-def test_a_call_that_fails_its_schema_goes_to_invalid_tool_calls(scripted):
+def test_a_call_that_misfits_its_schema_is_a_tool_call_with_its_problem_in_response_metadata(scripted):
+    """As ChatOpenAI and ChatOllama class it (issue 48): its arguments parse, so it is a tool call; the
+    validator's message is beside it, under its id. Only arguments that do not parse are invalid."""
     reply = '<tool_call>\n{"name": "add", "arguments": {"a": "one", "b": 2}}\n</tool_call>'
+    message = ChatOoOSpec(engine=scripted(reply)).bind_tools([add]).invoke("1+2?")
+    assert message.invalid_tool_calls == []
+    (call,) = message.tool_calls
+    assert (call["name"], call["args"]) == ("add", {"a": "one", "b": 2})
+    (problem,) = message.response_metadata["tool_call_problems"]
+    assert (problem["id"], problem["name"]) == (call["id"], "add")
+    assert "'one' is not of type 'integer'" in problem["error"]
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_arguments_that_do_not_parse_make_an_invalid_call_its_reason_in_response_metadata(scripted):
+    reply = '<tool_call>\n{"name": "add", "arguments": {"a": one, "b": 2}}\n</tool_call>'
     message = ChatOoOSpec(engine=scripted(reply)).bind_tools([add]).invoke("1+2?")
     assert message.tool_calls == []
     (bad,) = message.invalid_tool_calls
-    assert (bad["name"], json.loads(bad["args"])) == ("add", {"a": "one", "b": 2})
-    assert "'one' is not of type 'integer'" in bad["error"]
+    assert (bad["name"], bad["args"], bad["error"]) == ("add", '{"a": one, "b": 2}', None)  # as a summed stream's
+    (problem,) = message.response_metadata["tool_call_problems"]
+    assert problem["id"] == bad["id"] and "not valid JSON" in problem["error"]
+    assert message.response_metadata["finish_reason"] == "tool_calls"
 
 
 def test_call_arguments_and_settings_reach_the_engine(scripted):
@@ -452,6 +469,36 @@ def test_streamed_call_reassembles_to_the_invoked_call(scripted):
         [("get_current_weather", {"location": "Paris"}), ("add", {"a": 1, "b": 2})]
     assert streamed.content == invoked.content == ""
     assert streamed.usage_metadata == invoked.usage_metadata
+
+
+def _message(message) -> dict:
+    """What an agent reads of a message (an invoked AIMessage or a summed stream's AIMessageChunk)."""
+    return {"content": message.content, "tool_calls": message.tool_calls, "invalid_tool_calls": message.invalid_tool_calls,
+            "usage_metadata": message.usage_metadata, "response_metadata": message.response_metadata}
+
+
+@pytest.mark.parametrize("parallel", [None, False])
+@pytest.mark.parametrize("reply", list(CALL_REPLIES))
+async def test_stream_and_invoke_give_the_same_message(scripted, reply, parallel):
+    """Issue 48: invoke, the summed stream, ainvoke and the summed astream are one message, calls and
+    their problems included: a schema misfit, an unparseable call, two calls."""
+    text = CALL_REPLIES[reply]
+    bound = ChatOoOSpec(engine=scripted(*[text] * 4)).bind_tools([BOOK_TABLE], parallel_tool_calls=parallel)
+    invoked = bound.invoke("Book a table for 4 people at Da Michele at 19:30.")
+    streamed = collect(bound.stream("Book a table for 4 people at Da Michele at 19:30."))
+    ainvoked = await bound.ainvoke("Book a table for 4 people at Da Michele at 19:30.")
+    astreamed = collect([c async for c in bound.astream("Book a table for 4 people at Da Michele at 19:30.")])
+    assert _message(streamed) == _message(invoked) == _message(ainvoked) == _message(astreamed)
+    assert invoked.response_metadata["finish_reason"] == "tool_calls"
+    calls = invoked.tool_calls + invoked.invalid_tool_calls
+    assert len(calls) == (1 if reply != "two_calls" or parallel is False else 2)
+    problems = invoked.response_metadata["tool_call_problems"]
+    if reply == "misfit":
+        assert [(c["args"]["people"], p["id"]) for c, p in zip(invoked.tool_calls, problems)] == [("4", calls[0]["id"])]
+    elif reply == "unparseable":
+        assert invoked.tool_calls == [] and [p["id"] for p in problems] == [calls[0]["id"]]
+    else:
+        assert [p["id"] for p in problems] == [c["id"] for c in invoked.tool_calls[1:]]
 
 
 async def test_astream_and_ainvoke_match_their_sync_forms(scripted):
@@ -575,6 +622,19 @@ def test_structured_output_reports_a_call_that_fails_the_schema(scripted):
     assert "does not match the schema" in str(result["parsing_error"])
     with pytest.raises(Exception, match="does not match the schema"):
         ChatOoOSpec(engine=scripted(reply)).with_structured_output(Person).invoke("Ada")
+
+
+@pytest.mark.parametrize("schema", [Person, "dict"])
+def test_structured_output_reports_a_call_whose_arguments_misfit_or_do_not_parse(scripted, schema):
+    """A call that misfits its schema is a tool call (issue 48), but structured output from it is an
+    error naming the problem, not a dict of the wrong shape; nor is a call whose arguments do not parse
+    a silent None."""
+    schema = Person.model_json_schema() if schema == "dict" else schema
+    for reply, says in ((_person_reply(age='"old"'), "'old' is not of type 'integer'"),
+                        (_person_reply(age="old"), "not valid JSON")):
+        result = ChatOoOSpec(engine=scripted(reply)).with_structured_output(schema, include_raw=True).invoke("Ada")
+        assert result["parsed"] is None
+        assert "does not match the schema" in str(result["parsing_error"]) and says in str(result["parsing_error"])
 
 
 def test_structured_output_streams(scripted):
