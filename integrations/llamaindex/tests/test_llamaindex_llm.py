@@ -14,7 +14,7 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from oospec_agents import Engine
 from oospec_agents.frontend import aiterate
-from oospec_agents.testing import BAD_SAMPLING
+from oospec_agents.testing import BAD_SAMPLING, BOOK_TABLE, CALL_REPLIES, ScriptedEngine
 from pydantic import BaseModel, ValidationError
 
 from llama_index.llms.oospec import OoOSpec
@@ -364,14 +364,57 @@ async def test_astream_chat_with_tools_grows_the_tool_call_block(scripted):
     assert [(c.delta, c.message) for c in chunks] == [(c.delta, c.message) for c in sync]
 
 
-def test_a_streamed_call_that_fails_validation_is_dropped_from_the_final_message(scripted):
-    llm, _ = scripted(("", [("multiply", {"a": "six", "b": 7})]))
+def test_a_call_that_misfits_its_schema_stays_a_call_with_its_problem_beside_it(scripted):
+    """As LlamaIndex's OpenAI LLM reads OpenAI's calls (issue 48): arguments that parse make a call, the
+    schema misfit reported in the message's additional_kwargs, in the stream's last response as in chat's."""
+    llm, _ = scripted(("", [("multiply", {"a": "six", "b": 7})]), ("", [("multiply", {"a": "six", "b": 7})]))
     chunks = list(llm.stream_chat_with_tools(TOOLS, user_msg="six times 7?"))
-    assert call_blocks(chunks[-2])[0].tool_kwargs == {"a": "six", "b": 7}  # shown while it streamed
-    assert call_blocks(chunks[-1]) == []
+    response = llm.chat_with_tools(TOOLS, user_msg="six times 7?")
+    for last in (chunks[-1], response):
+        [block] = call_blocks(last)
+        assert (block.tool_name, block.tool_kwargs) == ("multiply", {"a": "six", "b": 7})
+        [problem] = last.message.additional_kwargs["tool_call_problems"]
+        assert (problem["id"], problem["name"]) == (block.tool_call_id, "multiply")
+        assert "'six' is not of type 'integer'" in problem["error"]
+        assert last.raw["invalid_tool_calls"] == [] and last.raw["finish_reason"] == "tool_calls"
+    assert [(c.tool_name, c.tool_kwargs) for c in llm.get_tool_calls_from_response(response)] == [
+        ("multiply", {"a": "six", "b": 7})]
+
+
+def test_a_streamed_call_whose_arguments_do_not_parse_is_dropped_from_the_final_message(scripted):
+    bad = '<tool_call>\n{"name": "multiply", "arguments": {"a": six, "b": 7}}\n</tool_call>'
+    llm = OoOSpec(engine=ScriptedEngine(bad))
+    chunks = list(llm.stream_chat_with_tools(TOOLS, user_msg="six times 7?"))
+    assert call_blocks(chunks[-2])[0].tool_name == "multiply"  # shown while it streamed
+    assert call_blocks(chunks[-1]) == [] and "tool_call_problems" not in chunks[-1].message.additional_kwargs
     [invalid] = chunks[-1].raw["invalid_tool_calls"]
-    assert (invalid["name"], invalid["arguments"]) == ("multiply", '{"a": "six", "b": 7}')
-    assert "'six' is not of type 'integer'" in invalid["error"]
+    assert (invalid["name"], invalid["arguments"]) == ("multiply", '{"a": six, "b": 7}')
+    assert "not valid JSON" in invalid["error"]
+    assert chunks[-1].raw["finish_reason"] == "tool_calls"  # the reply holds a call, as OpenAI's would say
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("reply", list(CALL_REPLIES))
+async def test_chat_and_stream_chat_give_the_same_message(reply, parallel):
+    """Issue 48: chat, the last response of stream_chat, achat and astream_chat are one message (calls,
+    their problems, raw), on a schema misfit, an unparseable call and two calls."""
+    llm = OoOSpec(engine=ScriptedEngine(*[CALL_REPLIES[reply]] * 4))
+    kw = dict(tools=[BOOK_TABLE], allow_parallel_tool_calls=parallel)
+    ask = [ChatMessage(role="user", content="Book a table for 4 people at Da Michele at 19:30.")]
+    responses = [llm.chat(ask, **kw), list(llm.stream_chat(ask, **kw))[-1], await llm.achat(ask, **kw),
+                 [r async for r in await llm.astream_chat(ask, **kw)][-1]]
+    assert all((r.message, r.raw) == (responses[0].message, responses[0].raw) for r in responses)
+    message, raw = responses[0].message, responses[0].raw
+    blocks = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
+    problems = message.additional_kwargs.get("tool_call_problems", [])
+    assert raw["finish_reason"] == "tool_calls"
+    if reply == "misfit":
+        assert [b.tool_kwargs["people"] for b in blocks] == ["4"] and [p["id"] for p in problems] == [blocks[0].tool_call_id]
+    elif reply == "unparseable":
+        assert blocks == [] and problems == [] and len(raw["invalid_tool_calls"]) == 1
+    else:
+        assert len(blocks) == (2 if parallel else 1)
+        assert [p["id"] for p in problems] == [b.tool_call_id for b in blocks[1:]]
 
 
 async def test_achat_and_astream_chat_with_tools_agree(scripted):
@@ -396,12 +439,12 @@ def test_no_tool_call_is_empty_or_a_clear_error(scripted):
         llm.get_tool_calls_from_response(response)
 
 
-def test_no_tool_call_error_names_a_call_that_failed_validation(scripted):
+def test_no_tool_call_error_names_a_call_that_could_not_be_read(scripted):
     llm, _ = scripted(("", []))
     response = llm.chat(USER)
-    response.raw["invalid_tool_calls"] = [{"id": "call_0", "name": "multiply", "arguments": '{"a": "six"}',
-                                           "error": "'six' is not of type 'integer' (at 'a')"}]
-    with pytest.raises(ValueError, match="failed validation: 'six' is not of type 'integer'"):
+    response.raw["invalid_tool_calls"] = [{"id": "call_0", "name": "multiply", "arguments": '{"a": six}',
+                                           "error": "call is not valid JSON: Expecting value"}]
+    with pytest.raises(ValueError, match="could not be read: call is not valid JSON"):
         llm.get_tool_calls_from_response(response)
 
 

@@ -287,9 +287,16 @@ class OoOSpec(FunctionCallingLLM):
         return {**settings, "logprobs": openai_logprobs(get("logprobs"), get("top_logprobs"))}
 
     def _final(self, generation: Generation, parallel: ParallelToolCalls, delta: Optional[str] = None) -> ChatResponse:
-        # the message's first call (it holds the valid ones), as llama-index-llms-openai's
+        """The reply as `chat` returns it and `stream_chat` ends with. Its calls are classed as LlamaIndex's
+        OpenAI LLM reads OpenAI's: each whose arguments parse is a ToolCallBlock, a schema misfit too, whose
+        problem is in `message.additional_kwargs["tool_call_problems"]` ({"id", "name", "error"}, present
+        when a call of the message has one); a call whose arguments do not parse is left out of the
+        message, reported in `raw["invalid_tool_calls"]` with the reason."""
+        # without allow_parallel_tool_calls, the first call only, as llama-index-llms-openai's
         # force_single_tool_call keeps one
         calls = parallel.first(generation.tool_calls)
+        ids = {c["id"] for c in calls}
+        problems = [p for p in generation.tool_call_problems if p["id"] in ids]
         usage = Usage.of(generation)
         raw = {
             "usage": {**asdict(usage), "total_tokens": usage.total_tokens},
@@ -300,8 +307,10 @@ class OoOSpec(FunctionCallingLLM):
             "sidecar": generation.stats.sidecar,
         }
         logprobs = None if generation.logprobs is None else _logprobs(generation.logprobs)
-        return ChatResponse(message=assistant_message(generation.content, calls), delta=delta, raw=raw,
-                            logprobs=logprobs)
+        message = assistant_message(generation.content, calls)
+        if problems:
+            message.additional_kwargs["tool_call_problems"] = problems
+        return ChatResponse(message=message, delta=delta, raw=raw, logprobs=logprobs)
 
     # ------------------------------------------------------------------ tools
 
@@ -360,7 +369,7 @@ class OoOSpec(FunctionCallingLLM):
         calls = tool_calls_of(response.message)
         if not calls and error_on_no_tool_call:
             invalid = response.raw.get("invalid_tool_calls") if isinstance(response.raw, dict) else None
-            why = (f"; the model wrote {len(invalid)} call(s) that failed validation: "
+            why = (f"; the model wrote {len(invalid)} call(s) whose arguments could not be read: "
                    f"{invalid[0]['error']}" if invalid else "")
             raise ValueError(f"expected at least one tool call in the response, got none{why}. "
                              f"Reply text: {response.message.content or '':.200}")
