@@ -131,10 +131,13 @@ def test_a_random_model_under_strict_writes_valid_calls_and_every_method_is_loss
         # every call is valid, except one that max_new_tokens cut off (a random model may call on and on)
         cut = [c for c in gen.invalid_tool_calls if c["error"].startswith("unterminated")]
         assert gen.invalid_tool_calls == cut and len(cut) <= (gen.finish_reason == "length"), gen.invalid_tool_calls
+        assert gen.tool_call_problems == [], gen.tool_call_problems  # and each call fits its schema
         if tool_choice != "auto":
             assert gen.tool_calls, gen.text
     if tool_choice != "auto":
-        assert not free.tool_calls  # unconstrained, the random model writes no valid call
+        # unconstrained, the random model writes no call that fits its schema (a call whose arguments
+        # parse is a tool call all the same since issue 48, its misfit reported beside it)
+        assert {c["id"] for c in free.tool_calls} <= {p["id"] for p in free.tool_call_problems}
 
 
 def test_the_guide_forces_only_single_token_masks(grammars, smollm2_tokenizer):
@@ -199,6 +202,7 @@ def embedded_strict_runs(embedded_fp32, embedded_sidecar, records, tool_choice, 
             gen = engines[method].generate(rec["messages"], rec["tools"], tool_choice=tool_choice, method=method,
                                            max_new_tokens=48, strict=True)
             assert gen.token_ids == ref, (rec["id"], method)
+            assert not gen.tool_call_problems, (rec["id"], method, gen.tool_call_problems)
             if gen.finish_reason != "length":
                 assert not gen.invalid_tool_calls, (rec["id"], method, gen.text)
             yield rec, method, gen

@@ -108,6 +108,7 @@ def assert_strict_request(engine, request, reference: bool = True) -> Generation
         assert gen.token_ids == masked_reference(engine, messages, tools, kw["tool_choice"], kw["max_new_tokens"])
     cut = [c for c in gen.invalid_tool_calls if c["error"].startswith("unterminated")]
     assert gen.invalid_tool_calls == cut and len(cut) <= (gen.finish_reason == "length"), gen.invalid_tool_calls
+    assert gen.tool_call_problems == [], gen.tool_call_problems  # strict: every call fits its schema
     return gen
 
 
