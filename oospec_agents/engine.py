@@ -38,7 +38,7 @@ from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
 from .sampling import Choice, Sampling, TokenLogprob, check_logprobs
 from .sidecar import FixedHint, HintRequest, Sidecar, check_sidecar
-from .sidecar import cores
+from .sidecar import cores, layout
 from .sidecar.payback import DEFAULT_RATIO, PayBack
 from .sidecar.session import HintSession, Outcome, follows_up
 from .stats import SOURCES, DecodeStats
@@ -176,6 +176,8 @@ class Engine:
         t_dev, s_dev = models.default_devices(*(None if w is None else w.device for w in (t_where, s_where)))
         t_where, s_where = (cores.Place(dev, None if w is None else w.cores)
                             for dev, w in ((t_dev, t_where), (s_dev, s_where)))
+        if target_device is None and sidecar_device is None:  # where auto finds a split faster, a split
+            t_where, s_where = _auto_layout(sidecar, t_where, kw) or (t_where, s_where)
         cores.check_split(t_where, s_where)  # before anything loads
         t_dtype = models.resolve_dtype(dtype, t_dev)
         adapter = kw.pop("adapter", None)
@@ -484,6 +486,16 @@ class Engine:
                           stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids),
                           logprobs=None if req.top_logprobs is None else reply.logprobs[:len(reply.new)],
                           tool_call_problems=problems)
+
+
+def _auto_layout(sidecar, target: cores.Place, kw: dict) -> tuple[cores.Place, cores.Place] | None:
+    """Core sets for the target and the sidecar when `sidecar_placement="auto"` on a CPU finds a split
+    faster than sharing every core (sidecar/layout.py); None keeps both on every core."""
+    if sidecar is False or not isinstance(sidecar, (str, os.PathLike, type(None))) or target.device.type != "cpu":
+        return None
+    if kw.get("sidecar_placement", "auto") != "auto":
+        return None
+    return layout.auto_places()
 
 
 def _wave_estimate(sidecar: Sidecar, request: HintRequest) -> float | None:

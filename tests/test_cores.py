@@ -111,3 +111,86 @@ def test_the_bench_runs_toolspec_and_oospec_in_a_split_layout_beside_the_shared_
         split_cores("cpu:0", "cpu:0")
     with pytest.raises(ValueError, match="takes core sets"):
         split_cores("cpu", "cpu:1")
+
+
+# ------------------------------------------------------------------ sidecar_placement="auto": the layout
+
+
+def test_auto_keeps_two_cores_shared_and_splits_many(monkeypatch):
+    from oospec_agents.sidecar import layout
+    monkeypatch.delenv(layout.ENV, raising=False)
+    # two cores: the target would lose half of its prefill's cores, more than the hint wins back
+    assert layout.split_over_shared(2) > 1.0 and layout.choose(2) == "shared"
+    assert layout.choose(1) == "shared" and layout.split_over_shared(1) == float("inf")
+    # many cores: one core less costs the target little, and the hint's forwards are saved
+    assert layout.split_over_shared(16) < layout.MARGIN and layout.choose(16) == "split"
+    # the projection falls as cores are added, and a hint that saves nothing never splits
+    shares = [layout.split_over_shared(n) for n in range(2, 33)]
+    assert shares == sorted(shares, reverse=True)
+    assert layout.choose(64, layout.Costs(hint_forwards=1.0)) == "shared"
+    # a prefill-heavy call (long prompts) splits later than a decode-heavy one, and one almost all
+    # prefill never does: the hint saves decode forwards only
+    assert all(layout.choose(n, layout.Costs(prefill_share=0.8)) == "shared" for n in range(2, 65))
+    heavy, light = layout.Costs(prefill_share=0.6), layout.Costs(prefill_share=0.2)
+    assert min(n for n in range(2, 65) if layout.choose(n, heavy) == "split") > \
+        min(n for n in range(2, 65) if layout.choose(n, light) == "split")
+
+
+def test_the_environment_overrides_the_projection(monkeypatch):
+    from oospec_agents.sidecar import layout
+    monkeypatch.setenv(layout.ENV, "split")
+    assert layout.choose(2) == "split" and layout.choose(1) == "shared"  # one core cannot be split
+    monkeypatch.setenv(layout.ENV, "shared")
+    assert layout.choose(64) == "shared"
+    monkeypatch.setenv(layout.ENV, "halves")
+    with pytest.raises(ValueError, match="OOSPEC_CPU_LAYOUT must be 'shared', 'split' or 'auto'"):
+        layout.choose(4)
+
+
+def test_auto_splits_only_where_a_worker_process_can_start(monkeypatch, tmp_path, caplog):
+    import types
+    from oospec_agents.sidecar import layout
+    monkeypatch.setenv(layout.ENV, "split")
+    monkeypatch.setattr(layout, "usable_cores", lambda: frozenset({0, 1, 2, 3}))
+    script = tmp_path / "agent.py"
+    main = types.ModuleType("__main__")
+    main.__file__, main.__spec__ = str(script), None
+    monkeypatch.setitem(__import__("sys").modules, "__main__", main)
+    script.write_text("from oospec_agents import Engine\nengine = Engine.from_pretrained()\n")
+    with caplog.at_level("WARNING", logger="oospec_agents.sidecar.layout"):
+        assert not layout.spawn_safe() and layout.auto_places() is None  # spawn would run the script again
+    assert "no `if __name__ == \"__main__\":` guard" in caplog.text
+    script.write_text("from oospec_agents import Engine\n\nif __name__ == '__main__':\n    Engine.from_pretrained()\n")
+    target, side = layout.auto_places()
+    assert layout.spawn_safe() and target.cores == {0, 1, 2} and side.cores == {3}
+    main.__file__ = None  # an interactive session, a notebook
+    assert layout.spawn_safe()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_auto_placement_runs_the_split_it_chooses_and_explicit_devices_win(monkeypatch):
+    from oospec_agents.sidecar import layout
+    usable = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv(layout.ENV, "split")  # as the projection answers on a many-core machine
+    before = os.sched_getaffinity(0)
+    engine = Engine.from_pretrained("embedded", dtype=torch.float32)
+    try:
+        side = engine.sidecar
+        assert isinstance(side, ProcessSidecar) and side.cores == {usable[-1]}
+        assert engine.place == Place(CPU, frozenset(usable[:-1])) and os.sched_getaffinity(0) == set(usable[:-1])
+    finally:
+        engine.close()
+    assert os.sched_getaffinity(0) == before
+    # an explicit placement, a sidecar object or none, a GPU target keep every core shared (explicit
+    # devices never reach the projection: from_pretrained asks it only when neither device is named)
+    from oospec_agents.engine import _auto_layout
+    cpu, gpu = Place(CPU), Place(torch.device("cuda", 0))
+    assert _auto_layout(None, cpu, {}) is not None and _auto_layout("embedded", cpu, {"sidecar_placement": "auto"})
+    for sidecar, where, kw in ((None, cpu, {"sidecar_placement": "thread"}), (None, cpu, {"sidecar_placement": "process"}),
+                               (False, cpu, {}), (object(), cpu, {}), (None, gpu, {})):
+        assert _auto_layout(sidecar, where, kw) is None
+    engine = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
+    try:
+        assert engine.place.cores is None
+    finally:
+        engine.close()
