@@ -140,20 +140,39 @@ def test_null_rows_are_subsampled_deterministically(smollm2_tokenizer):
 def test_teacher_traces_keep_only_valid_calls(tiny_engine):
     from oospec_agents import Generation
     from oospec_agents.train.traces import build_traces
-    recs = [dict(TRACE, id=str(i)) for i in range(3)]
+    recs = [dict(TRACE, id=str(i)) for i in range(4)]
+    misfit = {"id": "m", "name": "get_time", "arguments": {"tz": 1}}
     scripted = iter([
         Generation("", [], [{"id": "c", "name": "get_time", "arguments": {"tz": "UTC"}}], [], {}),
         Generation("", [], [], [{"name": "get_time", "arguments": "{", "error": "bad"}], {}),
         Generation("plain text", [], [], [], {}),
+        # a call whose arguments misfit the schema is a tool call (issue 48), and no trace to learn from
+        Generation("", [], [misfit], [], {}, tool_call_problems=[{"id": "m", "name": "get_time", "error": "bad"}]),
     ])
     tiny_engine.generate = lambda *a, **k: next(scripted)
     try:
         traces, stats = build_traces(recs, tiny_engine, progress=False)
     finally:
         del tiny_engine.generate
-    assert stats["kept"] == 1 and stats["invalid"] == 1 and stats["no_call"] == 1
+    assert stats["kept"] == 1 and stats["invalid"] == 2 and stats["no_call"] == 1
     assert traces[0]["expected"] == [{"name": "get_time", "arguments": {"tz": "UTC"}}]
     assert build_traces(recs)[0] == [dict(r, trace="ground_truth") for r in recs]
+
+
+def test_evaluate_target_counts_a_call_with_a_schema_problem_as_not_exact():
+    """The eval's figures keep their meaning under issue 48's classes: a call that misfits its schema is
+    a tool call now, but never an exact (or lenient) one, even with the expected arguments."""
+    from types import SimpleNamespace
+
+    from oospec_agents import Generation
+    from oospec_agents.train.target import evaluate_target
+    call = {"id": "c_0", "name": "get_current_weather", "arguments": {"city": "Paris"}}
+    rec = dict(TRACE, id="0", source="bfcl_simple")
+    problem = {"id": "c_0", "name": "get_current_weather", "error": "made up for the test"}
+    for problems, exact in (([], 1.0), ([problem], 0.0)):
+        gen = Generation("", [], [call], [], {}, tool_call_problems=problems)
+        out = evaluate_target(SimpleNamespace(generate=lambda *a, **k: gen), [rec], progress=False)
+        assert out["overall"] == {"n": 1, "right_tool": 1.0, "exact_args": exact, "lenient_args": exact}
 
 
 # --------------------------------------------------------------------------- bad input
