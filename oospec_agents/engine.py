@@ -23,6 +23,8 @@ from typing import Iterator, Union
 
 import torch
 
+from .calllog import DEFAULT_MAX_MB as DEFAULT_LOG_MB
+from .calllog import open_call_log
 from .chat import normalize_messages, render_prompt, require_chat_template, template_renders_tools
 from . import deterministic as det
 from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDrafter, SchemaDrafter
@@ -104,7 +106,8 @@ class Engine:
                  model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32,
                  prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO,
                  hint_follow_up: bool | None = None, target_cores: frozenset[int] | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, deterministic: bool = False):
+                 prefill_chunk: int = PREFILL_CHUNK, deterministic: bool = False, call_log=None,
+                 call_log_max_mb: float = DEFAULT_LOG_MB, call_log_tool_results: bool = False):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
         `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected
@@ -119,6 +122,9 @@ class Engine:
         `deterministic`: the same request gives the same tokens whatever the method, the draft tree and
         the concurrency, in bf16 too: every decode forward of a reply has the same shapes (deterministic.py,
         docs/deterministic.md); prompts are then prefilled in chunks of 256 unless `prefill_chunk` is more than 1.
+        `call_log`: a file path (or a `CallLog`) where every reply whose calls the target wrote and that
+        all fit their schemas appends one training record for the sidecar (calllog.py; off by default).
+        It stores prompts; a tool's result only with `call_log_tool_results`; it keeps to `call_log_max_mb`.
         `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")`
         pins the process to them); None, the default, is every core, shared with a CPU sidecar."""
         require_chat_template(tokenizer)
@@ -137,6 +143,7 @@ class Engine:
             prefill_chunk = det.PREFILL_CHUNK
         self.prefix_cache = PrefixCache(prefix_cache_tokens, prefill_chunk)
         self.payback = None if wave_payback is None else PayBack(wave_payback)
+        self.call_log = open_call_log(call_log, max_mb=call_log_max_mb, tool_results=call_log_tool_results)
         self.hint_follow_up = hint_follow_up
         self.eos_ids = eos_ids(target)
         self._verifier = Verifier(target)
@@ -309,6 +316,8 @@ class Engine:
         A process pinned to the target's core set gets back the cores it had before."""
         if self.sidecar is not None:
             self.sidecar.close()
+        if self.call_log is not None:
+            self.call_log.flush()
         pinned, self._pinned = self._pinned, None
         if pinned is not None:
             pinned.restore()
@@ -389,7 +398,12 @@ class Engine:
         yield from reply.close()
         if state.prediction is not None:
             stats.prediction_matched = matched_tokens(state.prediction.tokens, reply.new)
-        yield self._finish(req, reply, stats, ids)
+        gen = self._finish(req, reply, stats, ids)
+        if self.call_log is not None and gen.tool_calls and not gen.invalid_tool_calls and not gen.tool_call_problems:
+            self.call_log.record(req.messages, [t.to_openai() for t in req.tools], gen.tool_calls,
+                                 model=self.model_name, method=method, hint=state.hint,
+                                 hint_tokens=stats.accepted_by_source.get("hint", 0))
+        yield gen
 
     def _prefill(self, ids: list[int], cache, hit: int):
         """The last position's logits after `ids[hit:]` is fed in chunks that end at multiples of the

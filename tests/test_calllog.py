@@ -120,3 +120,27 @@ def test_bad_settings_are_clear_errors(tmp_path, kw, says):
         CallLog(tmp_path)
     with pytest.raises(ValueError, match="its directory does not exist"):
         CallLog(tmp_path / "missing" / "calls.jsonl")
+
+
+def test_the_engine_logs_the_replies_whose_calls_all_fit_and_nothing_else(tmp_path, smollm2_tokenizer):
+    from oospec_agents import Engine
+    from oospec_agents.testing import BOOK_TABLE, CALL_REPLIES, _book
+    from oospec_testing import ScriptedTarget, tiny_model
+    ask = [{"role": "user", "content": "Book a table for 4 people at Da Michele at 19:30."}]
+    path = tmp_path / "calls.jsonl"
+    engine = Engine(tiny_model("llama", smollm2_tokenizer), smollm2_tokenizer, model_name="tiny-scripted",
+                    call_log=path)
+    target = ScriptedTarget(engine.target, smollm2_tokenizer)
+    prompt = engine.prompt_ids(ask, [BOOK_TABLE])
+    fits = _book('{"restaurant": "Da Michele", "people": 4, "time": "19:30"}')
+    for reply in [fits, *CALL_REPLIES.values(), "No table is free."]:  # one fits; misfits, unparseable, text: not
+        target.script(prompt, reply)
+        gen = engine.generate(ask, [BOOK_TABLE], max_new_tokens=120, method="toolspec")
+        assert gen.text == reply
+    engine.close()  # flushes the log
+    [rec] = lines(path)
+    assert rec["expected"] == [{"name": "book_table", "arguments": {"restaurant": "Da Michele", "people": 4,
+                                                                    "time": "19:30"}}]
+    assert rec["messages"] == ask and rec["tools"] == [BOOK_TABLE]
+    assert (rec["meta"]["model"], rec["meta"]["method"], rec["meta"]["hint"]) == ("tiny-scripted", "toolspec", None)
+    assert Engine(engine.target, smollm2_tokenizer).call_log is None  # off by default
