@@ -1,0 +1,117 @@
+"""Do `ar`, `toolspec` and `oospec` give the same reply, with and without `deterministic=True`? And what
+does each mode cost? Side by side in one run, on one loaded target (docs/deterministic.md).
+
+    .venv/bin/python examples/deterministic_check.py --data ../shared/data/toolcalls/train-extra.jsonl \\
+        --sources tooltalk,nestful,bfcl_multi_turn_base_first,callnavi --limit 40 --dtype bfloat16
+
+Per record, each mode (the order alternates per record, so that a machine's load drifts over both) decodes
+the record with every method. The two engines share one target and one prefix cache, cleared per record:
+the first decode of a record prefills its prompt cold, the five others reuse it. Both modes prefill
+alike (the same chunks of 256, aligned to absolute positions: a hit is the cold prefill bit for bit), so
+a cold prefill's seconds are the prefill cost of either mode, counted for the mode that ran first. `oospec` gets a fixed hint, the record's
+expected calls in the target's format (the sidecar's best case; a hint changes the draft tree, never the
+tokens). Both modes prefill in chunks of 256 aligned to absolute positions, so a cache hit is the cold
+prefill bit for bit and the replies of a mode differ only through the decode forwards. One JSON line per
+record goes to `--out` as it is done; the summary is printed at the end (or from `--out` with `--summary`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+METHODS = ("ar", "toolspec", "oospec")
+MODES = ("normal", "deterministic")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="../shared/data/toolcalls/train-extra.jsonl")
+    p.add_argument("--sources", default="tooltalk,nestful,bfcl_multi_turn_base_first,callnavi")
+    p.add_argument("--limit", type=int, default=40)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", default="deterministic-check.jsonl")
+    p.add_argument("--summary", action="store_true", help="only summarise --out")
+    args = p.parse_args(argv)
+    if not args.summary:
+        run(args)
+    print(summary([json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]))
+    return 0
+
+
+def run(args) -> None:
+    import torch
+
+    from oospec_agents import Engine
+    from oospec_agents.bench.records import load_records, spread
+    sources = set(args.sources.split(","))
+    records = spread([r for r in load_records(args.data) if r["source"] in sources], args.limit)
+    normal = Engine.from_pretrained("embedded", sidecar=False, dtype=args.dtype, prefill_chunk=256)
+    engines = {"normal": normal,
+               "deterministic": Engine(normal.target, normal.tokenizer, model_name=normal.model_name,
+                                       prefill_chunk=256, deterministic=True)}
+    engines["deterministic"].prefix_cache = normal.prefix_cache  # the same KV: prefilled alike
+    print(f"{len(records)} records; {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, {normal.target.dtype}", file=sys.stderr)
+    with open(args.out, "w") as out:
+        for i, rec in enumerate(records):
+            hint = normal.fmt.render_calls(rec["expected"]) if rec.get("expected") else None
+            row = {"id": rec["id"], "source": rec["source"]}
+            normal.clear_prefix_cache()
+            for mode in MODES if i % 2 == 0 else MODES[::-1]:
+                engine = engines[mode]
+                for method in METHODS:
+                    t0 = time.perf_counter()
+                    gen = engine.generate(rec["messages"], rec["tools"], tool_choice="required",
+                                          max_new_tokens=args.max_new_tokens, method=method,
+                                          hint=hint if method == "oospec" else None)
+                    s = gen.stats
+                    row[f"{mode}/{method}"] = {"tokens": gen.token_ids, "prefill_s": s.prefill_s, "decode_s": s.decode_s,
+                                               "forwards": s.target_forwards, "cached": s.cached_prompt_tokens,
+                                               "prompt_tokens": s.prompt_tokens,
+                                               "wall_s": time.perf_counter() - t0}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(f"{i + 1}/{len(records)} {rec['id']}: " + ", ".join(
+                f"{m} {'same' if len({tuple(row[f'{m}/{x}']['tokens']) for x in METHODS}) == 1 else 'DIFFER'}"
+                for m in MODES), file=sys.stderr, flush=True)
+
+
+def summary(rows: list[dict]) -> str:
+    n = len(rows)
+    lines = [f"{n} records", "",
+             "| mode | replies where the methods differ | ar vs toolspec | ar vs oospec | toolspec vs oospec |",
+             "|---|---|---|---|---|"]
+    for mode in MODES:
+        def differ(a, b):
+            return sum(r[f"{mode}/{a}"]["tokens"] != r[f"{mode}/{b}"]["tokens"] for r in rows)
+        anyd = sum(len({tuple(r[f"{mode}/{m}"]["tokens"]) for m in METHODS}) > 1 for r in rows)
+        lines.append(f"| {mode} | {anyd}/{n} ({100 * anyd / max(n, 1):.0f}%) | {differ('ar', 'toolspec')} | "
+                     f"{differ('ar', 'oospec')} | {differ('toolspec', 'oospec')} |")
+    same = sum(r["normal/ar"]["tokens"] == r["deterministic/ar"]["tokens"] for r in rows)
+    lines += ["", f"deterministic ar == normal ar on {same}/{n} records", "",
+              "| method | mode | decode s | forwards | new tokens | decode s vs normal |", "|---|---|---|---|---|---|"]
+    for method in METHODS:
+        base = sum(r[f"normal/{method}"]["decode_s"] for r in rows)
+        for mode in MODES:
+            k = f"{mode}/{method}"
+            dec = sum(r[k]["decode_s"] for r in rows)
+            lines.append(f"| {method} | {mode} | {dec:.1f} | {sum(r[k]['forwards'] for r in rows)} | "
+                         f"{sum(len(r[k]['tokens']) for r in rows)} | {100 * (dec / max(base, 1e-9) - 1):+.0f}% |")
+    lines += ["", "| mode | cold prefills | their prompt tokens | cold prefill s | s per 1000 prompt tokens | warm prefill s |",
+              "|---|---|---|---|---|---|"]
+    for mode in MODES:
+        runs = [r[f"{mode}/{m}"] for r in rows for m in METHODS]
+        cold = [x for x in runs if x["cached"] == 0]
+        toks, secs = sum(x.get("prompt_tokens", 0) for x in cold), sum(x["prefill_s"] for x in cold)
+        lines.append(f"| {mode} | {len(cold)} | {toks} | {secs:.1f} | {1000 * secs / max(toks, 1):.2f} | "
+                     f"{sum(x['prefill_s'] for x in runs if x['cached'] > 0):.1f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

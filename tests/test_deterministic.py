@@ -1,0 +1,249 @@
+"""deterministic=True: the same request gives the same tokens whatever the method, the draft tree's
+shape, the concurrency and the prefix cache, in bf16 (oospec_agents/deterministic.py)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from oospec_testing import DATA, ReferenceDrafter, tiny_model
+from oospec_agents import Engine
+from oospec_agents import deterministic as det
+from oospec_agents.drafters import Draft
+from oospec_agents.errors import OoOSpecError
+from oospec_agents.verify import build_tree
+
+WEATHER = {"type": "function", "function": {"name": "get_current_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+RIGHT = '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+WRONG = '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Quito", "unit": "f"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(smollm2_tokenizer):
+    return tiny_model("llama", smollm2_tokenizer, seed=3).to(torch.bfloat16)
+
+
+def engine_on(model, tokenizer, **kw) -> Engine:
+    return Engine(model, tokenizer, deterministic=True, **kw)
+
+
+def in_threads(n: int, call) -> list:
+    """`call(i)` from `n` threads at once; the results in order."""
+    out: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, call(i))) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [out[i] for i in range(n)]
+
+
+# ---------------------------------------------------------------- the shapes
+
+def test_rows_are_padded_to_a_multiple_of_8_and_keys_are_fixed_per_reply():
+    assert [det.Shapes.rows(n) for n in (1, 7, 8, 9, 49, 64)] == [8, 8, 8, 16, 56, 64]
+    with pytest.raises(ValueError):
+        det.Shapes.rows(65)
+    shapes = det.Shapes.for_reply(300, 100)
+    assert shapes.keys % 64 == 0 and shapes.keys >= 300 + 100 + det.MAX_ROWS
+
+
+def test_a_tree_whose_keys_would_cross_an_attention_block_is_cut_to_its_first_chain():
+    drafts = [Draft([1, 2, 3], "schema"), Draft([1, 5, 6, 7], "retrieval")]
+    tree = build_tree(9, drafts, 48)
+    assert not tree.is_chain and tree.depths == [0, 1, 2, 3, 2, 3, 4]
+    assert det.within_blocks(tree, 0) and det.within_blocks(tree, det.KV_BLOCK - 7)
+    # node 4 (depth 2) sits at slot past + 4: across the boundary from its position when past = 510
+    assert not det.within_blocks(tree, det.KV_BLOCK - 3)
+    chain = det.first_chain(tree)
+    assert chain.tokens == [9, 1, 2, 3] and chain.is_chain and chain.children[-1] == {}
+    assert det.within_blocks(chain, det.KV_BLOCK - 3)
+
+
+def test_a_forced_run_longer_than_a_forward_is_fed_ahead(smollm2_tokenizer, tiny_bf16):
+    """100 forced tokens and a draft: the first ones go in forwards of their own, the rest with the draft."""
+    engine = engine_on(tiny_bf16, smollm2_tokenizer)
+    verifier = engine._verifier
+    prompt = list(range(10, 40))
+    forced = list(range(200, 300))
+    tree = build_tree(7, [Draft([1, 2, 3], "schema")], 48, forced=forced)
+    shapes = det.Shapes.for_reply(len(prompt), 200)
+    cache = verifier.new_cache()
+    verifier.forward(prompt, cache, 0)
+    fitted, past, fed = verifier.fit(tree, cache, len(prompt), shapes)
+    assert len(fitted.tokens) == det.MAX_ROWS and past == len(prompt) + len(tree.tokens) - det.MAX_ROWS
+    assert len(fed) == 1 and cache.get_seq_length() == past
+    path, nxt, logits = verifier.verify(fitted, cache, past, shapes=shapes)
+    # the same tokens one at a time, each in a forward of its own
+    ref = verifier.new_cache()
+    verifier.forward(prompt, ref, 0)
+    rows = [verifier.forward([t], ref, len(prompt) + i, shapes=shapes)[0]
+            for i, t in enumerate([7] + forced + [1, 2, 3][:len(path) - fitted.start - 1])]
+    assert torch.equal(logits, torch.stack(rows[-len(path):]))
+    assert cache.get_seq_length() == ref.get_seq_length()
+
+
+def test_a_sliding_window_target_is_refused(smollm2_tokenizer):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    cfg = Qwen2Config(vocab_size=len(smollm2_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=32,
+                      max_window_layers=1, layer_types=["sliding_attention", "full_attention"])
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(OoOSpecError, match="sliding-window"):
+        Engine(model, smollm2_tokenizer, deterministic=True)
+
+
+def test_off_by_default_and_prefill_in_chunks_when_on(smollm2_tokenizer, tiny_bf16):
+    assert Engine(tiny_bf16, smollm2_tokenizer).prefix_cache.chunk == 1
+    assert not Engine(tiny_bf16, smollm2_tokenizer).deterministic
+    assert engine_on(tiny_bf16, smollm2_tokenizer).prefix_cache.chunk == det.PREFILL_CHUNK
+    assert engine_on(tiny_bf16, smollm2_tokenizer, prefill_chunk=16).prefix_cache.chunk == 16
+
+
+# ---------------------------------------------------------------- the same tokens, tiny bf16 target
+
+def test_methods_trees_and_threads_give_the_same_tokens_on_a_tiny_bf16_target(smollm2_tokenizer, tiny_bf16,
+                                                                              monkeypatch):
+    engine = engine_on(tiny_bf16, smollm2_tokenizer, prefix_cache_tokens=0, memory_size=0)
+    small = engine_on(tiny_bf16, smollm2_tokenizer, prefix_cache_tokens=0, memory_size=0, max_draft_nodes=3)
+
+    def run(e, method, hint=None, n=40):
+        return e.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=n, method=method, hint=hint).token_ids
+    ref = run(engine, "ar")
+    assert len(ref) == 40
+    for e in (engine, small):
+        for method, hint in (("toolspec", None), ("oospec", RIGHT), ("oospec", WRONG)):
+            assert run(e, method, hint) == ref, (e.max_draft_nodes, method, hint)
+    # trees whose accepted path is not contiguous (a flawed draft first), rejected at several depths
+    n_prompt = len(engine.prompt_ids(ASK, [WEATHER], tool_choice="required"))
+    for wrong_at in (0, 2, 5):
+        monkeypatch.setitem(engine._drafters, "retrieval", ReferenceDrafter(ref, n_prompt, wrong_at, True))
+        assert run(engine, "toolspec") == ref
+    monkeypatch.undo()
+    calls = [("ar", None), ("toolspec", None), ("oospec", RIGHT), ("oospec", WRONG)]
+    for n in (4, 8):
+        got = in_threads(n, lambda i: run(engine if i % 2 else small, *calls[i % 4]))
+        assert got == [ref] * n
+
+
+# ---------------------------------------------------------------- the embedded target in bf16
+
+#: a train-extra record whose warm reply differed from its cold one in bf16 before prefills were chunked
+#: (tests/test_prefix_cache.py), beside the first dev record
+EXTRA = ("tooltalk/easy/CreateEvent-easy#0",)
+
+
+@pytest.mark.slow
+def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_dir):
+    """The embedded target in bf16, 700 tokens of past (past a 512-key block): a position's logits from
+    one-token forwards, from a chain, and from trees whose accepted path is not contiguous are the same
+    bits in deterministic forwards. (In normal forwards they need not be: the printed count says how often not.)"""
+    from oospec_agents.verify import chain
+    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
+    v = engine._verifier
+    torch.manual_seed(0)
+    ids = torch.randint(100, 40000, (720,)).tolist()
+    past = 700
+    shapes = det.Shapes.for_reply(past, 48)
+
+    def fresh():
+        cache = v.new_cache()
+        v.forward(ids[:512], cache, 0)
+        v.forward(ids[512:past], cache, 512)
+        return cache
+
+    def one_by_one(fixed):
+        cache = fresh()
+        return torch.stack([v.forward([t], cache, past + i, shapes=shapes if fixed else None)[0]
+                            for i, t in enumerate(ids[past:past + 8])])
+
+    def tree_of(spacing):
+        """(tree, its path's nodes): the 8 tokens at every `spacing`-th node, wrong siblings between."""
+        from oospec_agents.verify import Tree
+        tokens, parents, depths, path = [ids[past]], [-1], [0], [0]
+        for d in range(1, 8):
+            for k in range(spacing - 1):  # wrong siblings first: the path is not contiguous
+                tokens.append(50 + 10 * d + k)
+                parents.append(path[-1])
+                depths.append(d)
+            path.append(len(tokens))
+            tokens.append(ids[past + d])
+            parents.append(path[-2])
+            depths.append(d)
+        return Tree(tokens, parents, [None] * len(tokens), depths, [{} for _ in tokens]), path
+
+    reference, normal = one_by_one(True), one_by_one(False)
+    differ = 0
+    for spacing in (1, 2, 4):
+        tree, path = tree_of(spacing)
+        for fixed in (True, False):
+            cache = fresh()
+            logits = v.forward(tree.tokens, cache, past, tree if spacing > 1 else chain(tree.tokens),
+                               shapes=shapes if fixed else None)[path]
+            if fixed:
+                assert torch.equal(logits, reference), spacing
+            else:
+                differ += int(not torch.equal(logits, normal))
+    print(f"normal (not deterministic) forwards whose path logits differ from one-token forwards: {differ} of 3")
+
+
+@pytest.mark.slow
+def test_in_bf16_every_method_tree_thread_count_and_cache_state_gives_the_same_tokens(smollm2_dir):
+    from oospec_agents.bench.records import load_records, spread
+    records = [spread(load_records(DATA / "dev.jsonl"), 1)[0]]
+    extra = {r["id"]: r for r in load_records(DATA / "train-extra.jsonl")}
+    records += [extra[i] for i in EXTRA]
+    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16, deterministic=True)
+    small = Engine(engine.target, engine.tokenizer, deterministic=True, max_draft_nodes=8)
+    small.prefix_cache = engine.prefix_cache
+    n = 20
+    for rec in records:
+        hint = engine.fmt.render_calls(rec["expected"])
+        wrong = engine.fmt.render_calls([dict(c, arguments={}) for c in rec["expected"]])
+
+        def run(e, method, h=None):
+            g = e.generate(rec["messages"], rec["tools"], tool_choice="required", max_new_tokens=n, method=method,
+                           hint=h)
+            return g.token_ids, g.stats.cached_prompt_tokens
+        engine.clear_prefix_cache()
+        ref, cached = run(engine, "ar")
+        assert cached == 0
+        calls = [(engine, "toolspec", None), (engine, "oospec", hint), (small, "oospec", wrong), (small, "toolspec", None),
+                 (engine, "ar", None)]
+        for e, method, h in calls:
+            tokens, cached = run(e, method, h)
+            assert cached > 0 and tokens == ref, (rec["id"], method, e.max_draft_nodes)
+        for k in (4, 8):
+            got = in_threads(k, lambda i: run(*calls[i % len(calls)])[0])
+            assert got == [ref] * k, rec["id"]
+
+
+# ---------------------------------------------------------------- the command lines
+
+@pytest.mark.parametrize("command", ["bench", "serve"])
+def test_the_deterministic_flag_reaches_the_engine(monkeypatch, command):
+    """`oospec bench --deterministic` and `oospec serve --deterministic` load `Engine(deterministic=True)`;
+    without the flag the engine's default (off)."""
+    import sys
+    import types
+
+    from oospec_agents.cli import main
+    from oospec_agents.serve import app
+    seen = []
+
+    def load(target="embedded", sidecar=None, **kw):
+        seen.append(kw.get("deterministic", False))
+        raise SystemExit(7)
+    monkeypatch.setattr(Engine, "from_pretrained", load)
+    # the server loads its engine from create_app's loader: call it where uvicorn would start serving
+    monkeypatch.setattr(app, "create_app", lambda loader, **kw: loader())
+    monkeypatch.setitem(sys.modules, "uvicorn", types.SimpleNamespace(run=lambda *a, **k: None))
+    args = {"bench": ["bench", "--data", str(DATA / "dev.jsonl"), "--limit", "1"], "serve": ["serve"]}[command]
+    for flag in ([], ["--deterministic"]):
+        with pytest.raises(SystemExit):
+            main([*args, *flag])
+    assert seen == [False, True]
