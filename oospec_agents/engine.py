@@ -450,7 +450,8 @@ class Engine:
             tree, past, fed = self._verifier.fit(tree, cache, past, reply.shapes)
             stats.target_forwards += len(fed)
             stats.forward_s += sum(fed)
-        path, nxt, logits = self._verifier.verify(tree, cache, past, choose=choose, shapes=reply.shapes)
+        fixed = {} if reply.shapes is None else {"shapes": reply.shapes}  # normal mode: the call it always was
+        path, nxt, logits = self._verifier.verify(tree, cache, past, choose=choose, **fixed)
         drafted = path[tree.start + 1:]
         stats.target_forwards += 1
         stats.forward_s += self._verifier.last_forward_s
