@@ -144,3 +144,41 @@ def test_the_engine_logs_the_replies_whose_calls_all_fit_and_nothing_else(tmp_pa
     assert rec["messages"] == ask and rec["tools"] == [BOOK_TABLE]
     assert (rec["meta"]["model"], rec["meta"]["method"], rec["meta"]["hint"]) == ("tiny-scripted", "toolspec", None)
     assert Engine(engine.target, smollm2_tokenizer).call_log is None  # off by default
+
+
+def test_every_front_end_passes_the_call_log_on(tmp_path, monkeypatch):
+    """ChatOoOSpec, OoOSpec and `oospec serve --call-log` load `Engine(call_log=...)` (and
+    `deterministic`), loading nothing until first use."""
+    import sys
+    import types
+
+    from langchain_oospec import ChatOoOSpec
+    from llama_index.llms.oospec import OoOSpec
+
+    from oospec_agents import Engine
+    from oospec_agents.cli import main
+    from oospec_agents.serve import app
+    path = tmp_path / "calls.jsonl"
+    for options in (ChatOoOSpec(call_log=path, deterministic=True)._engines.options,
+                    OoOSpec(call_log=path, deterministic=True)._engine.options):
+        assert (options["call_log"], options["deterministic"]) == (str(path), True)
+    assert ChatOoOSpec()._engines.options["call_log"] is None and OoOSpec()._engine.options["call_log"] is None
+    seen = []
+
+    def load(target="embedded", sidecar=None, **kw):
+        seen.append({k: v for k, v in kw.items() if k.startswith("call_log")})
+        raise SystemExit(7)
+    monkeypatch.setattr(Engine, "from_pretrained", load)
+    monkeypatch.setattr(app, "create_app", lambda loader, **kw: loader())
+    monkeypatch.setitem(sys.modules, "uvicorn", types.SimpleNamespace(run=lambda *a, **k: None))
+    for flags in ([], ["--call-log", str(path)], ["--call-log", str(path), "--call-log-max-mb", "8",
+                                                  "--call-log-tool-results"]):
+        with pytest.raises(SystemExit):
+            main(["serve", *flags])
+    assert seen == [{}, {"call_log": str(path)},
+                    {"call_log": str(path), "call_log_max_mb": 8.0, "call_log_tool_results": True}]
+
+def test_call_log_options_without_a_log_are_an_error(capsys):
+    from oospec_agents.cli import main
+    assert main(["serve", "--call-log-max-mb", "8"]) == 2  # before anything loads
+    assert "--call-log-max-mb and --call-log-tool-results need --call-log PATH" in capsys.readouterr().err

@@ -31,6 +31,12 @@ def add_parser(sub, name):
     p.add_argument("--deterministic", action="store_true",
                    help="the same request gives the same tokens whatever the method, draft tree and concurrency, "
                         "in bf16 too (Engine(deterministic=True); docs/deterministic.md)")
+    p.add_argument("--call-log", default=None, metavar="PATH",
+                   help="append every reply whose calls all fit their schemas to this JSONL file, as training "
+                        "records for the sidecar (it stores prompts; created 0600; docs/call-log.md)")
+    p.add_argument("--call-log-max-mb", type=float, default=None, help="the call log's bound (oldest records dropped)")
+    p.add_argument("--call-log-tool-results", action="store_true",
+                   help="keep tool results in the call log (left out by default)")
     p.add_argument("--chat-template", default=None, metavar="PATH_OR_STRING",
                    help="a Jinja chat template, or a file holding one, replacing the target tokenizer's own "
                         "(needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja)")
@@ -72,6 +78,14 @@ def run(args):
         load["sidecar_placement"] = args.sidecar_placement
     if args.deterministic:  # every engine the server builds (a Ray replica's too) gets it
         load["deterministic"] = True
+    if args.call_log is not None:  # every engine the server builds appends to it (flock-shared)
+        load["call_log"] = args.call_log
+        if args.call_log_max_mb is not None:
+            load["call_log_max_mb"] = args.call_log_max_mb
+        if args.call_log_tool_results:
+            load["call_log_tool_results"] = True
+    elif args.call_log_max_mb is not None or args.call_log_tool_results:
+        raise ValueError("--call-log-max-mb and --call-log-tool-results need --call-log PATH")
     if args.chat_template is not None:
         text = read_chat_template(args.chat_template)  # a bad path fails before the server starts
         # Ray replicas may run where this machine's files are not: they get the text itself

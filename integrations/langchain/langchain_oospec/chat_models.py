@@ -117,6 +117,12 @@ class ChatOoOSpec(BaseChatModel):
     sidecar_placement: Literal["auto", "thread", "process", "ray"] | None = None
     """Where the sidecar's waves run: "thread", "process" (a worker process of its own), or "auto"
     (a process for a CUDA sidecar, a thread on the CPU). None: the engine's default ("auto")."""
+    deterministic: bool | None = None
+    """The same request gives the same tokens whatever the method, draft tree and concurrency, in bf16
+    too (`Engine(deterministic=True)`, docs/deterministic.md). None: the engine's default (off)."""
+    call_log: str | None = None
+    """A JSONL file where every reply whose calls all fit their schemas is appended as a training record
+    for the sidecar (`Engine(call_log=...)`). It stores prompts (tool results left out); off by default."""
     chat_template: str | None = None
     """A Jinja chat template, or the path of a file holding one, replacing the target tokenizer's own
     (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja)."""
@@ -125,7 +131,7 @@ class ChatOoOSpec(BaseChatModel):
     _engines: LazyEngine = PrivateAttr()
     """`engine`, or the shared engine of `model` (or of a per-call `model`), loaded on first use."""
 
-    @field_validator("model", "sidecar", "chat_template", mode="before")
+    @field_validator("model", "sidecar", "chat_template", "call_log", mode="before")
     @classmethod
     def _path_as_str(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -137,7 +143,8 @@ class ChatOoOSpec(BaseChatModel):
             self.model = self.engine.model_name
         options = {"target_device": self.target_device, "sidecar_device": self.sidecar_device,
                    "prefix_cache_tokens": self.prefix_cache_tokens, "chat_template": self.chat_template,
-                   "sidecar_placement": self.sidecar_placement}
+                   "sidecar_placement": self.sidecar_placement, "deterministic": self.deterministic,
+                   "call_log": self.call_log}
         self._engines = LazyEngine(self.model, self.sidecar, options=options, engine=self.engine)
         return self
 

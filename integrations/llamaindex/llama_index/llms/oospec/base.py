@@ -94,6 +94,12 @@ class OoOSpec(FunctionCallingLLM):
     chat_template: Optional[str] = Field(
         default=None, description="A Jinja chat template, or the path of a file holding one, replacing the "
         "target tokenizer's own (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja).")
+    deterministic: Optional[bool] = Field(
+        default=None, description="The same request gives the same tokens whatever the method, draft tree and "
+        "concurrency, in bf16 too (Engine(deterministic=True), docs/deterministic.md). None: the engine's default (off).")
+    call_log: Optional[str] = Field(
+        default=None, description="A JSONL file where every reply whose calls all fit their schemas is appended as a "
+        "training record for the sidecar (Engine(call_log=...)). It stores prompts (tool results left out); off by default.")
     strict: bool = Field(
         default=False, description="Whether tool calls are strict, as in LlamaIndex's OpenAI LLM: every tool is "
         'sent with "strict": true, and the engine decodes the calls under a grammar of valid calls, so they always '
@@ -129,6 +135,8 @@ class OoOSpec(FunctionCallingLLM):
         chat_template: Union[str, os.PathLike, None] = None,
         sidecar_placement: Optional[Literal["auto", "thread", "process", "ray"]] = None,
         strict: bool = False,
+        deterministic: Optional[bool] = None,
+        call_log: Union[str, os.PathLike, None] = None,
         engine: Optional[Engine] = None,
         **kwargs: Any,
     ) -> None:
@@ -142,16 +150,18 @@ class OoOSpec(FunctionCallingLLM):
                 raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
             model = engine.model_name
         chat_template = None if chat_template is None else os.fspath(chat_template)
+        call_log = None if call_log is None else os.fspath(call_log)
         super().__init__(model="embedded" if model is None else os.fspath(model), method=method,
                          max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens,
                          chat_template=chat_template, sidecar_placement=sidecar_placement, strict=strict,
-                         **placement, **kwargs)
+                         deterministic=deterministic, call_log=call_log, **placement, **kwargs)
         self._sampling({})  # bad settings fail here, naming the field
         # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
         self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device, "sidecar_device": sidecar_device,
                                                         "prefix_cache_tokens": prefix_cache_tokens,
                                                         "chat_template": chat_template,
-                                                        "sidecar_placement": sidecar_placement}, engine)
+                                                        "sidecar_placement": sidecar_placement,
+                                                        "deterministic": deterministic, "call_log": call_log}, engine)
 
     @classmethod
     def class_name(cls) -> str:
