@@ -47,7 +47,7 @@ class Costs:
     prefill_share: float = 0.5      # P: toolspec's prefill over its whole call on every core
     hint_forwards: float = 0.75     # H: oospec's target forwards over toolspec's, the hint in time
     prefill_parallel: float = 0.9   # f_pre: parallel fraction of a prefill forward
-    decode_parallel: float = 0.68   # f_dec: parallel fraction of a verify forward
+    decode_parallel: float = 0.6    # f_dec: parallel fraction of a verify forward
 
 
 def slowdown(parallel: float, n: int) -> float:
