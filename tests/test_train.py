@@ -433,7 +433,7 @@ def test_embedded_target_answers_in_text_after_a_tool_result(embedded_pair):
 
 @pytest.mark.slow
 def test_oospec_stays_lossless_with_the_trained_sidecar(embedded_pair):
-    from oospec_testing import greedy
+    from oospec_testing import InTime, greedy
     if embedded_pair.sidecar is None:
         pytest.fail("the embedded sidecar did not load")
     msgs = [{"role": "user", "content": "What's the weather in Tokyo in fahrenheit?"}]
@@ -442,8 +442,13 @@ def test_oospec_stays_lossless_with_the_trained_sidecar(embedded_pair):
     # the sidecar's (cold) wave posts: lossless all the same, with or without the hint.
     warm = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="oospec")
     assert warm.stats.cached_prompt_tokens > 0 and warm.token_ids == ar.token_ids
-    embedded_pair.clear_prefix_cache()  # both cold: the hint has the target's prefill to arrive in
-    oo = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="oospec")
+    embedded_pair.clear_prefix_cache()  # cold, and the hint posted before the first round (InTime): whether
+    side = embedded_pair.sidecar        # it lands in time must not depend on how busy CI's two cores are
+    embedded_pair.sidecar = InTime(side)
+    try:
+        oo = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="oospec")
+    finally:
+        embedded_pair.sidecar = side
     assert oo.stats.cached_prompt_tokens == 0
     assert oo.token_ids == ar.token_ids
     assert oo.token_ids == greedy(embedded_pair, embedded_pair.prompt_ids(msgs, [WEATHER, TIME]), 48)
