@@ -40,21 +40,10 @@ def add_parser(sub, name):
     p.add_argument("--r", type=int, default=16)
     p.add_argument("--alpha", type=int, default=32)
     p.add_argument("--dropout", type=float, default=0.05)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-len", type=int, default=1024, help="drop examples longer than this many tokens")
+    add_loop_options(p)
     p.add_argument("--limit", type=int, default=None, help="use only the first N training records")
     p.add_argument("--subsample", type=int, default=None, help="train on N examples drawn (seeded) from all")
-    p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--dev-limit", type=int, default=None, help="evaluate on at most N dev records per source")
-    p.add_argument("--dtype", default="float32", help="training dtype of the base weights")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--autocast", default="auto", choices=["auto", "bf16", "none"],
-                   help="bf16 autocast for the forward (auto: when the CPU has native bf16)")
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--init-adapter", default=None, help="start from this trained adapter (a second stage)")
     if kind == "target":
         p.add_argument("--trim-tools", action="store_true",
@@ -72,21 +61,42 @@ def add_parser(sub, name):
         p.add_argument("--weigh-rows", action="store_true",
                        help="every wave row weighs alike in the loss (an example weighs its rows), so that a "
                             '"no call" example\'s one null row does not weigh as much as a whole call example')
+    p.set_defaults(run=lambda args: _run(args, kind))
+
+
+def add_loop_options(p, *, epochs: float = 1.0) -> None:
+    """The training loop's options (`train.lora`), shared by train-target, train-sidecar and adapt."""
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--epochs", type=float, default=epochs)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-len", type=int, default=1024, help="drop examples longer than this many tokens")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--dtype", default="float32", help="training dtype of the base weights")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--autocast", default="auto", choices=["auto", "bf16", "none"],
+                   help="bf16 autocast for the forward (auto: when the CPU has native bf16)")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--stop-after", type=int, default=None,
                    help="stop after this many steps with a checkpoint (the schedule still spans the whole run)")
     p.add_argument("--resume", action="store_true", help="continue from OUT-checkpoint if present")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=lambda args: _run(args, kind))
+
+
+def loop_config(args, **lora):
+    """`LoraConfigArgs` from `add_loop_options`' arguments; `lora`: r, alpha, dropout and the rest."""
+    from .lora import LoraConfigArgs
+    return LoraConfigArgs(lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed,
+                          max_steps=args.max_steps, threads=args.threads,
+                          autocast=None if args.autocast == "none" else args.autocast,
+                          log_every=args.log_every, checkpoint_every=args.checkpoint_every, **lora)
 
 
 def _run(args, kind):
     from ..cli import print_json
-    from .lora import LoraConfigArgs
-    cfg = LoraConfigArgs(r=args.r, alpha=args.alpha, dropout=args.dropout, lr=args.lr, epochs=args.epochs,
-                         batch_size=args.batch_size, seed=args.seed, max_steps=args.max_steps,
-                         threads=args.threads, autocast=None if args.autocast == "none" else args.autocast,
-                         log_every=args.log_every, checkpoint_every=args.checkpoint_every,
-                         weigh_rows=getattr(args, "weigh_rows", False))
+    cfg = loop_config(args, r=args.r, alpha=args.alpha, dropout=args.dropout,
+                      weigh_rows=getattr(args, "weigh_rows", False))
     common = dict(base=args.base, train=args.train, dev=args.dev, out=args.out, teacher=args.teacher, cfg=cfg,
                   max_len=args.max_len, limit=args.limit, subsample=args.subsample, dev_limit=args.dev_limit,
                   dtype=args.dtype, resume=args.resume, progress=not args.no_progress, init_adapter=args.init_adapter,

@@ -60,6 +60,7 @@ class TrainResult:
     losses: list = field(default_factory=list)   # (step, mean loss over the last log window)
     seconds: float = 0.0
     resumed_from: int | None = None
+    total_steps: int = 0                          # the run's planned steps (`stop_after` may end it sooner)
 
 
 def example_weight(ex, cfg: LoraConfigArgs) -> float:
@@ -76,7 +77,7 @@ def example_loss(model, ids, n_target: int | None = None) -> torch.Tensor:
     if n_target is None:
         from .rows import packed_loss
         return packed_loss(model, ids)
-    x = torch.tensor([ids], dtype=torch.long)
+    x = torch.tensor([ids], dtype=torch.long, device=model.device)
     out = model(input_ids=x, logits_to_keep=n_target + 1)
     logits = out.logits[0, :-1].float()          # positions L-n-1 .. L-2 predict ids L-n .. L-1
     labels = x[0, -n_target:]
@@ -180,6 +181,7 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
     logf = open(log_file, "a") if log_file else None
     t0 = time.perf_counter()
     window: list[float] = []
+    result.total_steps = total_steps
     bar = tqdm(total=total_steps, initial=start, disable=not progress, desc="train", unit="step")
     for step in range(start, total_steps):
         batch = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
@@ -190,7 +192,7 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
         weights = [example_weight(examples[i], cfg) for i in batch]
         for i, w in zip(batch, weights):
             ex = examples[i]
-            with _autocast(cfg):
+            with _autocast(cfg, model.device.type):
                 loss = (example_loss(peft_model, *ex) if isinstance(ex, tuple)
                         else example_loss(peft_model, ex)) * (w / sum(weights))
             loss.backward()

@@ -104,12 +104,14 @@ def pack(tokenizer, prefix: str, rows: list[Row], *, max_null_rows: int | None =
 
 def packed_loss(model, ex: PackedExample) -> torch.Tensor:
     """Mean over rows of each row's mean target cross-entropy, in one forward."""
-    x = torch.tensor([ex.ids])
+    dev = model.device  # the CPU, or the GPU a model trains on
+    x = torch.tensor([ex.ids], device=dev)
     pos, lab, row = ex.label_positions()
-    out = model(input_ids=x, position_ids=ex.positions(), attention_mask=ex.allowed()[None, None],
-                logits_to_keep=torch.tensor(pos))
-    ce = torch.nn.functional.cross_entropy(out.logits[0].float(), torch.tensor(lab), reduction="none")
-    row_t = torch.tensor(row)
+    out = model(input_ids=x, position_ids=ex.positions().to(dev), attention_mask=ex.allowed()[None, None].to(dev),
+                logits_to_keep=torch.tensor(pos, device=dev))
+    ce = torch.nn.functional.cross_entropy(out.logits[0].float(), torch.tensor(lab, device=dev), reduction="none")
+    row_t = torch.tensor(row, device=dev)
     n_rows = len(ex.rows)
-    per_row = torch.zeros(n_rows).index_add(0, row_t, ce) / torch.bincount(row_t, minlength=n_rows).clamp(min=1)
+    per_row = torch.zeros(n_rows, device=dev).index_add(0, row_t, ce) / \
+        torch.bincount(row_t, minlength=n_rows).clamp(min=1)
     return per_row.mean()

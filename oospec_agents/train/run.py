@@ -20,12 +20,13 @@ from .traces import build_traces
 log = logging.getLogger(__name__)
 
 
-def load_base(base: str, dtype="float32"):
-    """(model, tokenizer) of a base model in training dtype on the CPU; clear error if unknown."""
+def load_base(base: str, dtype="float32", device="cpu"):
+    """(model, tokenizer) of a base model in training dtype on `device`; clear error if unknown."""
     from .. import models
     from ..errors import ModelLoadError
+    device = torch.device(device)
     try:
-        return models.load_model(base, device=torch.device("cpu"), dtype=models.resolve_dtype(dtype, torch.device("cpu")))
+        return models.load_model(base, device=device, dtype=models.resolve_dtype(dtype, device))
     except ModelLoadError:
         raise
     except Exception as e:  # e.g. a hub id that does not exist offline
