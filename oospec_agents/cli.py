@@ -1,4 +1,4 @@
-"""`oospec demo | bench | profile | project | serve | train-sidecar | train-target | average-adapters`.
+"""`oospec demo | bench | profile | project | serve | train-sidecar | train-target | adapt | average-adapters`.
 
 Each subcommand lives next to the code it drives and registers itself through `add_parser`.
 """
@@ -18,6 +18,7 @@ COMMANDS = {
     "serve": "oospec_agents.serve.cli",
     "train-sidecar": "oospec_agents.train.cli",
     "train-target": "oospec_agents.train.cli",
+    "adapt": "oospec_agents.train.adapt",
     "average-adapters": "oospec_agents.train.average",
 }
 
