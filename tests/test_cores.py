@@ -149,9 +149,10 @@ def test_the_environment_overrides_the_projection(monkeypatch):
 
 def test_auto_splits_only_where_a_worker_process_can_start(monkeypatch, tmp_path, caplog):
     import types
-    from oospec_agents.sidecar import layout
+    from oospec_agents.sidecar import cores, layout
     monkeypatch.setenv(layout.ENV, "split")
-    monkeypatch.setattr(layout, "usable_cores", lambda: frozenset({0, 1, 2, 3}))
+    monkeypatch.setattr(cores, "usable_cores", lambda: frozenset({0, 1, 2, 3}))
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 4)
     script = tmp_path / "agent.py"
     main = types.ModuleType("__main__")
     main.__file__, main.__spec__ = str(script), None

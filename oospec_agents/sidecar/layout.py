@@ -29,9 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from .cores import Place, usable_cores
+from . import cores
+from .cores import Place
 
 #: split must project below this share of shared's time to be chosen
 MARGIN = 0.95
@@ -90,13 +89,11 @@ def spawn_safe() -> bool:
 def auto_places(costs: Costs = Costs()) -> tuple[Place, Place] | None:
     """The (target, sidecar) core sets of a split when the projection picks it, else None (shared).
     A script without a `__main__` guard stays shared: a worker process would run it again."""
-    usable = sorted(usable_cores())
-    if choose(len(usable), costs) != "split":
+    if choose(len(cores.usable_cores()), costs) != "split":
         return None
     if not spawn_safe():
         log.warning("sidecar_placement='auto' keeps every core shared: a split needs a worker process, and this "
                     "script has no `if __name__ == \"__main__\":` guard for its start (or name the core sets: "
                     "target_device='cpu:0-5', sidecar_device='cpu:6-7')")
         return None
-    cpu = torch.device("cpu")
-    return Place(cpu, frozenset(usable[:-1])), Place(cpu, frozenset(usable[-1:]))
+    return cores.split_cores()
