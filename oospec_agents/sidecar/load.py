@@ -9,8 +9,6 @@ the hosts (hosts/thread.py, process.py, ray.py).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..prefix_cache import DEFAULT_TOKENS
 from .cores import Place, place
 from .protocol import Sidecar
@@ -57,23 +55,20 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     adapter = sidecar_adapter
     if str(ref) == "embedded" and adapter is None and models.EMBEDDED_SIDECAR_ADAPTER.exists():
         adapter = models.EMBEDDED_SIDECAR_ADAPTER
-    name = "embedded:SmolLM2-135M-Instruct" if str(ref) == "embedded" else str(ref)
-    if adapter is not None:
-        name += "+" + Path(adapter).name
     threads = len(where.cores) if where.cores else sidecar_threads
     spec = WorkerSpec(str(ref), str(where.device), dtype, None if adapter is None else str(adapter),
                       sidecar_max_row_tokens, sidecar_prefix_cache_tokens, threads, sidecar_max_rows,
                       sidecar_prior_weight, where.cores, sidecar_loader)
     if placement == "process":
         from .hosts.process import ProcessSidecar
-        sidecar = ProcessSidecar(spec, timeout_s=sidecar_timeout_s, name=name)
+        sidecar = ProcessSidecar(spec, timeout_s=sidecar_timeout_s, name=spec.name)
         sidecar.wait_ready()  # a model that cannot load fails here, as in a thread
         return sidecar
     if placement == "ray":
         from .hosts.ray import RaySidecar
-        sidecar = RaySidecar(spec, timeout_s=sidecar_timeout_s, name=name)
+        sidecar = RaySidecar(spec, timeout_s=sidecar_timeout_s, name=spec.name)
         sidecar.wait_ready()
         return sidecar
     from .hosts.thread import WaveSidecar
     return WaveSidecar(load_wave(spec), device=where.device, timeout_s=sidecar_timeout_s, threads=sidecar_threads,
-                       name=name)
+                       name=spec.name, spec=spec)

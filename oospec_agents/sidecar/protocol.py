@@ -8,7 +8,8 @@ Only text crosses this line, so a sidecar may use any model and any tokenizer. B
 sidecar declares what the engine asks of it: its `name`, the `device` its wave runs on, the `cores`
 of that device it keeps to itself (a CPU core set; None: it shares the CPU), the `threads` a wave on
 a shared CPU takes, `estimate` (a wave's expected seconds, for the pay-back rule), `clear_prefix_cache`,
-`wait_idle` and `close`. `SidecarBase` gives each of them a default that does nothing.
+`wait_idle`, `load_adapter` (the hot swap) and `close`. `SidecarBase` gives each of them a default that
+does nothing (`load_adapter`'s refuses: there is no adapter to swap).
 
 `Ticket` is the one mailbox every host posts into: a wave's outcome crosses it once, and `poll`
 renders the compact payload in the target's format.
@@ -24,6 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..errors import AdapterError
 from ..formats import ToolFormat
 from ..tools import Tool
 from .join import render_payload
@@ -77,6 +79,11 @@ class Sidecar(Protocol):
     def describe(self) -> dict:
         """What a report says of it: its placement and wave settings (JSON-able)."""
 
+    def load_adapter(self, adapter) -> str:
+        """Swap its LoRA adapter for the one in directory `adapter`: waves that begin from now use it,
+        a running one ends on the old. Returns its new `name`; a bad adapter raises AdapterError and
+        the old one stays."""
+
     def close(self) -> None: ...
 
 
@@ -103,6 +110,10 @@ class SidecarBase:
 
     def describe(self) -> dict:
         return {}
+
+    def load_adapter(self, adapter) -> str:
+        raise AdapterError(f"the sidecar {self.name or type(self).__name__!r} has no adapter to swap: it is "
+                           "not a model that oospec loaded")
 
     def close(self) -> None:
         pass

@@ -3,7 +3,8 @@
     load_wave(spec)                     the sidecar model and its `Wave`, from a `WorkerSpec`
     wave_rows(request)                  the rows a request needs, with the function row's choices
     run_wave(wave, request, cancelled)  rows -> wave -> join -> payload; every fault becomes an error
-    WaveHost                            one wave at a time, cancel by ticket id, a wave's estimated cost
+    WaveHost                            one wave at a time, cancel by ticket id, a wave's estimated cost,
+                                        and the adapter's hot swap (`load_adapter`)
 
 The hosts (hosts/thread.py, process.py, ray.py) only carry requests to a `WaveHost` and its outcomes
 back into a `protocol.Ticket`. Words: docs/glossary.md.
@@ -12,15 +13,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import importlib
 import json
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from ..errors import AdapterError
 from ..prefix_cache import DEFAULT_TOKENS
 from ..tools import Tool
 from .join import JoinError, NoCall, encode_payload, join
@@ -49,6 +53,12 @@ class WorkerSpec:
     #: "module:function" that loads the wave from this spec instead of `load_wave` (a quantized wave,
     #: or a test's wrapper); it must be importable where the wave runs
     loader: str | None = None
+
+    @property
+    def name(self) -> str:
+        """What stats and reports call the sidecar: its model, and its adapter's directory name."""
+        base = "embedded:SmolLM2-135M-Instruct" if self.ref == "embedded" else self.ref
+        return base if self.adapter is None else f"{base}+{Path(self.adapter).name}"
 
 
 def load_wave(spec: WorkerSpec):
@@ -116,11 +126,15 @@ class WaveHost:
     #: cancels kept for waves not (yet) running: a late cancel of a finished wave is forgotten after this many
     EARLY_CANCELS = 256
 
-    def __init__(self, wave: WaveFn, device: torch.device | str = "cpu", stream: torch.cuda.Stream | None = None):
+    def __init__(self, wave: WaveFn, device: torch.device | str = "cpu", stream: torch.cuda.Stream | None = None,
+                 spec: WorkerSpec | None = None):
         self.wave = wave
         self.device = torch.device(device)
         self.stream = stream
+        #: what `wave` was loaded from (None: a wave handed in, which cannot swap its adapter)
+        self.spec = spec
         self._one_wave = threading.Lock()
+        self._swap = threading.Lock()  # one adapter load at a time
         self._lock = threading.Lock()  # guards the two maps below
         self._running: dict[int, threading.Event] = {}
         self._early: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -185,12 +199,57 @@ class WaveHost:
         if cache is not None:
             cache.clear()
 
+    def load_adapter(self, adapter) -> WorkerSpec:
+        """Swap the wave's LoRA adapter for the one in directory `adapter`; returns the new spec.
+
+        The new wave (the base model, merged with the adapter) loads beside the old one while waves
+        run on; then waves that begin use it. A wave already running finishes on the adapter it
+        began with: it holds the old wave. An adapter that is missing, corrupt or for another base
+        model raises AdapterError (models.read_adapter, check_adapter_fits) and the old one stays.
+        The new wave starts with an empty prefix cache (the old one's KV is the old adapter's) and
+        the old wave's cost line (the same base model costs the same), so the pay-back rule goes on."""
+        if self.spec is None:
+            raise AdapterError("this sidecar was handed a loaded wave, not a model to load: it cannot swap "
+                               "its adapter")
+        from .. import models
+        path = Path(adapter).expanduser().resolve()
+        models.read_adapter(path, base=self.spec.ref)  # the cheap checks, before a model loads
+        with self._swap:
+            spec = dataclasses.replace(self.spec, adapter=str(path))
+            wave = load_wave(spec)
+            if hasattr(self.wave, "cost") and hasattr(wave, "cost"):
+                wave.cost = self.wave.cost
+            self.wave, self.spec = wave, spec
+        return spec
+
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
         """Wait until no wave runs; False on timeout."""
         if not self._one_wave.acquire(timeout=timeout_s):
             return False
         self._one_wave.release()
         return True
+
+
+def load_adapter_here(host: WaveHost, adapter: str) -> dict:
+    """`host.load_adapter` where the wave runs (a worker process, an actor), its outcome as plain data
+    for `adapter_loaded` on the caller's side."""
+    try:
+        return {"adapter": host.load_adapter(adapter).adapter}
+    except AdapterError as e:
+        return {"error": str(e), "bad_adapter": True}
+    except Exception as e:  # out of memory, a disk that fails mid-read: the old adapter stays all the same
+        return {"error": f"{type(e).__name__}: {e}", "bad_adapter": False}
+
+
+def adapter_loaded(outcome: dict, spec: WorkerSpec, adapter) -> WorkerSpec:
+    """The spec the wave now runs (`load_adapter_here`'s outcome applied to `spec`), or its error raised:
+    AdapterError for a bad adapter, RuntimeError for any other fault. Either way the old adapter stays."""
+    if "error" in outcome:
+        if outcome["bad_adapter"]:
+            raise AdapterError(outcome["error"])
+        raise RuntimeError(f"the sidecar could not load adapter {str(adapter)!r}: {outcome['error']}; "
+                           "the old adapter stays")
+    return dataclasses.replace(spec, adapter=outcome["adapter"])
 
 
 def plain(request: HintRequest) -> dict:

@@ -5,6 +5,8 @@ its own where it has one (`sidecar_device="cpu:1"`, cores.py).
     submit(request) -> ticket   -- ("wave", id, request as plain data) -->   loads the model itself, then
     ticket.poll()   <- mailbox  <-- ("done", id, payload | error) --------   a WaveHost runs rows -> wave -> join
     ticket.cancel()             -- ("cancel", id) -------------------------> the wave stops at its next step
+    load_adapter(dir)           -- ("adapter", id, dir) -------------------> a thread loads it beside the waves,
+                                <-- ("adapter", id, outcome) --------------   then WaveHost swaps it in
 
 One duplex pipe carries everything. A reader thread on each side takes messages off it, so a cancel
 reaches a wave that is running, and the target's `poll()` only reads a queue (it never blocks). The
@@ -25,6 +27,7 @@ import queue
 import threading
 import time
 import weakref
+from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -33,10 +36,12 @@ from ...errors import ModelLoadError
 from ...gcheap import freeze_gc_heap
 from .. import cores
 from ..protocol import HintRequest, SidecarBase, Ticket
-from ..runtime import WaveHost, WorkerSpec, from_plain, load_wave, plain
+from ..runtime import WaveHost, WorkerSpec, adapter_loaded, from_plain, load_adapter_here, load_wave, plain
 
 #: how long `estimate()` waits for the worker's answer before it gives no estimate
 ESTIMATE_WAIT_S = 0.5
+#: how long `load_adapter()` waits for the worker to load the model with its new adapter
+ADAPTER_WAIT_S = 300.0
 
 
 class ProcessSidecar(SidecarBase):
@@ -86,7 +91,7 @@ class ProcessSidecar(SidecarBase):
         worker = self._worker
         if worker is None or not worker.ready.is_set() or not worker.alive():
             return None
-        return worker.ask_estimate(plain(request), ESTIMATE_WAIT_S)
+        return worker.ask("estimate", plain(request), ESTIMATE_WAIT_S)[1]
 
     def clear_prefix_cache(self) -> None:
         worker = self._worker
@@ -120,9 +125,29 @@ class ProcessSidecar(SidecarBase):
             time.sleep(0.01)
         return False
 
+    def load_adapter(self, adapter, timeout_s: float = ADAPTER_WAIT_S) -> str:
+        """The worker loads the new adapter beside its waves and swaps it in (WaveHost.load_adapter);
+        a worker started after this (a restart) loads it too."""
+        from ... import models
+        adapter = str(Path(adapter).expanduser().resolve())  # the worker's working directory may differ
+        models.read_adapter(adapter, base=self.spec.ref)  # a plainly bad one fails here, worker or none
+        with self._lock:
+            worker = self._worker if self._worker is not None and self._worker.alive() else self._restart()
+        if worker is None:
+            raise RuntimeError(f"the sidecar worker cannot start: {self._failed}")
+        answered, outcome = worker.ask("adapter", str(adapter), timeout_s)
+        if not answered:
+            raise RuntimeError(f"the sidecar worker did not load adapter {str(adapter)!r}: " +
+                               (f"it died ({worker.end_reason()}); the next request starts another with the old "
+                                "adapter" if worker.ended.is_set() else f"no answer within {timeout_s:g}s"))
+        with self._lock:
+            self.spec = adapter_loaded(outcome, self.spec, adapter)
+        self.name = self.spec.name
+        return self.name
+
     def describe(self) -> dict:
         return {"placement": "process", "prior_weight": self.spec.prior_weight,
-                "cores": None if self.cores is None else sorted(self.cores)}
+                "cores": None if self.cores is None else sorted(self.cores), "adapter": self.spec.adapter}
 
     def close(self) -> None:
         """Stop the worker process and wait for it to end. A later request starts a new one."""
@@ -192,8 +217,8 @@ class _Worker:
         self.failure: str | None = None       # the worker's own report of why it could not load
         self.tickets: dict[int, ProcessTicket] = {}
         self.running: tuple[int, float] | None = None   # the wave the worker runs: (ticket id, since)
-        self._estimates: dict[int, list] = {}
-        self._estimate_ids = itertools.count()
+        self._asked: dict[int, list] = {}   # question id -> [done, answered, answer]
+        self._ask_ids = itertools.count()
         self._send_lock = threading.Lock()
         _LIVE.add(self)
         threading.Thread(target=self._read, name="oospec-sidecar-reader", daemon=True).start()
@@ -217,13 +242,15 @@ class _Worker:
     def cancel(self, ticket: Ticket) -> None:
         self.send(("cancel", ticket.id))
 
-    def ask_estimate(self, request: dict, wait_s: float) -> float | None:
-        eid = next(self._estimate_ids)
-        box = self._estimates[eid] = [threading.Event(), None]
-        if self.send(("estimate", eid, request)):
+    def ask(self, kind: str, data, wait_s: float) -> tuple[bool, object]:
+        """Ask the worker's reader a question ("estimate", "adapter"): (answered, its answer), where
+        no answer within `wait_s`, or from a worker that ended, is (False, None)."""
+        qid = next(self._ask_ids)
+        box = self._asked[qid] = [threading.Event(), False, None]
+        if self.send((kind, qid, data)):
             box[0].wait(wait_s)
-        self._estimates.pop(eid, None)
-        return box[1]
+        self._asked.pop(qid, None)
+        return box[1], box[2]
 
     def end_reason(self) -> str:
         if self.failure is not None:
@@ -269,10 +296,10 @@ class _Worker:
                     ticket = self.tickets.pop(message[1], None)
                     if ticket is not None and message[2] is not None:
                         ticket.post(**message[2])
-                elif kind == "estimate":
-                    box = self._estimates.get(message[1])
+                elif kind in ("estimate", "adapter"):
+                    box = self._asked.get(message[1])
                     if box is not None:
-                        box[1] = message[2]
+                        box[1:] = [True, message[2]]
                         box[0].set()
         except (EOFError, OSError):
             pass
@@ -281,6 +308,8 @@ class _Worker:
             self.kill()
             self.process.join(5)
         self.ended.set()
+        for box in list(self._asked.values()):  # nobody is left to answer
+            box[0].set()
         _LIVE.discard(self)
         self.conn.close()
         error = (f"sidecar worker failed to start: {self.failure}" if self.failure is not None else
@@ -314,7 +343,7 @@ def _serve(conn, spec: WorkerSpec) -> None:
     elif spec.threads:
         cores.set_threads(spec.threads)
     try:
-        host = WaveHost(load_wave(spec), spec.device)
+        host = WaveHost(load_wave(spec), spec.device, spec=spec)
     except BaseException as e:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
@@ -338,6 +367,10 @@ def _serve(conn, spec: WorkerSpec) -> None:
                 host.cancel(message[1])
             elif kind == "estimate":
                 send(("estimate", message[1], host.estimate(from_plain(message[2]))))
+            elif kind == "adapter":  # loads beside the waves, which go on with the old adapter until it is in
+                threading.Thread(target=lambda qid=message[1], path=message[2]: send(
+                    ("adapter", qid, load_adapter_here(host, path))), name="oospec-sidecar-adapter",
+                    daemon=True).start()
             else:  # "wave", "clear", "stop": in order, between waves
                 if kind == "stop":
                     host.cancel_all()

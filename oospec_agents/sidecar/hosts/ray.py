@@ -5,34 +5,37 @@ from a sidecar that Ray places on a GPU of its own, possibly on another node.
     ticket.poll()                            ray.wait([ref], timeout=0): never blocks; the payload is
                                              rendered here, in the target's format
     ticket.cancel()                          actor.cancel.remote(id): the wave stops at its next step
+    load_adapter(dir)                        actor.load_adapter.remote(dir): loads it beside the waves,
+                                             then swaps it in (the directory must be readable on its node)
 
 The actor holds the same `runtime.WaveHost` as a thread or a worker process (one wave at a time,
-cancel by ticket id); a second actor thread takes cancels while a wave runs. Faults stay faults: an actor
+cancel by ticket id); other actor threads take cancels and an adapter load while a wave runs. Faults stay faults: an actor
 that dies (`ray.kill`, its node lost) or fails turns into `ticket.error`, and the next request starts
 another actor. `close()` kills it.
 """
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import torch
 
 from .. import cores
 from ..protocol import HintRequest, SidecarBase, Ticket
-from ..runtime import WaveHost, WorkerSpec, from_plain, load_wave, plain
+from ..runtime import WaveHost, WorkerSpec, adapter_loaded, from_plain, load_adapter_here, load_wave, plain
 
-#: how long `wait_ready` waits for an actor to load its model
+#: how long `wait_ready` waits for an actor to load its model, and `load_adapter` for it to load an adapter
 READY_TIMEOUT_S = 600.0
 
 
 class _WaveActor:
     """Inside the actor: the sidecar model on its `WaveHost`. Threaded (max_concurrency), so that
-    `cancel` runs beside `run`; waves themselves take turns."""
+    `cancel` and `load_adapter` run beside `run`; waves themselves take turns."""
 
     def __init__(self, spec: WorkerSpec):
         if spec.threads:
             cores.set_threads(spec.threads)
-        self.host = WaveHost(load_wave(spec), spec.device)
+        self.host = WaveHost(load_wave(spec), spec.device, spec=spec)
 
     def ready(self) -> bool:
         return True
@@ -49,6 +52,9 @@ class _WaveActor:
     def clear_prefix_cache(self) -> None:
         self.host.clear_prefix_cache()
 
+    def load_adapter(self, adapter: str) -> dict:
+        return load_adapter_here(self.host, adapter)
+
 
 class RaySidecar(SidecarBase):
     """The `Sidecar` contract over a Ray actor that this object creates (again after a death) and kills
@@ -63,7 +69,8 @@ class RaySidecar(SidecarBase):
         # Ray gives a GPU actor its own device as cuda:0 (CUDA_VISIBLE_DEVICES).
         self.spec = spec if device.type != "cuda" else WorkerSpec(**{**spec.__dict__, "device": "cuda:0"})
         self.device = torch.device("cpu") if device.type != "cuda" else torch.device("cuda", 0)
-        options = {"num_gpus": 1 if device.type == "cuda" else 0, "num_cpus": 1, "max_concurrency": 2,
+        # three threads: a wave, a cancel for it, and an adapter that loads beside it
+        options = {"num_gpus": 1 if device.type == "cuda" else 0, "num_cpus": 1, "max_concurrency": 3,
                    **(actor_options or {})}
         self._actor_class = ray.remote(_WaveActor).options(**options)
         self._lock = threading.Lock()
@@ -93,8 +100,28 @@ class RaySidecar(SidecarBase):
     def clear_prefix_cache(self) -> None:
         self._actor.clear_prefix_cache.remote()
 
+    def load_adapter(self, adapter, timeout_s: float = READY_TIMEOUT_S) -> str:
+        """The actor loads the new adapter beside its waves and swaps it in; an actor started after
+        this (after a death) loads it too. `adapter` must be readable where the actor runs."""
+        import ray
+        from ... import models
+        adapter = str(Path(adapter).expanduser().resolve())  # the worker's working directory may differ
+        models.read_adapter(adapter, base=self.spec.ref)  # a plainly bad one fails here
+        with self._lock:
+            actor = self._actor if self._actor is not None else self._restart()
+        try:
+            outcome = ray.get(actor.load_adapter.remote(str(adapter)), timeout=timeout_s)
+        except ray.exceptions.RayActorError as e:
+            self._lost(actor)
+            raise RuntimeError(f"the sidecar actor died loading adapter {str(adapter)!r}: "
+                               f"{str(e).splitlines()[0]}; the next request starts another with the old adapter")
+        with self._lock:
+            self.spec = adapter_loaded(outcome, self.spec, adapter)
+        self.name = self.spec.name
+        return self.name
+
     def describe(self) -> dict:
-        return {"placement": "ray", "prior_weight": self.spec.prior_weight}
+        return {"placement": "ray", "prior_weight": self.spec.prior_weight, "adapter": self.spec.adapter}
 
     def close(self) -> None:
         import ray

@@ -3,6 +3,7 @@
     submit(request) -> ticket      returns at once; a thread runs the wave on the `WaveHost`
     ticket.poll()   -> Hint | None non-blocking: reads the mailbox, never takes a lock
     ticket.cancel()                the wave stops at its next step
+    load_adapter(dir)              a new adapter for the waves that begin from now (WaveHost.load_adapter)
 
 On a GPU the sidecar shares with the target, its wave runs on its own CUDA stream. On the CPU its
 thread takes its own torch thread count (cores.own_threads). Faults never reach the target: an
@@ -19,18 +20,19 @@ import torch
 
 from .. import cores
 from ..protocol import HintRequest, SidecarBase, Ticket
-from ..runtime import WaveFn, WaveHost
+from ..runtime import WaveFn, WaveHost, WorkerSpec
 
 
 class WaveSidecar(SidecarBase):
     def __init__(self, wave: WaveFn, *, device: torch.device | str = "cpu", timeout_s: float = 30.0,
-                 threads: int | None = 1, name: str | None = None):
+                 threads: int | None = 1, name: str | None = None, spec: WorkerSpec | None = None):
+        """`spec`: what `wave` was loaded from, which a hot swap loads again with another adapter."""
         self.device = torch.device(device)
         self.name = name or "wave"
         self.timeout_s = timeout_s
         self.threads = threads
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.host = WaveHost(wave, self.device, stream)
+        self.host = WaveHost(wave, self.device, stream, spec=spec)
 
     @property
     def wave(self) -> WaveFn:
@@ -56,8 +58,13 @@ class WaveSidecar(SidecarBase):
         """The benchmark calls it between runs, so no run shares the cores with another's wave."""
         return self.host.wait_idle(timeout_s)
 
+    def load_adapter(self, adapter) -> str:
+        self.name = self.host.load_adapter(adapter).name
+        return self.name
+
     def describe(self) -> dict:
-        return {"placement": "thread", "prior_weight": getattr(self.wave, "prior_weight", None)}
+        return {"placement": "thread", "prior_weight": getattr(self.wave, "prior_weight", None),
+                "adapter": None if self.host.spec is None else self.host.spec.adapter}
 
     def _run(self, request: HintRequest, ticket: Ticket, after: int) -> None:
         try:
