@@ -30,7 +30,7 @@ from . import deterministic as det
 from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDrafter, SchemaDrafter
 from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
-from .errors import ContextLengthError, OoOSpecError, PredictionError
+from .errors import AdapterError, ContextLengthError, OoOSpecError, PredictionError
 from .events import LogprobsDelta, ReplyEvents, TextDelta, ToolCallDelta
 from .formats import ToolFormat, detect_format
 from .formats.base import ENDED_INSIDE, UNTERMINATED
@@ -310,6 +310,15 @@ class Engine:
         self.prefix_cache.clear()
         if self.sidecar is not None:
             self.sidecar.clear_prefix_cache()
+
+    def load_sidecar_adapter(self, adapter) -> str:
+        """Swap the sidecar's LoRA adapter for the one in directory `adapter`, without reloading the
+        target or stopping a reply: waves that begin from now use it, a running one ends on the old
+        (docs/sidecar.md, "Hot swap"). The target verifies every hint, so no reply's tokens change.
+        Returns the sidecar's new name; a bad adapter raises AdapterError and the old one stays."""
+        if self.sidecar is None:
+            raise AdapterError("this engine has no sidecar (sidecar=False): there is no adapter to swap")
+        return self.sidecar.load_adapter(adapter)
 
     def close(self) -> None:
         """Stop the sidecar: a worker process ends (none is left behind); a later request starts another.
