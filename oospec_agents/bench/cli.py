@@ -9,7 +9,7 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="benchmark ar / hf_generate / prompt_lookup / assisted / toolspec / oospec / oracle",
+    p = sub.add_parser(name, help="benchmark ar / hf_generate / prompt_lookup / assisted / toolspec / oospec / oracle / suffix",
                        description=__doc__)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", metavar="FILE.jsonl", help="records in the shared format (../shared/data/toolcalls)")
@@ -70,6 +70,10 @@ def add_parser(sub, name):
     scenario.add_argument("--agent-loop", dest="scenario", action="store_const", const="agent_loop",
                           help="measure turn 2 of each record: its expected call's tool result appended, "
                                "tool_choice=auto; report it with turn 1 cached (warm) and not (cold)")
+    scenario.add_argument("--history", dest="scenario", action="store_const", const="history",
+                          help="keep each method's retrieval memory across the records, in record order (each "
+                               "method recalls its own replies to the earlier records, per tool set): "
+                               "cross-request drafting, as a deployment's call memory sees it")
     p.add_argument("--temperature", type=float, default=None, metavar="T",
                    help="sample at temperature T (engine methods only: ar, toolspec, oospec); every method draws "
                         "with the same seed per record (--seed + the record's index), so where the target's "

@@ -1,6 +1,6 @@
 """The decoding methods the benchmark compares, each a function `(BenchContext, Turn, ar) -> Run`.
 
-Engine methods (`ar`, `toolspec`, `oospec`, `oracle`) report their own timings: `prefill_s` is the
+Engine methods (`ar`, `toolspec`, `oospec`, `oracle`, `suffix`) report their own timings: `prefill_s` is the
 target's forward over the prompt (and its first token), `decode_s` everything after. They first
 serve the turn's unmeasured `before` requests (see scenarios.py), on a cleared prefix cache and
 retrieval memory. With `--strict`, `ar`, `toolspec` and `oospec` also run as `ar+strict`,
@@ -8,7 +8,9 @@ retrieval memory. With `--strict`, `ar`, `toolspec` and `oospec` also run as `ar
 `engine.generate(..., strict=True)`, its forced tokens committed by jump-forward. With `--layout split`
 (or `both`), `toolspec` and `oospec` also run as `toolspec@split` and `oospec@split` (SPLIT): the target
 kept to its core set and the sidecar's worker process to its own (`BenchContext.split_engine`, the same
-target model), beside the shared layout's rows, in the same interleaved loop.
+target model), beside the shared layout's rows, in the same interleaved loop. `suffix` is `toolspec`
+with retrieval drafted by a suffix tree over the same prompt, output and call memory, as vLLM's `suffix`
+method drafts (drafters/suffix.py, an optional dependency; docs/suffix-tree.md).
 
 transformers' `generate` methods (`hf_generate`, `prompt_lookup`, `assisted`) are timed from the
 outside. Their `prefill_s` is a separate plain greedy `generate(max_new_tokens=1)` on the same prompt,
@@ -19,11 +21,13 @@ forward hook on the target, so the assistant model's own forwards are not counte
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
+from ..drafters.retrieval import CallMemory
 from ..sidecar import cores
 from .scenarios import Turn
 
@@ -63,21 +67,32 @@ class BenchContext:
     split_engine: object | None = None     # the same target on a core set, its sidecar on another (`@split`)
     temperature: float | None = None       # engine methods sample (`--temperature`), with ...
     seed: int = 0                          # ... this record's seed, the same for every method
+    suffix: object | None = None           # the `suffix` method's drafter, made on its first run
+    histories: dict = field(default_factory=dict)  # scenario `history`: each method's own call memory
 
 
 # ------------------------------------------------------------------ our engine
 
 def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None, margins: bool = False,
-            strict: bool = False, split: bool = False) -> Run:
+            strict: bool = False, split: bool = False, retrieval=None) -> Run:
     if split:  # the process keeps to the target's cores for the run (the sidecar's worker to its own)
         if ctx.split_engine is None:
             raise ValueError(f"method '{method}{SPLIT_SUFFIX}' needs a split layout: pass --layout split or both")
         with cores.pinned(ctx.split_engine.place.cores):
             return _engine(replace(ctx, engine=ctx.split_engine, split_engine=None), turn, method, hint, margins,
-                           strict)
+                           strict, retrieval=retrieval)
     engine = ctx.engine
+    with _retrieval(engine, retrieval):
+        return _run(ctx, engine, turn, method, hint, margins, strict, retrieval)
+
+
+def _run(ctx: BenchContext, engine, turn: Turn, method: str, hint, margins: bool, strict: bool, retrieval) -> Run:
     sample = {"temperature": ctx.temperature, "seed": ctx.seed} if ctx.temperature else {}
-    engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
+    if turn.history:  # this method's replies to the earlier records, and no other method's
+        key = (engine, method, strict, retrieval is not None)
+        engine.memory = ctx.histories.setdefault(key, CallMemory(engine.memory.size))
+    else:
+        engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
     engine.clear_prefix_cache()  # and starts cold: no method reuses the prompt another method prefilled
     for messages, tool_choice in turn.before:
         engine.generate(messages, turn.tools, tool_choice=tool_choice, max_new_tokens=ctx.max_new_tokens,
@@ -95,6 +110,20 @@ def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None,
                s.cached_prompt_tokens, s.sidecar_cached_prompt_tokens, s.sidecar_skipped, s.wave_estimate_s,
                s.call_estimate_s, s.decode_estimate_s, s.host_s, [list(r) for r in s.rounds],
                hint_follow_ups=s.hint_follow_ups)
+
+
+@contextmanager
+def _retrieval(engine, drafter):
+    """The engine drafts retrieval with `drafter` for the run (None: its own n-gram drafter)."""
+    if drafter is None:
+        yield
+        return
+    drafters = engine._drafters  # the engine's one slot per drafter; tests swap it the same way
+    own, drafters["retrieval"] = drafters["retrieval"], drafter
+    try:
+        yield
+    finally:
+        drafters["retrieval"] = own
 
 
 def _wait_for_sidecar(engine) -> None:
@@ -119,6 +148,13 @@ def oracle(ctx, turn, ref: Run):
     # AR's whole reply (forced opener included) is the hint: the hint drafter aligns it to the
     # committed text, which starts with the same opener, and proposes the rest.
     return _engine(ctx, turn, "oospec", hint=ref.text)
+
+
+def suffix(ctx, turn, ref=None):
+    if ctx.suffix is None:  # an optional dependency: imported only when asked for
+        from ..drafters.suffix import SuffixDrafter
+        ctx.suffix = SuffixDrafter()
+    return _engine(ctx, turn, "toolspec", retrieval=ctx.suffix)
 
 
 def ar_strict(ctx, turn, ref=None):
@@ -199,7 +235,7 @@ HF_METHODS = ("hf_generate", "prompt_lookup", "assisted")
 
 METHODS: dict[str, Callable[..., Run]] = {
     "ar": ar, "hf_generate": hf_generate, "prompt_lookup": prompt_lookup, "assisted": assisted,
-    "toolspec": toolspec, "oospec": oospec, "oracle": oracle,
+    "toolspec": toolspec, "oospec": oospec, "oracle": oracle, "suffix": suffix,
 }
 
 #: The strict variant of a method's name, and the methods that have one (the engine's own decoders).

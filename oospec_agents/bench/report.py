@@ -122,6 +122,9 @@ _SCENARIO_TEXT = {
                   "conversation plus the record's expected call(s) and a tool result for each, with "
                   "tool_choice=auto, as an agent loop sends after every tool call. Warm: the prefix cache "
                   "kept turn 1; cold: emptied before turn 2. Retrieval keeps turn 1's reply in both.",
+    "history": "Scenario **history**: each record on an empty prefix cache, but every method's retrieval memory "
+               "holds the replies that method wrote to the earlier records, in record order (per tool set, as "
+               "a deployment's call memory does); the warm-up's replies are forgotten.",
 }
 
 

@@ -33,7 +33,7 @@ class BenchConfig:
     prompt_lookup_tokens: int = 10
     warmup: bool = True
     progress: bool = True
-    scenario: str = "cold"      # "cold" | "warm_tools" | "agent_loop" (see scenarios.py)
+    scenario: str = "cold"      # "cold" | "warm_tools" | "agent_loop" | "history" (see scenarios.py)
     strict: bool = False        # also run every engine method strict, as `<method>+strict`
     temperature: float | None = None  # sample (engine methods only): every method draws with one seed per record
     seed: int = 0                     # the first record's seed
@@ -71,6 +71,7 @@ def run_bench(engine, records: list[dict], config: BenchConfig = BenchConfig(), 
     if config.warmup:
         bar.set_postfix_str("warm-up")
         _run_record(ctx, records[0], methods, 0, tol, bar, config)
+        ctx.histories.clear()  # scenario `history`: no method keeps the warm-up's replies
     rows = [_run_record(ctx, rec, methods, i, tol, bar, config) for i, rec in enumerate(records)]
     bar.close()
     measured = [r.get("warm", r["cold"]) for r in rows]

@@ -1,5 +1,5 @@
-"""What a measured request follows: nothing (cold), a request with the same tools (warm tools), or
-the agent's own first turn (agent loop).
+"""What a measured request follows: nothing (cold), a request with the same tools (warm tools), the
+agent's own first turn (agent loop), or the earlier records (history).
 
 Each scenario gives every record two `Turn`s, measured side by side: "warm", the request as it
 arrives after the unmeasured requests in `before`, with the prefix cache they left; and "cold", the
@@ -13,13 +13,17 @@ the prefix cache's effect and nothing else.
                 record's expected call(s) and a tool result for each, with tool_choice="auto", as a
                 `create_agent` / `FunctionAgent` loop sends after every tool call. Retrieval keeps
                 turn 1's reply: it is the same session.
+    history     the record as it is, cold, but retrieval keeps the replies this method wrote to the
+                earlier records (in record order, per tool set, as a deployment's call memory does):
+                what cross-request drafting gains. No method recalls another's reply, and the
+                warm-up's are forgotten, so none has seen the measured record's answer.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
-SCENARIOS = ("cold", "warm_tools", "agent_loop")
+SCENARIOS = ("cold", "warm_tools", "agent_loop", "history")
 
 #: the warm-up request's user message: same tools, a question no record asks
 WARM_UP_QUESTION = "Hello! Which of your tools could help me today?"
@@ -33,6 +37,7 @@ class Turn:
     before: list[tuple[list[dict], str]] = field(default_factory=list)  # (messages, tool_choice), unmeasured
     keep_memory: bool = False   # retrieval keeps the replies of `before`
     cached: bool = True         # the prefix cache keeps what `before` left
+    history: bool = False       # retrieval keeps this method's replies to the earlier records
 
 
 def warm_up_messages(messages: list[dict]) -> list[dict]:
@@ -67,6 +72,8 @@ def turns(rec: dict, scenario: str, tool_choice: str) -> dict[str, Turn]:
     msgs, tools = rec["messages"], rec["tools"]
     if scenario == "cold":
         return {"cold": Turn(msgs, tools, tool_choice)}
+    if scenario == "history":
+        return {"cold": Turn(msgs, tools, tool_choice, keep_memory=True, history=True)}
     if scenario == "warm_tools":
         warm = Turn(msgs, tools, tool_choice, before=[(warm_up_messages(msgs), tool_choice)])
         return {"cold": Turn(msgs, tools, tool_choice), "warm": warm}
