@@ -6,6 +6,7 @@ import os
 
 from ..chat import read_chat_template
 from ..engine import METHODS
+from ..models import read_adapter
 from ..sidecar.load import PLACEMENTS
 from .app import DEFAULT_MAX_BODY_BYTES
 
@@ -19,6 +20,11 @@ def add_parser(sub, name):
     side.add_argument("--no-sidecar", action="store_true", help="load no sidecar: method 'oospec' decodes as 'toolspec'")
     p.add_argument("--served-model-name", default=None,
                    help="the id clients pass as `model` (default: the --model value)")
+    p.add_argument("--sidecar-adapter", default=None, metavar="DIR",
+                   help="the sidecar's LoRA adapter (default: the embedded sidecar's own), e.g. from `oospec adapt`")
+    p.add_argument("--adapter-root", default=None, metavar="DIR",
+                   help="allow POST /v1/oospec/sidecar-adapter to swap in adapter directories under DIR at run "
+                        "time (needs --api-key; docs/server.md)")
     p.add_argument("--target-device", default=None)
     p.add_argument("--sidecar-device", default=None)
     p.add_argument("--sidecar-placement", default=None, choices=PLACEMENTS,
@@ -74,6 +80,17 @@ def run(args):
             "sidecar_device": args.sidecar_device, "dtype": args.dtype}
     if args.prefix_cache_tokens is not None:
         load["prefix_cache_tokens"] = args.prefix_cache_tokens
+    if args.sidecar_adapter is not None:
+        if args.no_sidecar:
+            raise ValueError("--sidecar-adapter needs a sidecar; drop --no-sidecar")
+        read_adapter(args.sidecar_adapter, base=args.sidecar or "embedded")  # a bad one fails before the server starts
+        load["sidecar_adapter"] = os.path.abspath(args.sidecar_adapter)  # a Ray replica's working directory differs
+    if args.adapter_root is not None:
+        if not args.api_key:
+            raise ValueError("--adapter-root needs --api-key: the admin call that swaps the sidecar's adapter "
+                             "is served only with a key")
+        if not os.path.isdir(args.adapter_root):
+            raise ValueError(f"--adapter-root {args.adapter_root!r} is not a directory")
     if args.sidecar_placement is not None:
         load["sidecar_placement"] = args.sidecar_placement
     if args.deterministic:  # every engine the server builds (a Ray replica's too) gets it
@@ -91,7 +108,8 @@ def run(args):
         # Ray replicas may run where this machine's files are not: they get the text itself
         load["chat_template"] = text if args.ray else args.chat_template
     options = {"model": args.served_model_name or args.model, "api_key": args.api_key, "max_queue": args.max_queue,
-               "max_body_bytes": args.max_body_bytes, "method": args.method}
+               "max_body_bytes": args.max_body_bytes, "method": args.method,
+               "adapter_root": args.adapter_root and os.path.abspath(args.adapter_root)}
     if args.ray:
         autoscale = parse_autoscale(args.autoscale)
         from .ray_app import serve_forever

@@ -21,9 +21,9 @@ from .scheduler import QueueFull
 
 log = logging.getLogger("oospec.serve")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          500: "server_error", 503: "service_unavailable_error"}
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error"}
 
 
 class ServeError(Exception):
