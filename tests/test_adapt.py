@@ -10,7 +10,7 @@ import torch
 from oospec_testing import DATA, tiny_model
 from oospec_agents.calllog import CallLog
 from oospec_agents.cli import main
-from oospec_agents.train.adapt import HOLDS, LACKS, dedupe, read_log, split_newest
+from oospec_agents.train.adapt import HOLDS, LACKS, adapt, dedupe, read_log, split_newest
 from oospec_agents.train.data import TrainDataError
 
 WEATHER = {"type": "function", "function": {
@@ -21,7 +21,7 @@ WEATHER = {"type": "function", "function": {
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Current time in a time zone.",
     "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
-CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Quito", "Hanoi", "Perth", "Tunis"]
+CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Quito", "Hanoi"]
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +88,6 @@ def test_a_log_too_small_is_refused_with_the_count_it_needs(tmp_path, capsys):
     write_log(path, [(f"Weather in {c}?", weather(c)) for c in ["Paris", "Oslo", "Paris", "Lima", "Oslo"]])
     with pytest.raises(TrainDataError, match=r"3 distinct requests \(5 records, 2 repeats dropped\); adapting "
                                              r"needs at least 50 \(--min-records 50\), 47 more"):
-        from oospec_agents.train.adapt import adapt
         adapt(log=path, out=tmp_path / "out")
     rc = main(["adapt", "--log", str(path), "--out", str(tmp_path / "out"), "--min-records", "4"])
     err = capsys.readouterr().err
@@ -117,8 +116,8 @@ def tiny_log(tmp_path_factory):
     path = tmp_path_factory.mktemp("log") / "calls.jsonl"
     calls = [(f"Weather in {c}?", weather(c)) for c in CITIES[:5]]
     calls += [("Weather in Paris?", weather("Paris"))]  # repeated: dropped, the newest kept in its place
-    calls += [(f"Weather in {CITIES[5]}?", weather(CITIES[5])), ("Time in Tokyo?", {"name": "get_time",
-                                                                                     "arguments": {"tz": "Asia/Tokyo"}})]
+    calls += [(f"Weather in {CITIES[5]}?", weather(CITIES[5])),
+              ("Time in Tokyo?", {"name": "get_time", "arguments": {"tz": "Asia/Tokyo"}})]
     write_log(path, calls)
     return path
 

@@ -130,7 +130,8 @@ def agreement(model, tokenizer, held: list[dict], functions: set[str], *, progre
                  expected=r["expected"][:1]) for i, r in enumerate(held)]
     res = evaluate_sidecar(model, tokenizer, recs, progress=progress, details=True)
     misses = {m["id"]: m for m in res["misses"]}
-    count = lambda v: len(tokenizer.encode(" " + json.dumps(v, ensure_ascii=False), add_special_tokens=False))  # noqa: E731
+    def count(value) -> int:  # tokens of a value as the call writes it, after its key's ": "
+        return len(tokenizer.encode(" " + json.dumps(value, ensure_ascii=False), add_special_tokens=False))
     tokens = {g: [0, 0] for g in (HOLDS, LACKS)}  # right, all
     for r in recs:
         call, miss = r["expected"][0], misses.get(r["id"], {"function": r["expected"][0]["name"], "wrong_values": {}})
@@ -218,10 +219,11 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
     if replay_share and replay is None:
         replay = replay_default(recipe["trained_on"])
         if replay is None:
+            named = recipe["trained_on"] or "files its metrics.json does not name"
             raise TrainDataError(
-                f"no replay data: the adapter {str(init_adapter)!r} was trained on {recipe['trained_on'] or 'files its metrics.json does not name'}"
-                f" (read against {CHECKOUT}), which are not here; pass --replay FILE (the data it was trained on) "
-                "or --replay-share 0 (no replay: what it knew may then fade)")
+                f"no replay data: the adapter {str(init_adapter)!r} was trained on {named} (read against "
+                f"{CHECKOUT}), which are not here; pass --replay FILE (the data it was trained on) or "
+                "--replay-share 0 (no replay: what it knew may then fade)")
 
     model, tok = load_base(base, dtype, device)
     log_examples, log_counts = build_sidecar_examples(tok, train, seed=cfg.seed, max_len=max_len,
@@ -309,7 +311,8 @@ def add_parser(sub, name):
     p.add_argument("--base", default="smollm2", help='the sidecar base model ("smollm2": the embedded one)')
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (none given: cuda when there is one)")
     p.add_argument("--max-null-rows", type=int, default=None,
-                   help="null rows of uncalled tools per example (none given: the init adapter's, from its metrics.json)")
+                   help="null rows of uncalled tools per example (none given: the init adapter's, from its "
+                        "metrics.json)")
     add_loop_options(p, epochs=2.0)
     p.set_defaults(run=_run)
 
