@@ -270,3 +270,16 @@ class ScriptedTarget:
         for row, pos in enumerate(kwargs["position_ids"][0, -rows:].tolist()):
             k = pos + 1 - self.start  # the logits at `pos` choose the token after it
             out.logits[0, row, self.tokens[k] if 0 <= k < len(self.tokens) else self.eos] += 1e4
+
+
+def save_lora(base, out, seed: int = 0):
+    """A freshly initialised LoRA for the model in directory `base`, saved to `out` (returned): random A
+    and B (`init_lora_weights=False`), so that it changes the merged weights. No training: a second valid
+    adapter for the hot swap's tests."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.save_pretrained(out)
+    return out

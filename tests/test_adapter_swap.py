@@ -26,7 +26,7 @@ import httpx
 import pytest
 import torch
 
-from oospec_testing import greedy, on_target_of, tiny_model
+from oospec_testing import greedy, on_target_of, save_lora, tiny_model
 from oospec_agents import Engine
 from oospec_agents.chat import normalize_messages
 from oospec_agents.errors import AdapterError
@@ -73,17 +73,6 @@ class TaggedWave:
 
 
 # ---------------------------------------------------------------- models and adapters on disk
-
-def save_lora(base: Path, out: Path, seed: int) -> Path:
-    """A freshly initialised LoRA for the model in `base` (random A and B, so that it changes the weights)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-    torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
-                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-    model.save_pretrained(out)
-    return out
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, smollm2_tokenizer) -> dict[str, Path]:
@@ -340,6 +329,7 @@ def post(url: str, path, key: str | None = KEY) -> httpx.Response:
 
 def test_the_admin_call_swaps_in_an_adapter_under_the_root(admin, server_engine, tiny):
     url, root = admin
+    server_engine.load_sidecar_adapter(tiny["a"])
     reply = post(url, "b")  # relative: under the root
     assert reply.status_code == 200, reply.text
     body = reply.json()
@@ -415,3 +405,28 @@ def test_serve_takes_the_adapter_and_the_root_from_the_command_line(monkeypatch,
     assert main(["serve", "--sidecar-adapter", str(tmp_path / "nope")]) == 2  # before the server starts
     assert "nope': no such directory" in capsys.readouterr().err
     assert len(apps) == 1
+
+
+def test_ray_serve_replicas_follow_the_adapter_another_replica_swapped_in(server_engine, tiny, caplog):
+    """Serve routes the admin call to one replica, which posts the adapter on the board; every replica's
+    `follow` thread loads what the board posts. One it cannot load is a warning, and it keeps its own."""
+    pytest.importorskip("ray.serve")
+    from oospec_agents.serve.ray_app import AdapterBoard, follow
+    board, stop = AdapterBoard(), threading.Event()
+    server_engine.load_sidecar_adapter(tiny["a"])
+    thread = threading.Thread(target=follow, args=(server_engine, board.get, "r1", stop, 0.02), daemon=True)
+    thread.start()
+    try:
+        board.put(str(tiny["b"]))
+        deadline = time.monotonic() + 60
+        while not server_engine.sidecar.name.endswith("+b") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server_engine.sidecar.describe()["adapter"] == str(tiny["b"])
+        board.put(str(tiny["b"].parent / "not-on-this-node"))
+        while "cannot follow" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "replica r1 cannot follow the sidecar adapter swap to" in caplog.text and "no such directory" in caplog.text
+        assert server_engine.sidecar.name.endswith("+b")
+    finally:
+        stop.set()
+        thread.join(5)

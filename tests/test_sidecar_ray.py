@@ -59,3 +59,26 @@ def test_a_killed_actor_is_a_fault_and_the_next_request_starts_another(ray_sidec
     assert gen.token_ids == reference
     assert ray_sidecar._actor is not old and gen.stats.sidecar_error is None
     assert gen.stats.accepted_by_source["hint"] > 0
+
+
+def test_the_actors_adapter_swaps_and_a_bad_one_is_refused(ray_sidecar, embedded_fp32, dev_records20,
+                                                          embedded_greedy48, smollm2_dir, smollm2_tokenizer, tmp_path):
+    """The hot swap (#49) in an actor: a fresh LoRA for the same base loads beside the waves and the
+    reply stays greedy; one for a narrower model is refused in the actor, and the old adapter stays."""
+    from oospec_agents.errors import AdapterError
+    from oospec_testing import save_lora, tiny_model
+    fresh = save_lora(smollm2_dir, tmp_path / "fresh")
+    tiny_model("llama", smollm2_tokenizer).save_pretrained(tmp_path / "tiny")
+    narrower = save_lora(tmp_path / "tiny", tmp_path / "narrower")
+    engine = on_target_of(embedded_fp32, InTime(ray_sidecar))
+    rec, reference = dev_records20[0], embedded_greedy48[0]
+    shipped = ray_sidecar.spec.adapter
+    try:
+        assert ray_sidecar.load_adapter(fresh) == "embedded:SmolLM2-135M-Instruct+fresh" == ray_sidecar.name
+        with pytest.raises(AdapterError, match="made for another base model: its LoRA A for"):
+            ray_sidecar.load_adapter(narrower)
+        assert ray_sidecar.describe()["adapter"] == str(fresh)
+        gen = engine.generate(rec["messages"], rec["tools"], tool_choice="required", max_new_tokens=N)
+        assert gen.token_ids == reference and gen.stats.sidecar_error is None, gen.stats.sidecar_error
+    finally:
+        ray_sidecar.load_adapter(shipped)

@@ -9,7 +9,8 @@ It is an admin's call, so it is guarded twice:
 
 A bad adapter is a 400 naming the problem, and the sidecar keeps the adapter it had. The load runs on
 a thread beside the decode, so replies in flight go on (on the old adapter until the new one is in).
-`GET` on the same path says which adapter the sidecar runs.
+`GET` on the same path says which adapter the sidecar runs. Under Ray Serve the call lands on one
+replica, which posts the adapter for the others to follow (ray_app.py).
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def under_root(path: str, root: Path) -> Path:
     return real
 
 
-def install(app: FastAPI, state, *, api_key: str | None, adapter_root: str | None) -> None:
-    """Add the admin route to `app` (create_app's, whose `state` holds the engine)."""
+def install(app: FastAPI, state, *, api_key: str | None, adapter_root: str | None, on_swap=None) -> None:
+    """Add the admin route to `app` (create_app's, whose `state` holds the engine). `on_swap(path)`, where
+    given, tells the other replicas (ray_app.py): the reply's `all_replicas` says whether it was given."""
     root = None if adapter_root is None else Path(adapter_root).expanduser().resolve()
 
     def sidecar():
@@ -79,4 +81,7 @@ def install(app: FastAPI, state, *, api_key: str | None, adapter_root: str | Non
         except Exception as e:  # a worker that died or ran out of memory loading it: the old adapter stays too
             raise ServeError(500, f"the sidecar could not load adapter {str(path)!r}: {type(e).__name__}: {e}; it "
                                   f"keeps {before!r}", code="adapter_load_failed")
-        return described(engine, previous=before, load_s=round(time.perf_counter() - t0, 3))
+        if on_swap is not None:
+            on_swap(str(path))
+        return described(engine, previous=before, load_s=round(time.perf_counter() - t0, 3),
+                         all_replicas=on_swap is not None)

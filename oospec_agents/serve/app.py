@@ -63,13 +63,14 @@ class _State:
 def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: str = "embedded",
                api_key: str | None = None, max_queue: int = 64, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                replica_id: str | None = None, method: str = "oospec", close_engine: bool = False,
-               adapter_root: str | None = None) -> FastAPI:
+               adapter_root: str | None = None, on_adapter_swap: Callable[[str], Any] | None = None) -> FastAPI:
     """An OpenAI-compatible app serving `engine`, or the engine `loader()` returns.
 
     With a loader the app answers at once: 503 while the loader runs (on a thread), then serves.
     `model` is the id clients name in requests. `close_engine` closes the engine on shutdown
     (an engine the app loaded itself always is). `adapter_root` is the directory under which the admin
-    call `POST /v1/oospec/sidecar-adapter` may load a sidecar adapter (admin.py; served with `api_key` only).
+    call `POST /v1/oospec/sidecar-adapter` may load a sidecar adapter (admin.py; served with `api_key` only);
+    `on_adapter_swap(path)` is called after each swap (Ray Serve replicas post it for the others).
     """
     if (engine is None) == (loader is None):
         raise ValueError("create_app needs exactly one of engine= or loader=")
@@ -94,7 +95,7 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
     app = FastAPI(title="oospec serve", lifespan=lifespan)
     app.state.oospec = state
     install_error_handlers(app)
-    admin.install(app, state, api_key=api_key, adapter_root=adapter_root)
+    admin.install(app, state, api_key=api_key, adapter_root=adapter_root, on_swap=on_adapter_swap)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, metrics=state.metrics,
                        chat_path=CHAT_PATH)
 
