@@ -3,6 +3,9 @@
 The target commits tokens losslessly, so every committed character is final and can be sent the
 moment it is committed. `ReplyEvents` turns the text committed so far into the events that are new:
 
+- `ReasoningDelta`: the reasoning block's text, without its markers (formats/reasoning.py). A tail
+  that may still become the closing marker is held back, and so is whitespace the reasoning strips.
+  Content and calls are read from the text after the block, once it has closed.
 - `TextDelta`: reply content outside tool calls. A tail that may still become a call opener is held
   back, and so is whitespace that the final content strips.
 - `ToolCallDelta`: the first event of call `index` carries its `id` and complete `name`
@@ -10,16 +13,23 @@ moment it is committed. `ReplyEvents` turns the text committed so far into the e
   target wrote it. Only an unfinished JSON string escape is held back (an unfinished UTF-8
   character and a possible stop string never reach this module: the engine cuts them first).
 
-Joined, the `TextDelta`s equal `Generation.content` and the fragments of call `i` equal its
-arguments text: `json.loads` of it is `Generation.tool_calls[...]["arguments"]`, and for an invalid
-call it is the `arguments` string of its `invalid_tool_calls` entry.
+Joined, the `ReasoningDelta`s equal `Generation.reasoning`, the `TextDelta`s equal
+`Generation.content` and the fragments of call `i` equal its arguments text: `json.loads` of it is
+`Generation.tool_calls[...]["arguments"]`, and for an invalid call it is the `arguments` string of
+its `invalid_tool_calls` entry.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from .formats.reasoning import Reasoning
 from .jsonscan import CallSoFar, read_call  # read_call: what an open call's JSON says so far (re-exported)
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
 
 
 @dataclass(frozen=True)
@@ -46,19 +56,32 @@ class LogprobsDelta:
 class ReplyEvents:
     """Turns the committed text of a reply into its new events, one call of `feed` per round."""
 
-    def __init__(self, fmt, call_id: Callable[[int], str]):
+    def __init__(self, fmt, call_id: Callable[[int], str], reasoning: Reasoning | None = None):
         self.fmt = fmt
+        self.reasoning = reasoning         # the reply's reasoning block, when its template reasons
         self._call_id = call_id
         self._args_keys = tuple(dict.fromkeys((fmt.args_key, "arguments", "parameters")))
+        self.thought = ""                  # reasoning sent so far
         self.content = ""                  # content sent so far
         self.calls: list[dict] = []        # per call: {"announced", "sent": args text sent, "done"}
 
-    def feed(self, text: str, final: bool = False) -> list[TextDelta | ToolCallDelta]:
+    def read(self, text: str, final: bool = False) -> tuple[str | None, str | None]:
+        """(reasoning, answer) of `text`: `Reasoning.split`, or (None, text) for a template that does not reason."""
+        return (None, text) if self.reasoning is None else self.reasoning.split(text, final)
+
+    def feed(self, text: str, final: bool = False) -> list[ReasoningDelta | TextDelta | ToolCallDelta]:
         """The events that `text` (all the reply's committed text so far) adds. With `final`, the
         reply is over: everything left is sent, so the joins equal the final `Generation`."""
+        events: list[ReasoningDelta | TextDelta | ToolCallDelta] = []
+        thought, text = self.read(text, final)
+        if thought is not None and (visible := thought.strip()).startswith(self.thought) \
+                and len(visible) > len(self.thought):
+            events.append(ReasoningDelta(visible[len(self.thought):]))
+            self.thought = visible
+        if text is None:  # still reasoning (or not yet known whether it will)
+            return events
         segments = self.fmt.segments(text)
         held = 0 if final else self.fmt.undecided_tail(text)
-        events: list[TextDelta | ToolCallDelta] = []
         outside, index = "", 0
         for k, seg in enumerate(segments):
             if seg[0] == "text":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from ..formats import ToolFormat
+from ..formats import Reasoning, ToolFormat
 from ..tools import Tool
 
 
@@ -33,11 +33,18 @@ class ReplyState:
     #: (the engine's call memory) and the hint's tokens once it is here
     pool: list[list[int]] = field(default_factory=list)
     prediction: Prediction | None = None  # the caller's predicted output, and where the reply is in it
+    reasoning: Reasoning | None = None    # the reply's reasoning block, when its template reasons
 
     @property
     def new(self) -> list[int]:
         """The committed new tokens (a copy)."""
         return self.ids[self.n_prompt:]
+
+    @property
+    def answer(self) -> str | None:
+        """The text after the reply's reasoning, where content and calls are written (all of `text`
+        when there is no reasoning); None while the reasoning is still open. Calls are drafted only here."""
+        return self.text if self.reasoning is None else self.reasoning.split(self.text)[1]
 
 
 @dataclass

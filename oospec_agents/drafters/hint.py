@@ -15,7 +15,7 @@ class HintDrafter(Drafter):
     source = "hint"
 
     def propose(self, ctx: ReplyState) -> list[Draft]:
-        text = continuation(ctx.text, ctx.hint, ctx.fmt)
+        text = "" if ctx.answer is None else continuation(ctx.answer, ctx.hint, ctx.fmt)
         if not text:
             return []
         first, *alts = separator_variants(text[:MAX_CHARS], ctx.fmt.args_key)

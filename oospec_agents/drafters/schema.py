@@ -24,10 +24,11 @@ class SchemaDrafter(Drafter):
 
 
 def forced_text(ctx: ReplyState) -> str:
-    """Follow the forced stretches from the end of `ctx.text` for as long as they stay forced."""
-    out = ""
-    while len(out) < MAX_DRAFT_CHARS:
-        step = _next_forced(ctx, ctx.text + out)
+    """Follow the forced stretches from the end of `ctx.text` for as long as they stay forced; none
+    while the reply is reasoning (a call written there is reasoning, not a call)."""
+    text, out = ctx.answer, ""
+    while text is not None and len(out) < MAX_DRAFT_CHARS:
+        step = _next_forced(ctx, text + out)
         if not step:
             break
         out += step

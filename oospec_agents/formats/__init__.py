@@ -8,6 +8,7 @@ from .hermes import HermesFormat
 from .llama3_json import Llama3JsonFormat
 from .mistral import MistralFormat
 from .pythonic import PythonicFormat
+from .reasoning import Reasoning, detect_reasoning
 
 FORMATS: dict[str, type[ToolFormat]] = {"hermes": HermesFormat, "llama3_json": Llama3JsonFormat,
                                         "mistral": MistralFormat, "pythonic": PythonicFormat}
@@ -40,4 +41,4 @@ def detect_format(chat_template: str | None) -> ToolFormat:
 
 
 __all__ = ["ToolFormat", "HermesFormat", "Llama3JsonFormat", "MistralFormat", "PythonicFormat", "FORMATS",
-           "get_format", "detect_format"]
+           "get_format", "detect_format", "Reasoning", "detect_reasoning"]
