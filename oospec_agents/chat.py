@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from .errors import ChatFormatError
+from .errors import ChatFormatError, TemplateArgumentError
 from .formats import ToolFormat
 from .tools import Tool
 
@@ -76,6 +77,12 @@ def normalize_messages(messages: Any) -> list[dict]:
         if role not in ROLES:
             raise ChatFormatError(f"{where} has role {role!r}; expected one of {ROLES + ('developer',)}")
         msg = {"role": role, "content": _text(m.get("content"), where)}
+        thought = m.get("reasoning_content")
+        if thought is not None and (role != "assistant" or not isinstance(thought, str)):
+            raise ChatFormatError(f"{where}: reasoning_content must be a string on an assistant message, "
+                                  f"got {type(thought).__name__} on a {role} message")
+        if thought:
+            msg["reasoning_content"] = thought
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = [_call(tc, where) for tc in m["tool_calls"]]
         elif m.get("tool_calls"):
@@ -150,19 +157,97 @@ def template_renders_tools(tokenizer) -> bool:
     return "zz_probe_tool" in with_tools
 
 
-def render_prompt(tokenizer, fmt: ToolFormat, messages: list[dict], tools: list[Tool], native_tools: bool) -> str:
-    """Prompt text up to and including the assistant generation header."""
+#: what `apply_chat_template` itself takes or the engine sets: never a template argument of the caller's
+ENGINE_TEMPLATE_ARGS = frozenset({"messages", "conversation", "tools", "documents", "chat_template",
+                                  "add_generation_prompt", "continue_final_message", "tokenize", "padding",
+                                  "truncation", "max_length", "return_tensors", "return_dict",
+                                  "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens"})
+REASONING_EFFORTS = ("low", "medium", "high")
+
+
+def template_kwargs(template: str, chat_template_kwargs=None, reasoning_effort=None) -> dict:
+    """The extra arguments a request passes to the chat template, checked against the template's text.
+
+    Jinja ignores a variable it is given and never reads, so an argument the template does not
+    reference (a misspelt `enable_thinkng`, `reasoning_effort` for a template without effort levels)
+    would change nothing, silently: it is an error that names it. `reasoning_effort` is one of
+    `REASONING_EFFORTS`, as an argument of its own or a key of `chat_template_kwargs`."""
+    if chat_template_kwargs is None:
+        chat_template_kwargs = {}
+    if not isinstance(chat_template_kwargs, dict):
+        raise TemplateArgumentError("chat_template_kwargs must be a dict of chat template arguments such as "
+                                    f"{{\"enable_thinking\": false}}, got {type(chat_template_kwargs).__name__}",
+                                    "chat_template_kwargs")
+    kwargs = dict(chat_template_kwargs)
+    if reasoning_effort is not None:
+        if kwargs.get("reasoning_effort", reasoning_effort) != reasoning_effort:
+            raise TemplateArgumentError(f"reasoning_effort={reasoning_effort!r} differs from chat_template_kwargs' "
+                                        f"reasoning_effort={kwargs['reasoning_effort']!r}: give it once",
+                                        "reasoning_effort")
+        kwargs["reasoning_effort"] = reasoning_effort
+    for key, value in kwargs.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise TemplateArgumentError(f"chat_template_kwargs key {key!r} is not a template variable name",
+                                        "chat_template_kwargs")
+        if key in ENGINE_TEMPLATE_ARGS:
+            raise TemplateArgumentError(f"chat_template_kwargs key {key!r} is set by the engine, not by a request",
+                                        "chat_template_kwargs")
+        if key == "reasoning_effort" and value not in REASONING_EFFORTS:
+            raise TemplateArgumentError(f"reasoning_effort must be one of {list(REASONING_EFFORTS)}, got {value!r}",
+                                        "reasoning_effort")
+        if not re.search(rf"\b{key}\b", template):
+            if key == "reasoning_effort":
+                raise TemplateArgumentError("this chat template takes no reasoning_effort (its text never reads "
+                                            "it): leave reasoning_effort unset", "reasoning_effort")
+            raise TemplateArgumentError(f"chat_template_kwargs key {key!r} is not an argument of this chat "
+                                        "template (its text never reads it)", "chat_template_kwargs")
+    return kwargs
+
+
+def apply_template(tokenizer, msgs: list[dict], kwargs: dict, **fixed) -> str:
+    """`apply_chat_template` with a request's template arguments. A template that raises on them (e.g.
+    its own `raise_exception` on a bad value) and not without them is a TemplateArgumentError naming
+    the argument (each is left out in turn to find it)."""
+    try:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **fixed, **kwargs)
+    except Exception as e:
+        if not kwargs or not _renders(tokenizer, msgs, {}, fixed):
+            raise
+        culprits = [k for k in kwargs if _renders(tokenizer, msgs, {a: v for a, v in kwargs.items() if a != k}, fixed)]
+        key = culprits[0] if len(culprits) == 1 else None
+        named = {key: kwargs[key]} if key else kwargs
+        what = ("the arguments " if len(named) > 1 else "") + ", ".join(f"{k}={v!r}" for k, v in named.items())
+        param = "reasoning_effort" if key == "reasoning_effort" else "chat_template_kwargs"
+        raise TemplateArgumentError(f"the chat template rejects {what}: {type(e).__name__}: {e}", param) from None
+
+
+def _renders(tokenizer, msgs: list[dict], kwargs: dict, fixed: dict) -> bool:
+    try:
+        tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **fixed, **kwargs)
+    except Exception:
+        return False
+    return True
+
+
+def render_prompt(tokenizer, fmt: ToolFormat, messages: list[dict], tools: list[Tool], native_tools: bool,
+                  kwargs: dict | None = None) -> str:
+    """Prompt text up to and including the assistant generation header. `kwargs`: the request's
+    template arguments (`template_kwargs`). An earlier turn's `reasoning_content` goes to templates
+    that read it (Qwen3's) and is dropped for the others."""
+    kwargs = kwargs or {}
     if native_tools:
+        keeps_reasoning = "reasoning_content" in tokenizer.chat_template
         msgs = []
         for m in messages:
             m = dict(m)
+            if not keeps_reasoning:
+                m.pop("reasoning_content", None)
             if "tool_calls" in m:
                 m["tool_calls"] = [{"id": c["id"], "type": "function",
                                     "function": {"name": c["name"], "arguments": c["arguments"]}}
                                    for c in m["tool_calls"]]
             msgs.append(m)
-        return tokenizer.apply_chat_template(msgs, tools=[t.to_openai() for t in tools] or None,
-                                             tokenize=False, add_generation_prompt=True)
+        return apply_template(tokenizer, msgs, kwargs, tools=[t.to_openai() for t in tools] or None)
     msgs: list[dict] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -183,4 +268,4 @@ def render_prompt(tokenizer, fmt: ToolFormat, messages: list[dict], tools: list[
         else:
             msgs.insert(0, {"role": "system", "content": prompt})
     msgs = [{"role": m["role"], "content": m["content"]} for m in msgs]
-    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return apply_template(tokenizer, msgs, kwargs)

@@ -19,6 +19,14 @@ class ChatFormatError(OoOSpecError):
     """The messages are not a valid chat, or there is no usable chat template to render them."""
 
 
+class TemplateArgumentError(OoOSpecError):
+    """`chat_template_kwargs` or `reasoning_effort` is malformed, or the chat template takes no such argument."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 class ContextLengthError(OoOSpecError):
     """The prompt does not fit the target's context window."""
 
