@@ -6,6 +6,11 @@ come first. The prompt already ends with the opener that `tool_choice` forces (`
 so the grammar starts right after it. Objects are closed, as in OpenAI's strict mode: no keys beyond
 `properties` unless `additionalProperties` is itself a schema.
 
+A template that reasons (formats/reasoning.py) gets its reasoning block first, free text up to the
+closing marker; the grammar above constrains what follows it. There a forced call cannot be in the
+prompt: it comes after the reasoning, so even without strict a forced `tool_choice` is a grammar,
+the opener after the block and free text after the opener (`Grammars.guide`).
+
 Lossless under a grammar means: the reply equals greedy decoding of the target whose logits are
 masked by the same grammar (`StrictLogitsProcessor` is that reference for `transformers.generate`).
 llguidance decides what is allowed; the schema drafter only drafts.
@@ -26,7 +31,7 @@ import torch
 from transformers import LogitsProcessor
 
 from .errors import OoOSpecError, ResponseFormatError
-from .formats import ToolFormat
+from .formats import Reasoning, ToolFormat
 from .tools import Tool
 
 log = logging.getLogger(__name__)
@@ -86,7 +91,7 @@ class Grammars:
         self._lock = threading.Lock()
 
     def guide(self, tools: list[Tool], mode: str, name: str | None, strict: bool = True,
-              reply: dict | None = None) -> "Guide | None":
+              reply: dict | None = None, reasoning: Reasoning | None = None) -> "Guide | None":
         """A fresh matcher for one reply, or None when nothing is constrained (no tools offered,
         `tool_choice="none"`, or a format the grammar does not cover: that warns). `strict` makes
         every tool strict; otherwise only tools flagged `"strict": true` are, and the arguments of
@@ -94,13 +99,17 @@ class Grammars:
 
         `reply`, a `response_format`'s schema (`response_schema`), is what a reply that calls no tool
         must be under `auto`: that JSON value instead of free text (and a reply that calls writes no
-        text before its calls). A forced call has no such reply."""
+        text before its calls). A forced call has no such reply.
+
+        `reasoning`: the reply's reasoning block comes first, unconstrained; a forced call's opener
+        follows it (without strict, only the opener is constrained: `opener_lark`)."""
         if mode == "none" or not tools:
             return None
         if mode != "auto":
             reply = None
+        after_reasoning = reasoning is not None and mode != "auto"  # the forced opener is no prompt prefix
         if reply is None and not (strict or any(t.strict for t in tools)):
-            return None
+            return self._opener_guide(mode, name, reasoning) if after_reasoning else None
         if not strict:
             tools = [t if t.strict else Tool(t.name, t.description, _ANY_OBJECT) for t in tools]
         if reply is not None and (self.fmt.calls_in_one_list or not self.fmt.call_start.strip()):
@@ -111,19 +120,35 @@ class Grammars:
         if self.fmt.calls_in_one_list:
             warnings.warn(f"strict decoding covers the hermes and llama3_json formats; the target's format "
                           f"{self.fmt.name!r} decodes non-strict", StrictFallbackWarning, stacklevel=3)
-            return None
+            return self._opener_guide(mode, name, reasoning) if after_reasoning else None
         key = (mode, name, tuple((t.name, json.dumps(t.parameters, sort_keys=True)) for t in tools),
-               json.dumps(reply, sort_keys=True))
+               json.dumps(reply, sort_keys=True), reasoning)
         return self._cached(key, lambda: self._compile(self.lark(
-            tools, mode, name, None if reply is None else self._reply_schema(reply))))
+            tools, mode, name, None if reply is None else self._reply_schema(reply), reasoning)))
 
-    def json_guide(self, schema: dict) -> "Guide":
+    def _opener_guide(self, mode: str, name: str | None, reasoning: Reasoning) -> "Guide":
+        opener = self.fmt.forced_prefix(name if mode == "named" else None)
+        return self._cached(("opener", opener, reasoning), lambda: self._compile(self.opener_lark(opener, reasoning)))
+
+    def opener_lark(self, opener: str, reasoning: Reasoning) -> str:
+        """A forced call without strict, after the reasoning: the opener the prompt would have ended
+        with (`ToolFormat.forced_prefix`), then anything."""
+        rules = [f"forced: {_lit(opener)} REST?", "REST: /(?s:.+)/", *_reasoning_rules(reasoning, "forced")]
+        return "\n".join(rules) + "\n"
+
+    def json_guide(self, schema: dict, reasoning: Reasoning | None = None) -> "Guide":
         """A fresh matcher for a reply that is one JSON value valid against `schema` (a
-        `response_format`'s, see `response_schema`), then EOS. A schema beyond llguidance is a
-        ResponseFormatError naming its keyword: a structured reply is never decoded unconstrained."""
+        `response_format`'s, see `response_schema`), then EOS; after the reasoning block, where
+        `reasoning` is given. A schema beyond llguidance is a ResponseFormatError naming its keyword:
+        a structured reply is never decoded unconstrained."""
         import llguidance
-        return self._cached(("json", json.dumps(schema, sort_keys=True)), lambda: self._compile_matcher(
-            llguidance.LLMatcher.grammar_from_json_schema(self._reply_schema(schema))))
+        key = ("json", json.dumps(schema, sort_keys=True), reasoning)
+        if reasoning is None:
+            return self._cached(key, lambda: self._compile_matcher(
+                llguidance.LLMatcher.grammar_from_json_schema(self._reply_schema(schema))))
+        return self._cached(key, lambda: self._compile("\n".join([
+            f"reply: %json {json.dumps(self._reply_schema(schema), ensure_ascii=False)}",
+            *_reasoning_rules(reasoning, "reply")]) + "\n"))
 
     def _cached(self, key: tuple, compile_it) -> "Guide":
         """A fresh matcher of the grammar cached under `key`, compiled (and checked) on a miss only."""
@@ -148,35 +173,41 @@ class Grammars:
                                       f"{f' (its {keyword!r} keyword)' if keyword else ''}: {error.splitlines()[0]}")
         return styled
 
-    def lark(self, tools: list[Tool], mode: str, name: str | None, reply: dict | None = None) -> str:
-        """The reply's grammar in llguidance's Lark dialect, starting after the forced prefix; under
-        `auto`, a reply is free text (and calls after it), or, where `reply` is given, its JSON value or calls."""
+    def lark(self, tools: list[Tool], mode: str, name: str | None, reply: dict | None = None,
+             reasoning: Reasoning | None = None) -> str:
+        """The reply's grammar in llguidance's Lark dialect, starting after the forced prefix (after the
+        reasoning block, with `reasoning`: then no prefix is forced in the prompt); under `auto`, a
+        reply is free text (and calls after it), or, where `reply` is given, its JSON value or calls."""
         fmt = self.fmt
         allowed = [t for t in tools if mode != "named" or t.name == name]
-        prefix = fmt.forced_prefix(name if mode == "named" else None) if mode in ("required", "named") else ""
+        forced = mode in ("required", "named") and reasoning is None
+        prefix = fmt.forced_prefix(name if mode == "named" else None) if forced else ""
+        # text may not open a block the grammar reads as reasoning (it would be two readings of one reply)
+        no_block = "" if reasoning is None or reasoning.starts_open else f" & ~{_block_regex(reasoning)}"
         rules, bodies, firsts = [], [], []
         for i, tool in enumerate(allowed):
             head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + f', "{fmt.args_key}": '
             rules.append(f"args_{i}: %json {json.dumps(self._arguments(tool), ensure_ascii=False)}")
             bodies.append(f"{_lit(head)} args_{i} {_lit('}' + fmt.call_end)}")
-            if prefix and (fmt.call_start + head).startswith(prefix):
+            if (fmt.call_start + head).startswith(prefix):
                 firsts.append(f"{_lit((fmt.call_start + head)[len(prefix):])} args_{i} {_lit('}' + fmt.call_end)}")
         rules += ["body: " + " | ".join(bodies), f"more: ({_lit(fmt.call_sep)} call)*",
                   f"call: {_lit(fmt.call_start)} body" if fmt.call_start else "call: body"]
         if mode == "auto":
             tag = fmt.call_start.strip()
             if reply is not None:  # the response_format's JSON, or calls (no text before them, as OpenAI's)
-                rules += ["start: reply | call more", f"reply: %json {json.dumps(reply, ensure_ascii=False)}"]
+                rules += ["answer: reply | call more", f"reply: %json {json.dumps(reply, ensure_ascii=False)}"]
             elif tag:
                 # Text that never opens a call; or text up to the first call's opener (a lazy lexeme:
                 # it ends at the opener), then calls. A greedy text lexeme could not give back "<tool_call".
-                rules += ["start: TEXT? | opener body more",
-                          f"TEXT: /(?s:.+)/ & ~/(?s:.*){_regex_escape(tag)}(?s:.*)/",
-                          f"opener[lazy]: /(?s:.*){_regex_escape(fmt.call_start)}/"]
+                rules += ["answer: TEXT? | opener body more",
+                          f"TEXT: /(?s:.+)/ & ~/(?s:.*){_regex_escape(tag)}(?s:.*)/{no_block}",
+                          f"opener[lazy]: /(?s:.*){_regex_escape(fmt.call_start)}/{no_block}"]
             else:  # the whole reply is calls or text (llama3_json): text never starts like a call
-                rules += ["start: TEXT? | call more", r"TEXT: /(?s:.+)/ & ~/\s*\{(?s:.*)/"]
+                rules += ["answer: TEXT? | call more", r"TEXT: /(?s:.+)/ & ~/\s*\{(?s:.*)/" + no_block]
         else:
-            rules += ["first: " + " | ".join(firsts), "start: first more"]
+            rules += ["first: " + " | ".join(firsts), "answer: first more"]
+        rules += _reasoning_rules(reasoning, "answer") if reasoning is not None else ["start: answer"]
         return "\n".join(rules) + "\n"
 
     def _arguments(self, tool: Tool) -> dict:
@@ -290,6 +321,26 @@ def _keywords(schema, path=()):
     for k in schema:
         if k not in ("type", "x-guidance"):
             yield path, k
+
+
+#: whitespace around a reasoning block ("</think>\n\n"): bounded, so that a masked model cannot loop in it
+_GAP = "[ \\t\\r\\n]{0,4}"
+
+
+def _reasoning_rules(reasoning: Reasoning, answer: str) -> list[str]:
+    """The reply's start: its reasoning block (free text up to the closing marker, and the whitespace
+    after it), then the rule `answer`; where the prompt has not opened the block, the reply may skip it."""
+    close = _regex_escape(reasoning.close)
+    once = f"~/(?s:.*){close}(?s:.*){close}(?s:.*)/"  # the block ends at its first closing marker
+    if reasoning.starts_open:
+        return [f"start: THINK {answer}", f"THINK: /(?s:.*){close}{_GAP}/ & {once}"]
+    return [f"start: THINK {answer} | {answer}",
+            f"THINK: /{_GAP}{_regex_escape(reasoning.open)}(?s:.*){close}{_GAP}/ & {once}"]
+
+
+def _block_regex(reasoning: Reasoning) -> str:
+    """Text that opens a reasoning block."""
+    return f"/[ \\t\\r\\n]*{_regex_escape(reasoning.open)}(?s:.*)/"
 
 
 def _regex_escape(text: str) -> str:
