@@ -25,14 +25,14 @@ import torch
 
 from .calllog import DEFAULT_MAX_MB as DEFAULT_LOG_MB
 from .calllog import open_call_log
-from .chat import normalize_messages, render_prompt, require_chat_template, template_renders_tools
+from .chat import normalize_messages, render_prompt, require_chat_template, template_kwargs, template_renders_tools
 from . import deterministic as det
 from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDrafter, SchemaDrafter
 from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
 from .errors import AdapterError, ContextLengthError, OoOSpecError, PredictionError
-from .events import LogprobsDelta, ReplyEvents, TextDelta, ToolCallDelta
-from .formats import ToolFormat, detect_format
+from .events import LogprobsDelta, ReasoningDelta, ReplyEvents, TextDelta, ToolCallDelta
+from .formats import Reasoning, ToolFormat, detect_format, detect_reasoning
 from .formats.base import ENDED_INSIDE, UNTERMINATED
 from .gcheap import freeze_gc_heap
 from .grammar import Grammars, Guide, StrictLogitsProcessor, response_schema
@@ -65,7 +65,9 @@ class Generation:
     ({"id" of the call, "name", "error": the validator's message}); only a call that cannot be read
     (arguments that do not parse or are no object, a call cut off) is in `invalid_tool_calls`. Under
     `strict` the calls fit their schemas. `finish_reason` is "length" when `max_new_tokens` cut the
-    reply off; else "tool_calls" when it holds any call (valid, misfit or invalid), else "stop"."""
+    reply off; else "tool_calls" when it holds any call (valid, misfit or invalid), else "stop".
+    Where the template reasons, `reasoning` is the reply's reasoning block without its markers, and
+    content and calls are read from the text after it (a reply cut off while reasoning has none)."""
     text: str                       # the whole assistant reply as generated, forced opener included
     token_ids: list[int]            # the new tokens only (after `Engine.prompt_ids`)
     tool_calls: list[dict]          # {"id", "name", "arguments": dict}, each checked against its schema
@@ -76,9 +78,10 @@ class Generation:
     prompt_tokens: int = 0
     logprobs: list[dict] | None = None  # with `logprobs`: per new token, OpenAI's {"token", "logprob", ...}
     tool_call_problems: list[dict] = field(default_factory=list)  # {"id", "name", "error"} per misfit call
+    reasoning: str | None = None    # the reasoning block's text; None when the reply has none
 
 
-Event = Union[TextDelta, ToolCallDelta, LogprobsDelta, Generation]
+Event = Union[ReasoningDelta, TextDelta, ToolCallDelta, LogprobsDelta, Generation]
 
 
 @dataclass
@@ -87,13 +90,14 @@ class Prepared:
     messages: list[dict]
     tools: list[Tool]
     choice: tuple[str, str | None]
-    prefix: str                     # assistant text forced by tool_choice
+    prefix: str                     # assistant text forced by tool_choice in the prompt (none after reasoning)
     prompt_ids: list[int]
     max_new_tokens: int
     stop: list[str] = field(default_factory=list)
     guide: Guide | None = None      # the reply's grammar state under strict (grammar.py), else None
     sampling: Sampling = field(default_factory=Sampling)  # greedy unless it has a temperature
     top_logprobs: int | None = None  # logprobs asked for: alternatives per token (None: none asked)
+    reasoning: Reasoning | None = None  # how the reply reasons (formats/reasoning.py); None: it does not
 
 
 class Engine:
@@ -132,6 +136,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.sidecar: Sidecar | None = None if sidecar is None else check_sidecar(sidecar)
         self.fmt = fmt or detect_format(getattr(tokenizer, "chat_template", None))
+        self.reasoning = detect_reasoning(getattr(tokenizer, "chat_template", None))  # None: it does not reason
         # Templates that render `tools=` get them natively; others (SmolLM2) get the format's prompt.
         self.native_tools = template_renders_tools(tokenizer)
         self.model_name = model_name or getattr(target.config, "_name_or_path", None) or type(target).__name__
@@ -227,22 +232,30 @@ class Engine:
     # ------------------------------------------------------------------ requests
 
     def prepare(self, messages, tools=None, tool_choice="auto", max_new_tokens: int = 256, stop=None,
-                strict: bool = False, response_format=None) -> Prepared:
+                strict: bool = False, response_format=None, chat_template_kwargs=None,
+                reasoning_effort=None) -> Prepared:
         """Check a request and render its prompt; bad input raises here, naming the problem. `strict`
         constrains the reply to valid calls of the offered tools (grammar.py); without it, the tools
         flagged `"strict": true` are constrained. `response_format` (OpenAI's: `json_object`, or
         `json_schema` with its schema) makes a reply that calls no tool one JSON value of that schema,
         as OpenAI does: the whole reply without tools, the alternative to calls under `auto`, nothing
-        where `tool_choice` forces a call."""
+        where `tool_choice` forces a call. `chat_template_kwargs` (e.g. `{"enable_thinking": False}`)
+        and `reasoning_effort` go to the chat template, which must read them (chat.template_kwargs).
+
+        Where the reply reasons (formats/reasoning.py), a call that `tool_choice` forces comes after the
+        reasoning, not in the prompt: the grammar forces its opener there (grammar.py)."""
         msgs = normalize_messages(messages)
         tool_list = normalize_tools(tools)
         mode, name = resolve_tool_choice(tool_choice, tool_list)
         schema = response_schema(response_format)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise OoOSpecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        kwargs = template_kwargs(self.tokenizer.chat_template, chat_template_kwargs, reasoning_effort)
         offered = [] if mode == "none" else tool_list
-        prompt = render_prompt(self.tokenizer, self.fmt, msgs, offered, self.native_tools)
-        prefix = {"required": self.fmt.forced_prefix(), "named": self.fmt.forced_prefix(name)}.get(mode, "")
+        prompt = render_prompt(self.tokenizer, self.fmt, msgs, offered, self.native_tools, kwargs)
+        reasoning = None if self.reasoning is None else self.reasoning.for_prompt(prompt)
+        forced = {"required": self.fmt.forced_prefix(), "named": self.fmt.forced_prefix(name)}.get(mode, "")
+        prefix = "" if reasoning is not None else forced
         ids = self.tokenizer.encode(prompt + prefix, add_special_tokens=False)
         if len(ids) + 1 > self.context_window:
             raise ContextLengthError(f"the prompt is {len(ids)} tokens, over the target's context window of "
@@ -255,21 +268,27 @@ class Engine:
         for i, s in enumerate(stop):
             if not isinstance(s, str) or not s:
                 raise OoOSpecError(f"stop[{i}] is {s!r}; every stop sequence must be a non-empty string")
-        guide = self._grammars.json_guide(schema) if schema is not None and not offered \
-            else self._grammars.guide(offered, mode, name, strict, reply=schema)
+        guide = self._grammars.json_guide(schema, reasoning) if schema is not None and not offered \
+            else self._grammars.guide(offered, mode, name, strict, reply=schema, reasoning=reasoning)
         return Prepared(msgs, offered, (mode, name), prefix, ids, min(max_new_tokens, self.context_window - len(ids)),
-                        list(stop), guide)
+                        list(stop), guide, reasoning=reasoning)
 
-    def prompt_ids(self, messages, tools=None, *, tool_choice="auto") -> list[int]:
-        """The exact ids the target is conditioned on before its first free token."""
-        return list(self.prepare(messages, tools, tool_choice).prompt_ids)
+    def prompt_ids(self, messages, tools=None, *, tool_choice="auto", chat_template_kwargs=None,
+                   reasoning_effort=None) -> list[int]:
+        """The exact ids the target is conditioned on before its first free token (a forced call's
+        opener included, except where the reply reasons first: then the opener follows the reasoning,
+        and `logits_processor(..., strict=False)` is the reference that forces it)."""
+        return list(self.prepare(messages, tools, tool_choice, chat_template_kwargs=chat_template_kwargs,
+                                 reasoning_effort=reasoning_effort).prompt_ids)
 
-    def logits_processor(self, messages, tools=None, *, tool_choice="auto", strict: bool = True,
-                         response_format=None) -> StrictLogitsProcessor:
+    def logits_processor(self, messages, tools=None, *, tool_choice="auto", strict: bool = True, response_format=None,
+                         chat_template_kwargs=None, reasoning_effort=None) -> StrictLogitsProcessor:
         """The masked reference of a strict request: `target.generate(prompt_ids, logits_processor=[it],
         do_sample=False)` is what `generate(..., strict=True)` must reproduce (or, with a JSON
-        `response_format`, `generate(..., response_format=...)`). Single use."""
-        req = self.prepare(messages, tools, tool_choice, strict=strict, response_format=response_format)
+        `response_format`, `generate(..., response_format=...)`; or, for a reply that reasons before
+        the call `tool_choice` forces, `generate(...)` with `strict=False`). Single use."""
+        req = self.prepare(messages, tools, tool_choice, strict=strict, response_format=response_format,
+                           chat_template_kwargs=chat_template_kwargs, reasoning_effort=reasoning_effort)
         return StrictLogitsProcessor(req.guide, len(req.prompt_ids))
 
     def generate(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
@@ -279,7 +298,8 @@ class Engine:
         of alternatives per token, up to 20) returns each new token's log-probability. `hint` injects a fixed call text instead of the sidecar's; `strict=True`
         decodes under the grammar of valid calls, and a JSON `response_format` under its schema's (the
         reference of both is `logits_processor`); `prediction` (OpenAI's Predicted Outputs: the text, or
-        `{"type": "content", "content": ...}`) is drafted wherever the reply agrees with it."""
+        `{"type": "content", "content": ...}`) is drafted wherever the reply agrees with it;
+        `chat_template_kwargs` and `reasoning_effort` go to the chat template (`prepare`)."""
         gen = None
         for item in self.stream(messages, tools, tool_choice=tool_choice, max_new_tokens=max_new_tokens,
                                 method=method, stop=stop, hint=hint, **kw):
@@ -291,15 +311,16 @@ class Engine:
                record_margins: bool = False, cancel: threading.Event | None = None,
                strict: bool = False, response_format=None, prediction=None, temperature: float | None = None,
                top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-               seed: int | None = None, logprobs: bool | int | None = None) -> Iterator[Event]:
-        """Yield `TextDelta`s and `ToolCallDelta`s in the round that commits their tokens, then the
-        final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply early; or
-        set `cancel` from any thread: the reply ends, with no Generation, after the round in progress
-        (whether or not that round had an event to yield)."""
+               seed: int | None = None, logprobs: bool | int | None = None, chat_template_kwargs=None,
+               reasoning_effort=None) -> Iterator[Event]:
+        """Yield `ReasoningDelta`s, `TextDelta`s and `ToolCallDelta`s in the round that commits their
+        tokens, then the final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply
+        early; or set `cancel` from any thread: the reply ends, with no Generation, after the round in
+        progress (whether or not that round had an event to yield)."""
         if method not in METHODS:
             raise OoOSpecError(f"unknown method {method!r}; expected one of {METHODS}")
         req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict,  # bad input raises here, eagerly
-                           response_format)
+                           response_format, chat_template_kwargs, reasoning_effort)
         req.sampling = Sampling(temperature, top_p, top_k, min_p, seed)
         req.top_logprobs = check_logprobs(logprobs)
         return self._locked(self._decode(req, method, hint, record_margins, cancel, self._prediction_ids(prediction)))
@@ -363,11 +384,11 @@ class Engine:
         reading = self.fmt.for_forced_reply(req.choice[0])  # a forced opener makes the reply calls
         state = ReplyState(ids=list(req.prompt_ids), n_prompt=len(req.prompt_ids), text=req.prefix, tools=req.tools,
                            fmt=self.fmt, tokenizer=self.tokenizer, pool=self.memory.recall(req.tools),
-                           prediction=Prediction(predicted) if predicted else None)
+                           prediction=Prediction(predicted) if predicted else None, reasoning=req.reasoning)
         stats.prediction_tokens = len(predicted or ())
         choose = Choice.for_reply(req.guide, req.sampling.sampler(), req.top_logprobs)  # None: the plain argmax
-        reply = _Reply(req, state, self._reply_text, self.eos_ids, ReplyEvents(reading, lambda i: f"{ids}_{i}"),
-                       choose)
+        reply = _Reply(req, state, self._reply_text, self.eos_ids,
+                       ReplyEvents(reading, lambda i: f"{ids}_{i}", req.reasoning), choose)
         hints = self._open_hints(req, method, hint_text, stats)
         if self.deterministic:  # every decode forward of the reply has these shapes
             reply.shapes = det.Shapes.for_reply(len(req.prompt_ids), req.max_new_tokens)
@@ -438,7 +459,8 @@ class Engine:
         """The candidate tree for the next forward: the forced tokens (committed, not yet in the KV
         cache) below the last token the target chose, then the prediction, hint, schema and retrieval drafts."""
         state = reply.state
-        if hints is not None and (hint := hints.poll(state.text)) is not None:
+        answer = state.answer  # None while the reply reasons: a hint waits until the reasoning has closed
+        if hints is not None and answer is not None and (hint := hints.poll(answer)) is not None:
             state.hint = hint
             state.pool.append(self.tokenizer.encode(hint, add_special_tokens=False))
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
@@ -496,10 +518,11 @@ class Engine:
             torch.cuda.synchronize(self._verifier.device)
 
     def _finish(self, req: Prepared, reply: "_Reply", stats: DecodeStats, ids: str) -> Generation:
-        content, parsed = reply.events.fmt.parse(reply.text)  # read as the stream was
+        thought, answer = reply.events.read(reply.text, final=True)  # read as the stream was
+        content, parsed = reply.events.fmt.parse(answer)
         if reply.finish == "stop" and reply.new and reply.new[-1] in self.eos_ids:  # not cut off: the model ended
             parsed = [dict(c, error=ENDED_INSIDE) if c.get("error") == UNTERMINATED else c for c in parsed]
-        calls, invalid, problems = check_calls(reply.events.settle(reply.text, parsed), req.tools, id_prefix=ids)
+        calls, invalid, problems = check_calls(reply.events.settle(answer, parsed), req.tools, id_prefix=ids)
         finish = reply.finish
         if (calls or invalid) and finish == "stop":  # as OpenAI's: a message holding calls, readable or not
             finish = "tool_calls"
@@ -509,7 +532,7 @@ class Engine:
         return Generation(text=reply.text, token_ids=reply.new, tool_calls=calls, invalid_tool_calls=invalid,
                           stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids),
                           logprobs=None if req.top_logprobs is None else reply.logprobs[:len(reply.new)],
-                          tool_call_problems=problems)
+                          tool_call_problems=problems, reasoning=None if thought is None else thought.strip())
 
 
 def _auto_layout(sidecar, target: cores.Place, kw: dict) -> tuple[cores.Place, cores.Place] | None:
@@ -583,7 +606,7 @@ class _Reply:
         """The committed text, cut at a stop string once one appears."""
         return self.state.text
 
-    def commit(self, pending: list[int], logits, stats: DecodeStats) -> Iterator[TextDelta | ToolCallDelta | LogprobsDelta]:
+    def commit(self, pending: list[int], logits, stats: DecodeStats) -> Iterator[Event]:
         """Commit what the last forward decided, check every stop condition, and yield the new events.
         `logits` are the rows that chose the last of `pending`; the tokens before them (and all of them
         when `logits` is None) were forced by the grammar: their margin is infinite, their logprob 0."""
@@ -632,7 +655,7 @@ class _Reply:
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
         return token(entry.token_id, entry.logprob) | {"top_logprobs": [token(t, lp) for t, lp in entry.top]}
 
-    def close(self) -> Iterator[TextDelta | ToolCallDelta]:
+    def close(self) -> Iterator[ReasoningDelta | TextDelta | ToolCallDelta]:
         """The reply is over: everything still held back is decided."""
         yield from self.events.feed(self.text, final=True)
 

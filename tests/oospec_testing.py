@@ -131,29 +131,37 @@ def trace_stream(engine, *args, **kwargs) -> tuple[list[tuple[int, object]], lis
     """Consume `engine.stream(...)`, noting the round in which each event arrived.
 
     Returns ([(round, event), ...], committed): round r is the commit after the target's r-th
-    forward (1 = the prefill), and `committed[r - 1]` is how many new tokens were committed by then.
+    forward (1 = the prefill), and `committed[r - 1]` is how many new tokens were committed by then
+    (under a grammar, with the tokens it forced right after that forward: jump-forward).
     """
     verifier = engine._verifier
     committed = [1]  # the prefill's forward commits one token
-    real = verifier.verify
+    real, real_forced = verifier.verify, engine._forced
 
     def verify(tree, cache, past, **kw):
         path, nxt, logits = real(tree, cache, past, **kw)
-        committed.append(committed[-1] + len(path))  # the accepted drafts plus the target's own token
+        # the accepted drafts plus the target's own token (the forced tokens at the tree's start were counted)
+        committed.append(committed[-1] + len(path) - tree.start)
         return path, nxt, logits
 
-    verifier.verify = verify
+    def forced(*a, **kw):
+        run = real_forced(*a, **kw)
+        committed[-1] += len(run)
+        return run
+
+    verifier.verify, engine._forced = verify, forced
     try:
         events = [(len(committed), item) for item in engine.stream(*args, **kwargs)]
     finally:
-        del verifier.verify
+        del verifier.verify, engine._forced
     return events, committed
 
 
 def check_events(engine, prefix: str, events, committed) -> None:
     """The event-stream contract, checked against the final Generation and the commit schedule:
 
-    - the TextDeltas join to `Generation.content`;
+    - the ReasoningDeltas join to `Generation.reasoning` (none where it is None), the TextDeltas to
+      `Generation.content`;
     - call i's first event carries its id and name, the rest argument fragments, and the fragments
       join to its arguments (valid: `json.loads` equals them; invalid: the raw string);
     - nothing is sent later than the round that committed it: after round r, each call's fragments
@@ -162,18 +170,20 @@ def check_events(engine, prefix: str, events, committed) -> None:
     """
     import json
 
-    from oospec_agents import Generation, TextDelta, ToolCallDelta
+    from oospec_agents import Generation, ReasoningDelta, TextDelta, ToolCallDelta
     gen = events[-1][1]
     assert isinstance(gen, Generation)
     body = [(r, e) for r, e in events[:-1]]
-    assert all(isinstance(e, (TextDelta, ToolCallDelta)) for _, e in body)
+    assert all(isinstance(e, (ReasoningDelta, TextDelta, ToolCallDelta)) for _, e in body)
+    thought = [e.text for _, e in body if isinstance(e, ReasoningDelta)]
+    assert ("".join(thought) if thought or gen.reasoning is not None else None) == gen.reasoning
     assert "".join(e.text for _, e in body if isinstance(e, TextDelta)) == gen.content
     calls = sorted([*gen.tool_calls, *gen.invalid_tool_calls], key=lambda c: int(c["id"].rsplit("_", 1)[1]))
     deltas = [(r, e) for r, e in body if isinstance(e, ToolCallDelta)]
     assert sorted({e.index for _, e in deltas}) == list(range(len(calls)))
     tok = engine.tokenizer
     texts = [prefix + tok.decode(gen.token_ids[:n], skip_special_tokens=True).rstrip("\ufffd") for n in committed]
-    pos = 0
+    pos = 0 if gen.reasoning is None else gen.text.find(engine.reasoning.close) + len(engine.reasoning.close)
     for i, call in enumerate(calls):
         mine = [(r, e) for r, e in deltas if e.index == i]
         (r_name, first), rest = mine[0], mine[1:]
