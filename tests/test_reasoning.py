@@ -21,7 +21,7 @@ from oospec_agents.drafters.hint import HintDrafter
 from oospec_agents.drafters.schema import forced_text
 from oospec_agents.errors import ChatFormatError, TemplateArgumentError
 from oospec_agents.events import ReplyEvents
-from oospec_agents.formats import HermesFormat, Reasoning, detect_reasoning
+from oospec_agents.formats import HermesFormat, PythonicFormat, Reasoning, detect_reasoning
 from oospec_agents.grammar import Grammars
 from oospec_agents.tools import normalize_tools
 from oospec_testing import ScriptedTarget, check_events, greedy, masked_reference, trace_stream
@@ -222,6 +222,20 @@ def test_a_prompt_that_opened_the_block_starts_the_grammar_inside_it(grammars, s
     assert takes(grammars, smollm2_tokenizer, "plan\n</think>\n\n" + call("Rome"), "named", "get_weather",
                  reasoning=inside)
     assert not takes(grammars, smollm2_tokenizer, call("Rome"), "named", "get_weather", reasoning=inside)
+
+
+def test_a_json_reply_and_a_forced_call_of_any_format_follow_the_reasoning(grammars, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    guide = grammars.json_guide({"type": "object", "properties": {"ok": {"type": "boolean"}}}, Reasoning())
+    ids = tok.encode('<think>\nplan\n</think>\n\n{"ok": true}', add_special_tokens=False) + [tok.eos_token_id]
+    assert guide.matcher.consume_tokens(ids) and guide.matcher.is_stopped()
+    # calls the strict grammar does not cover: the opener is forced after the reasoning all the same
+    pythonic = Grammars(tok, PythonicFormat(), {tok.eos_token_id}, len(tok))
+    guide = pythonic.guide(normalize_tools([WEATHER]), "required", None, strict=False, reasoning=Reasoning())
+    for text, ok in (
+            ("<think>\nplan\n</think>\n[get_weather(city='Oslo')]", True), ("<think>\nplan\n</think>\nHi", False)):
+        matcher = guide.matcher.deep_copy()
+        assert matcher.consume_tokens(tok.encode(text, add_special_tokens=False)) is ok, text
 
 
 # ---------------------------------------------------------------- template arguments and earlier turns
