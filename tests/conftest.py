@@ -2,6 +2,8 @@
 and dev records spread over the data's sources."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -70,3 +72,13 @@ def embedded_server():
     from serve_testing import running
     with running(create_app(Engine.shared("embedded"), model="embedded")) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def with_template(smollm2_tokenizer):
+    """template text -> a copy of SmolLM2's tokenizer that renders chats with it."""
+    def make(template: str):
+        tok = copy.deepcopy(smollm2_tokenizer)
+        tok.chat_template = template
+        return tok
+    return make

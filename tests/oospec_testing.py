@@ -40,6 +40,57 @@ def tiny_model(kind: str, tokenizer, seed: int = 0):
     return model
 
 
+# ---------------------------------------------------------------- reasoning targets (#47)
+
+def chat_template(opens: bool = False, reads_reasoning: bool = True, effort: bool = False) -> str:
+    """A Qwen3-style ChatML template with `<think>` blocks: tools in the system turn, earlier turns'
+    `reasoning_content` written back (`reads_reasoning`), `enable_thinking=False` closing an empty block
+    in the generation prompt (anything but a boolean is refused); with `opens`, the generation prompt
+    opens the block itself (DeepSeek-R1 distills); with `effort`, a `reasoning_effort` line."""
+    assistant_reasoning = ("{%- if message.reasoning_content is string %}{{- '<think>\\n' + "
+                           "message.reasoning_content.strip('\\n') + '\\n</think>\\n\\n' }}{%- endif %}"
+                           if reads_reasoning else "")
+    generation = ("{{- '<think>\\n' }}" if opens else
+                  "{%- if enable_thinking is defined and enable_thinking is false %}"
+                  "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}")
+    return "".join([
+        "{%- if enable_thinking is defined and enable_thinking is not boolean %}"
+        "{{- raise_exception('enable_thinking must be true or false') }}{%- endif %}",
+        "{%- if reasoning_effort is defined %}{{- '<|im_start|>system\\nReasoning: ' + reasoning_effort + "
+        "'<|im_end|>\\n' }}{%- endif %}" if effort else "",
+        "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}{%- for tool in tools %}"
+        "{{- '\\n' + (tool | tojson) }}{%- endfor %}{{- '\\n</tools>\\nCall a function within <tool_call>"
+        "</tool_call> XML tags; think first in <think></think> tags.<|im_end|>\\n' }}{%- endif %}",
+        "{%- for message in messages %}",
+        "{%- if message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}", assistant_reasoning,
+        "{{- message.content }}{%- for c in message.tool_calls or [] %}{{- '\\n<tool_call>\\n{\"name\": \"' + "
+        "c.function.name + '\", \"arguments\": ' + (c.function.arguments | tojson) + '}\\n</tool_call>' }}"
+        "{%- endfor %}{{- '<|im_end|>\\n' }}",
+        "{%- elif message.role == 'tool' %}{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + "
+        "'\\n</tool_response><|im_end|>\\n' }}",
+        "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}",
+        "{%- endfor %}",
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}", generation, "{%- endif %}",
+    ])
+
+
+TEMPLATES = {"qwen3": chat_template(), "r1": chat_template(opens=True, reads_reasoning=False)}
+
+
+def tiny_qwen3(tokenizer, seed: int = 0):
+    """A randomly initialised 2-layer Qwen3 with SmolLM2's vocabulary."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                      pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.eos_token_id
+    return model
+
+
 def make_tiny_engine(kind: str = "llama"):
     """A real engine on a tiny random model with SmolLM2's tokenizer: nonsense replies, a few
     milliseconds a round -- for what needs a real engine but not a real answer."""
