@@ -61,13 +61,17 @@ class ChatRequest:
     min_p: float | None = None
     seed: int | None = None
     logprobs: bool | int | None = None   # True (the chosen token's), or alternatives per token (0-20)
+    # Reasoning targets (docs/reasoning.md): arguments of the chat template, checked by the engine
+    chat_template_kwargs: dict | None = None   # e.g. {"enable_thinking": False}
+    reasoning_effort: str | None = None        # "low" | "medium" | "high", for templates that read it
 
     def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
         """The engine's event stream for this request (bad input raises here, eagerly: a bad sampling
-        setting is a `SamplingError` naming its field in `.param`); setting `cancel` ends it after the
-        round in progress. With `logprobs`, the stream has `LogprobsDelta`s too."""
+        setting is a `SamplingError` naming its field in `.param`, a bad template argument a
+        `TemplateArgumentError`); setting `cancel` ends it after the round in progress. With `logprobs`,
+        the stream has `LogprobsDelta`s too; where the target reasons, `ReasoningDelta`s."""
         check_seed(self.seed)
-        optional = ("response_format", "prediction") + _SAMPLING
+        optional = ("response_format", "prediction", "chat_template_kwargs", "reasoning_effort") + _SAMPLING
         extra = {k: v for k in optional if (v := getattr(self, k)) is not None}
         return engine.stream(self.messages, self.tools, tool_choice=self.tool_choice or "auto",
                              max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop, cancel=cancel,

@@ -10,6 +10,11 @@ engine checks them (a `SamplingError` naming the field, before any event) and re
 the reply is the scripted one whatever they are. With `logprobs`, each "token" (a `step`-character
 piece; the last takes the rest) gets a made-up entry in OpenAI's shape, sent as a `LogprobsDelta` in
 its round, as the engine sends them.
+
+Given a `Reasoning` (formats/reasoning.py), replies reason as a `<think>` template's do: the block
+streams as `ReasoningDelta`s and lands in `Generation.reasoning`; content and calls are read after it.
+`chat_template_kwargs` and `reasoning_effort` are recorded in `requests`, not checked (there is no
+template to check them against).
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from typing import Iterator
 
 from .engine import Engine, Event, Generation
 from .events import LogprobsDelta, ReplyEvents
-from .formats import HermesFormat
+from .formats import HermesFormat, Reasoning
 from .sampling import Sampling, check_logprobs
 from .stats import DecodeStats
 from .tools import check_calls
@@ -60,9 +65,11 @@ CALL_REPLIES = {
 
 
 class ScriptedEngine(Engine):
-    def __init__(self, *replies: str, step: int = 4, model_name: str = "scripted-test-double"):
+    def __init__(self, *replies: str, step: int = 4, model_name: str = "scripted-test-double",
+                 reasoning: Reasoning | None = None):
         # no super().__init__: there is no model to load
         self.fmt = HermesFormat()
+        self.reasoning = reasoning  # how replies reason (None: they do not)
         self.native_tools = False
         self.model_name = model_name
         self.context_window = 4096
@@ -87,7 +94,8 @@ class ScriptedEngine(Engine):
                     "logprobs": logprobs}
         self.requests.append({"messages": messages, "tools": tools, "tool_choice": tool_choice,
                               "max_new_tokens": max_new_tokens, "method": method, "stop": stop,
-                              **{k: v for k, v in kw.items() if k in ("response_format", "prediction")},
+                              **{k: v for k, v in kw.items() if k in ("response_format", "prediction",
+                                                                      "chat_template_kwargs", "reasoning_effort")},
                               **{k: v for k, v in sampling.items() if v is not None}})
         text = self.replies.pop(0)
         cuts = [i for s in stop or [] if (i := text.find(s)) >= 0]
@@ -95,7 +103,7 @@ class ScriptedEngine(Engine):
         return self._replay(text, offered, method, top_logprobs)
 
     def _replay(self, text: str, offered, method: str, top_logprobs: int | None = None) -> Iterator[Event]:
-        events = ReplyEvents(self.fmt, lambda i: f"call_scripted_{i}")
+        events = ReplyEvents(self.fmt, lambda i: f"call_scripted_{i}", self.reasoning)
         n = max(1, len(text) // self.step)
         pieces = [text[i * self.step:(i + 1) * self.step] for i in range(n - 1)] + [text[(n - 1) * self.step:]]
         scored = [] if top_logprobs is None else [_entry(piece, top_logprobs) for piece in pieces]
@@ -106,14 +114,15 @@ class ScriptedEngine(Engine):
         yield from events.feed(text, final=True)
         if scored:
             yield LogprobsDelta([scored[-1]])
-        content, parsed = self.fmt.parse(text)
-        calls, invalid, problems = check_calls(events.settle(text, parsed), offered, id_prefix="call_scripted")
+        thought, answer = events.read(text, final=True)
+        content, parsed = self.fmt.parse(answer)
+        calls, invalid, problems = check_calls(events.settle(answer, parsed), offered, id_prefix="call_scripted")
         stats = DecodeStats(method, prompt_tokens=11, new_tokens=n, target_forwards=3,
                             accepted_by_source={"schema": 5, "retrieval": 0, "hint": 2}, hint_bytes=40)
         yield Generation(text=text, token_ids=list(range(n)), tool_calls=calls, invalid_tool_calls=invalid,
                          stats=stats, content=content, finish_reason="tool_calls" if calls or invalid else "stop",
                          prompt_tokens=11, logprobs=None if top_logprobs is None else scored,
-                         tool_call_problems=problems)
+                         tool_call_problems=problems, reasoning=None if thought is None else thought.strip())
 
 
 def _entry(token: str, top: int) -> dict:
