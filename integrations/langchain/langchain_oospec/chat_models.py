@@ -2,7 +2,9 @@
 
 This module owns LangChain's idioms: call keyword arguments, `bind_tools`, `with_structured_output`,
 the engine's events as `AIMessageChunk`s whose sum is `invoke`'s message, ChatOpenAI's sampling fields
-and `n` (several ChatGenerations in one ChatResult) and its `response_metadata["logprobs"]`. What every
+and `n` (several ChatGenerations in one ChatResult) and its `response_metadata["logprobs"]`, and a
+reasoning target's reasoning as ChatOllama and ChatDeepSeek give it (`additional_kwargs["reasoning_content"]`,
+which LangChain's `content_blocks` shows as a standard reasoning block). What every
 front-end shares (the request, its sampling rules, the engine's loading, the async bridge, usage, the
 `parallel_tool_calls` rule) is oospec_agents.frontend's.
 """
@@ -28,7 +30,7 @@ from langchain_core.utils.function_calling import convert_to_openai_function, co
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from oospec_agents import Engine, Generation, LogprobsDelta, TextDelta, ToolCallDelta
+from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.frontend import (ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate, call_problems,
                                     check_seed, choice_count, openai_logprobs)
@@ -43,7 +45,8 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", 
 _NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0}
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "response_format", "prediction",
-                "parallel_tool_calls", "logit_bias", *_SAMPLING, *_NEUTRAL)
+                "parallel_tool_calls", "logit_bias", "chat_template_kwargs", "reasoning_effort", *_SAMPLING,
+                *_NEUTRAL)
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -71,6 +74,16 @@ class ChatOoOSpec(BaseChatModel):
         model.bind_tools([get_current_weather], tool_choice="auto").invoke("Weather in Paris?")
         model.bind_tools([get_current_weather], strict=True)    # calls decoded under the schema's grammar
         ```
+
+    Reasoning (a `<think>` target such as Qwen3, docs/reasoning.md):
+        ```python
+        model = ChatOoOSpec(model="Qwen/Qwen3-8B", chat_template_kwargs={"enable_thinking": True})
+        reply = model.invoke("Weather in Paris?")
+        reply.additional_kwargs["reasoning_content"]            # the <think> block; streamed chunk by chunk
+        reply.content_blocks[0]                                 # {"type": "reasoning", "reasoning": ...}
+        ```
+        An earlier AIMessage's reasoning (`additional_kwargs["reasoning_content"]`, or its reasoning
+        content blocks) goes back to the chat template as `reasoning_content`.
 
     Engines are shared: every `ChatOoOSpec` naming the same models and devices uses one loaded engine,
     loaded on first use (constructing the chat model loads nothing).
@@ -111,6 +124,12 @@ class ChatOoOSpec(BaseChatModel):
     logit_bias: dict[int, int] | None = None
     """Not served: only an empty one (or unset) is accepted."""
     stop: list[str] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Arguments of the target's chat template, as vLLM takes them: e.g. `{"enable_thinking": False}` for
+    Qwen3. An argument the template does not read is an error naming it."""
+    reasoning_effort: str | None = None
+    """"low", "medium" or "high", for chat templates that read `reasoning_effort`; with any other template it
+    is an error that says so."""
     prefix_cache_tokens: int | None = None
     """KV of recent prompts the engine keeps for reuse, in tokens (0 turns it off; None: the engine's
     default). An agent resends its system prompt and tools every turn: only the new tail is prefilled."""
@@ -311,8 +330,9 @@ class ChatOoOSpec(BaseChatModel):
                              "streaming (invoke, batch or generate give n generations)")
 
     def _chunks(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator[ChatGenerationChunk]:
-        """One chunk per engine event, as the engine commits it: text, a call's name, its argument
-        fragments; the last chunk carries usage and stats. `parallel_tool_calls=False` (as ChatOpenAI
+        """One chunk per engine event, as the engine commits it: reasoning (in
+        `additional_kwargs["reasoning_content"]`, as ChatOllama's and ChatDeepSeek's chunks carry it, so the
+        chunks' sum joins it), text, a call's name, its argument fragments; the last chunk carries usage and stats. `parallel_tool_calls=False` (as ChatOpenAI
         takes it): the reply's first call only, by the front-ends' one rule, as the server keeps it.
         With logprobs asked for, a chunk of empty content carries each round's in
         `generation_info["logprobs"]` (`{"content": [...]}`, as ChatOpenAI's chunks do), which LangChain
@@ -328,6 +348,9 @@ class ChatOoOSpec(BaseChatModel):
             for event in events:
                 if isinstance(event, TextDelta):
                     yield ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+                elif isinstance(event, ReasoningDelta):
+                    yield ChatGenerationChunk(message=AIMessageChunk(
+                        content="", additional_kwargs={"reasoning_content": event.text}))
                 elif isinstance(event, ToolCallDelta):
                     if not parallel.keeps(event):
                         continue
@@ -355,6 +378,8 @@ class ChatOoOSpec(BaseChatModel):
             stop=self.stop if stop is None else stop,
             response_format=kwargs.get("response_format"),
             prediction=kwargs.get("prediction"),
+            chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
+            reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
             **settings,
         )
         return self._engines.get(kwargs.get("model")), request
@@ -415,7 +440,7 @@ def _generation(full: ChatGenerationChunk, last: _LastChunk) -> ChatGeneration:
     them, those whose arguments parse in `tool_calls` (a schema misfit too: its problem is in
     `response_metadata["tool_call_problems"]`), the others in `invalid_tool_calls`. An invalid call's
     `error` is None, as the summed stream's is (LangChain's sum of chunks sets none): its reason is in
-    `tool_call_problems` too."""
+    `tool_call_problems` too. Its reasoning is the stream's, joined (`additional_kwargs["reasoning_content"]`)."""
     gen, parallel = last._generation, last._parallel
     message = AIMessage(
         content=full.message.content,
@@ -423,6 +448,7 @@ def _generation(full: ChatGenerationChunk, last: _LastChunk) -> ChatGeneration:
                     for c in parallel.shown(gen.tool_calls)],
         invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=None)
                             for c in parallel.shown(gen.invalid_tool_calls)],
+        additional_kwargs=full.message.additional_kwargs,
         usage_metadata=full.message.usage_metadata,
         response_metadata=full.message.response_metadata,
     )

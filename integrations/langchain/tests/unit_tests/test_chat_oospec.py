@@ -109,8 +109,8 @@ def test_per_call_temperature_is_checked_too(scripted):
 
 
 def test_unknown_call_arguments_are_an_error(scripted):
-    with pytest.raises(TypeError, match=r"unsupported call arguments \['reasoning_effort'\]"):
-        ChatOoOSpec(engine=scripted("hi")).invoke("hello", reasoning_effort="low")
+    with pytest.raises(TypeError, match=r"unsupported call arguments \['verbosity'\]"):
+        ChatOoOSpec(engine=scripted("hi")).invoke("hello", verbosity="low")
 
 
 def test_sampling_settings_reach_the_engine(scripted):
