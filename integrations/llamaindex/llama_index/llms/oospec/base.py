@@ -2,7 +2,9 @@
 
 This module owns LlamaIndex's idioms: chat and completion methods and their callbacks, ChatResponses
 carrying the whole message so far (and its `logprobs` so far), the sampling fields as LlamaIndex's
-OpenAI LLM names them, `_prepare_chat_with_tools` and `get_tool_calls_from_response`. Message
+OpenAI LLM names them, a reasoning target's reasoning (a `ThinkingBlock`, and `thinking_delta` in a
+stream's `ChatResponse.additional_kwargs`, as llama-index-llms-ollama and -openai give them),
+`_prepare_chat_with_tools` and `get_tool_calls_from_response`. Message
 translation is messages.py's; what every front-end shares (the request, its sampling rules, the
 engine's loading, the async bridge, usage, the `allow_parallel_tool_calls` rule) is
 oospec_agents.frontend's.
@@ -39,7 +41,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
-from oospec_agents import Engine, Generation, LogprobsDelta, TextDelta
+from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta
 from oospec_agents.engine import Event
 from oospec_agents.frontend import (CallsSoFar, ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate,
                                     check_seed, openai_logprobs)
@@ -51,7 +53,7 @@ from .messages import assistant_message, to_engine_messages, tool_calls_of
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "top_logprobs")
 # What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three.
 _CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format", "prediction",
-                *_SAMPLING)
+                "chat_template_kwargs", "reasoning_effort", *_SAMPLING)
 
 
 class OoOSpec(FunctionCallingLLM):
@@ -119,6 +121,12 @@ class OoOSpec(FunctionCallingLLM):
         "top_logprobs alternatives as LogProbs (as LlamaIndex's OpenAI LLM gives them), or the chosen token "
         "alone when top_logprobs is 0.")
     top_logprobs: int = Field(default=0, description="The number of top token log probs to return, 0 to 20.")
+    chat_template_kwargs: Optional[Dict[str, Any]] = Field(
+        default=None, description='Arguments of the target\'s chat template, as vLLM takes them: e.g. {"enable_thinking": '
+        "False} for Qwen3. An argument the template does not read is an error naming it.")
+    reasoning_effort: Optional[str] = Field(
+        default=None, description='"low", "medium" or "high", for chat templates that read reasoning_effort; with any '
+        "other template it is an error that says so.")
 
     _engine: LazyEngine = PrivateAttr()
 
@@ -248,18 +256,21 @@ class OoOSpec(FunctionCallingLLM):
         return aiterate(lambda: self._responses(events, parallel))
 
     def _responses(self, events: Iterator[Event], parallel: ParallelToolCalls) -> ChatResponseGen:
-        """One ChatResponse per engine event, each carrying the whole message so far: its text, and
-        a ToolCallBlock per call begun, whose `tool_kwargs` grow as argument fragments arrive. The
-        last one carries the validated calls and the raw reply."""
+        """One ChatResponse per engine event, each carrying the whole message so far: its reasoning (a
+        ThinkingBlock; the new piece in `additional_kwargs["thinking_delta"]`, where LlamaIndex's agents
+        read it), its text, and a ToolCallBlock per call begun, whose `tool_kwargs` grow as argument
+        fragments arrive. The last one carries the validated calls and the raw reply."""
         # Closed with this generator, so that a stream abandoned early releases the engine at once.
         with closing(events):
-            content, calls, scored = "", CallsSoFar(), []
+            thought, content, calls, scored = "", "", CallsSoFar(), []
             for event in events:
                 if isinstance(event, Generation):
                     yield self._final(event, parallel, delta="")
                     return
-                delta = ""
-                if isinstance(event, TextDelta):
+                delta, extra = "", {}
+                if isinstance(event, ReasoningDelta):
+                    thought, extra = thought + event.text, {"thinking_delta": event.text}
+                elif isinstance(event, TextDelta):
                     content, delta = content + event.text, event.text
                 elif isinstance(event, LogprobsDelta):
                     scored += event.content
@@ -267,8 +278,9 @@ class OoOSpec(FunctionCallingLLM):
                     call = calls.feed(event)
                     call["kwargs"] = _partial_kwargs(call["arguments"], call.get("kwargs", {}))
                 so_far = [dict(c, arguments=c["kwargs"]) for c in calls.calls]
-                yield ChatResponse(message=assistant_message(content, parallel.first(so_far)),
-                                   delta=delta, logprobs=_logprobs(scored) if scored else None)
+                yield ChatResponse(message=assistant_message(content, parallel.first(so_far), thought),
+                                   delta=delta, logprobs=_logprobs(scored) if scored else None,
+                                   additional_kwargs=extra)
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[ChatRequest, ParallelToolCalls]:
         """The engine request for one reply, and which of its tool calls to keep: every one, or (unless
@@ -284,7 +296,10 @@ class OoOSpec(FunctionCallingLLM):
                               tool_choice=kwargs.get("tool_choice", "auto"),
                               max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
                               method=self.method, response_format=kwargs.get("response_format"),
-                              prediction=kwargs.get("prediction"), **self._sampling(kwargs))
+                              prediction=kwargs.get("prediction"),
+                              chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
+                              reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
+                              **self._sampling(kwargs))
         return request, ParallelToolCalls(bool(kwargs.get("allow_parallel_tool_calls", True)))
 
     def _sampling(self, kwargs: dict) -> dict:
@@ -301,7 +316,8 @@ class OoOSpec(FunctionCallingLLM):
         OpenAI LLM reads OpenAI's: each whose arguments parse is a ToolCallBlock, a schema misfit too, whose
         problem is in `message.additional_kwargs["tool_call_problems"]` ({"id", "name", "error"}, present
         when a call of the message has one); a call whose arguments do not parse is left out of the
-        message, reported in `raw["invalid_tool_calls"]` with the reason."""
+        message, reported in `raw["invalid_tool_calls"]` with the reason. The reasoning is a ThinkingBlock
+        before the text, as the stream's last message has it."""
         # without allow_parallel_tool_calls, the first call only, as llama-index-llms-openai's
         # force_single_tool_call keeps one
         calls = parallel.first(generation.tool_calls)
@@ -317,7 +333,7 @@ class OoOSpec(FunctionCallingLLM):
             "sidecar": generation.stats.sidecar,
         }
         logprobs = None if generation.logprobs is None else _logprobs(generation.logprobs)
-        message = assistant_message(generation.content, calls)
+        message = assistant_message(generation.content, calls, generation.reasoning)
         if problems:
             message.additional_kwargs["tool_call_problems"] = problems
         return ChatResponse(message=message, delta=delta, raw=raw, logprobs=logprobs)

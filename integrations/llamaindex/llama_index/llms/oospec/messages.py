@@ -22,8 +22,9 @@ _ENGINE_ROLES = {
     MessageRole.ASSISTANT: "assistant",
     MessageRole.TOOL: "tool",
 }
-# Blocks left out of a message's text: tool calls travel separately as "tool_calls"; cache hints are
-# for hosted APIs; and another model's reasoning has no place in the target's chat template.
+# Blocks left out of a message's text: tool calls travel separately as "tool_calls", an assistant's
+# reasoning as "reasoning_content" (the engine drops it for templates that do not read it); cache hints
+# are for hosted APIs.
 _NOT_TEXT = (ToolCallBlock, CachePoint, ThinkingBlock)
 
 
@@ -43,6 +44,9 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict]:
                              f"{sorted({r.value for r in _ENGINE_ROLES})}")
         entry: dict[str, Any] = {"role": role, "content": _text(message, i)}
         if role == "assistant":
+            thoughts = [b.content for b in message.blocks if isinstance(b, ThinkingBlock) and b.content]
+            if thoughts:
+                entry["reasoning_content"] = join_text_parts(thoughts)
             calls = tool_calls_of(message)
             if calls:
                 entry["tool_calls"] = [{"id": c.tool_id, "type": "function",
@@ -80,9 +84,11 @@ def tool_calls_of(message: ChatMessage) -> list[ToolSelection]:
     return selections
 
 
-def assistant_message(content: str, tool_calls: list[dict]) -> ChatMessage:
-    """The reply as a LlamaIndex message: its text, then one ToolCallBlock per call."""
-    blocks: list = [TextBlock(text=content)]
+def assistant_message(content: str, tool_calls: list[dict], reasoning: str | None = None) -> ChatMessage:
+    """The reply as a LlamaIndex message: its reasoning (a ThinkingBlock, when there is any), its text,
+    then one ToolCallBlock per call (the order llama-index-llms-openai gives them)."""
+    blocks: list = [ThinkingBlock(content=reasoning)] if reasoning else []
+    blocks.append(TextBlock(text=content))
     blocks += [ToolCallBlock(tool_call_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"])
                for c in tool_calls]
     return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
