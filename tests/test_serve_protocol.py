@@ -324,7 +324,9 @@ BAD_REQUESTS = {
     "legacy function_call": ({"function_call": "auto"}, "function_call is OpenAI's deprecated form of tools"),
     "audio output": ({"modalities": ["text", "audio"]}, "audio output is not served"),
     "web search": ({"web_search_options": {}}, "web_search_options is not served"),
-    "reasoning effort": ({"reasoning_effort": "low"}, "reasoning_effort='low' is not served"),
+    "reasoning effort": ({"reasoning_effort": "low"}, "this chat template takes no reasoning_effort"),
+    "chat_template_kwargs": ({"chat_template_kwargs": {"enable_thinking": False}},
+                             "'enable_thinking' is not an argument of this chat template"),
     "top_logprobs": ({"top_logprobs": 3}, "top_logprobs=3 needs logprobs=true"),
     "prediction content": ({"prediction": {"type": "content", "content": 5}}, "prediction.content must be"),
 }

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .. import Generation, LogprobsDelta, TextDelta, ToolCallDelta
+from .. import Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
 from ..frontend import ChatRequest, choice_count
 from . import admin
 from .errors import Guard, ServeError, error_body, install_error_handlers
@@ -140,7 +140,9 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         method = req.method or state.method
         chat = ChatRequest(req.messages, req.tools, req.tool_choice or "auto", method=method,
                            stop=[req.stop] if isinstance(req.stop, str) else req.stop,
-                           response_format=req.response_format, prediction=req.prediction, **sampling(req))
+                           response_format=req.response_format, prediction=req.prediction,
+                           chat_template_kwargs=req.chat_template_kwargs, reasoning_effort=req.reasoning_effort,
+                           **sampling(req))
         if req.max_completion_tokens or req.max_tokens:
             chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
         # Bad input raises here, on the loop, before the request takes a place in the queue.
@@ -194,10 +196,12 @@ def _apply(completion: Completion, gens: list, item, state: _State, t0: float) -
     """Fold one engine event into its choice's reply (choice i's events follow i Generations, which
     `gens` collects); returns the chunks to send now."""
     reply = completion.replies[len(gens)]
-    if isinstance(item, (TextDelta, ToolCallDelta)):
-        if not gens and not reply.content and not reply.calls:
+    if isinstance(item, (ReasoningDelta, TextDelta, ToolCallDelta)):
+        if not gens and not reply.reasoning and not reply.content and not reply.calls:
             state.metrics.ttft.observe(time.perf_counter() - t0)
-        return reply.hold(reply.text(item.text) if isinstance(item, TextDelta) else reply.tool_call(item))
+        if isinstance(item, ToolCallDelta):
+            return reply.hold(reply.tool_call(item))
+        return reply.hold(reply.text(item.text) if isinstance(item, TextDelta) else reply.reason(item.text))
     if isinstance(item, LogprobsDelta):
         return reply.logprobs(item)
     gens.append(item)  # the choice's Generation

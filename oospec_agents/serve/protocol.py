@@ -11,6 +11,10 @@ as the engine serves it, keeping the target's distribution: `temperature`, `top_
 `logprobs`/`top_logprobs`, and vLLM's `top_k` and `min_p`; a bad value is a 400 naming the field
 (the engine's `SamplingError.param`). What would change the distribution the verification keeps
 (penalties, `logit_bias`) is refused by `refuse_sampling`, unless it is neutral.
+
+A reasoning target's reasoning is sent as vLLM and DeepSeek send it: `delta.reasoning_content` in the
+stream, `message.reasoning_content` in the body; `chat_template_kwargs` (vLLM's field) and
+`reasoning_effort` go to the engine, which names a bad one (`TemplateArgumentError.param`).
 """
 from __future__ import annotations
 
@@ -58,7 +62,8 @@ class ChatCompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None  # refused unless empty
     logprobs: bool | None = None
     top_logprobs: int | None = None          # 0-20, with logprobs=true
-    reasoning_effort: str | None = None      # refused: no reasoning mode is served
+    reasoning_effort: str | None = None      # for templates that read it; any other refuses it (the engine)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: arguments of the chat template
     response_format: dict[str, Any] | None = None
     functions: list[Any] | None = None       # refused, by name (`refuse_unserved`)
     function_call: Any = None
@@ -111,10 +116,6 @@ def refuse_unserved(req: ChatCompletionRequest) -> None:
     if req.audio is not None or (req.modalities and set(req.modalities) - {"text"}):
         raise RequestError(f"modalities={req.modalities!r}: audio output is not served; this server writes text",
                            "modalities" if req.audio is None else "audio")
-    if req.reasoning_effort is not None:
-        raise RequestError(f"reasoning_effort={req.reasoning_effort!r} is not served: the target decodes its chat "
-                           "template's reply as it is, with no reasoning mode to set", "reasoning_effort",
-                           "unsupported_parameter")
     if req.web_search_options is not None:
         raise RequestError("web_search_options is not served: the model has no web search here", "web_search_options")
 
@@ -239,6 +240,7 @@ class Reply:
         self.parallel = parallel or ParallelToolCalls()  # parallel_tool_calls=false: the first call only
         self.wants_logprobs = logprobs
         self.content = ""
+        self.reasoning = ""                     # the reasoning sent so far
         self.logprobs_content: list[dict] = []  # every entry sent, with logprobs asked for
         self._calls = CallsSoFar()
         self._held: dict | None = None          # a chunk waiting for its round's logprobs
@@ -258,6 +260,10 @@ class Reply:
     def text(self, text: str) -> dict:
         self.content += text
         return self.chunk({"content": text})
+
+    def reason(self, text: str) -> dict:
+        self.reasoning += text
+        return self.chunk({"reasoning_content": text})
 
     def tool_call(self, ev) -> dict | None:
         """The chunk for one ToolCallDelta (None when it belongs to a call that is not kept)."""
@@ -294,8 +300,11 @@ class Reply:
         return self.chunk({}, gen.finish_reason, oospec=oospec_object(gen, self.calls, self.replica))
 
     def choice(self, gen) -> dict:
-        """This choice in the body: its message, finish_reason and logprobs."""
+        """This choice in the body: its message (with `reasoning_content` where the reply reasoned),
+        finish_reason and logprobs."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content or (None if self.calls else "")}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
         if self.calls:
             message["tool_calls"] = [{"id": c["id"], "type": "function",
                                       "function": {"name": c["name"] or "", "arguments": c["arguments"]}}
