@@ -14,7 +14,9 @@ Served: `input` (a string, or message / `function_call` / `function_call_output`
 as chat completions' `response_format`), `stream`, and our `method`. Not served: storage (nothing is
 stored, every response says `"store": false`; `previous_response_id`, `conversation` and
 `item_reference` items are 400s), built-in tools (`web_search`, `file_search`, ...), images, files and
-audio in the input, `reasoning`, `background`, prompt templates, logprobs, `truncation="auto"`.
+audio in the input, `reasoning` (not yet: a reasoning target's reasoning is left out of the output, and
+input `reasoning` items are refused; chat completions serves both), `background`, prompt templates,
+logprobs, `truncation="auto"`.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ class ResponsesRequest(BaseModel):
     conversation: Any = None                 # refused: nothing is stored
     background: bool | None = None           # refused when true
     prompt: Any = None                       # refused: no stored prompt templates
-    reasoning: dict[str, Any] | None = None  # refused unless empty: no reasoning mode is served
+    reasoning: dict[str, Any] | None = None  # refused unless empty: not yet served here (chat completions is)
     include: list[str] | None = None
     truncation: str | None = None            # "disabled" (the default); "auto" is refused
     metadata: dict[str, Any] | None = None   # echoed in the response
@@ -90,8 +92,9 @@ def refuse_unserved(req: ResponsesRequest) -> None:
         raise RequestError("prompt (a stored prompt template) is not served: send the prompt as `instructions` "
                            "and `input`", "prompt", "unsupported_parameter")
     if req.reasoning and any(v is not None for v in req.reasoning.values()):
-        raise RequestError(f"reasoning={req.reasoning!r} is not served: the target decodes its chat template's "
-                           "reply as it is, with no reasoning mode to set", "reasoning", "unsupported_parameter")
+        raise RequestError(f"reasoning={req.reasoning!r} is not served on /v1/responses yet: no reasoning mode is "
+                           "set here (chat completions takes reasoning_effort and chat_template_kwargs)", "reasoning",
+                           "unsupported_parameter")
     if req.truncation not in (None, "disabled"):
         raise RequestError(f"truncation={req.truncation!r} is not served: the input is never truncated (an input "
                            "over the context is a 400, context_length_exceeded)", "truncation",
