@@ -16,7 +16,7 @@ from oospec_agents.drafters.base import ReplyState
 from oospec_agents.drafters.hint import continuation
 from oospec_agents.drafters.schema import forced_text
 from oospec_agents.events import ReplyEvents
-from oospec_agents.formats import FORMATS, MistralFormat, PythonicFormat, detect_format, get_format
+from oospec_agents.formats import FORMATS, MistralFormat, PythonicFormat, detect_format, detect_reasoning, get_format
 from oospec_agents.sidecar.join import encode_payload, render_payload
 from oospec_agents.tools import check_calls, normalize_tools
 
@@ -144,7 +144,9 @@ DETECTION = [
     ("Llama 4 (pythonic)", LLAMA4_PYTHONIC, "pythonic"),
     ("Gemma 3 (pythonic tool prompt)", GEMMA3_PYTHONIC, "pythonic"),
     ("Llama 3.1 (JSON, ipython role)", "<|start_header_id|>ipython<|end_header_id|><|eot_id|>", "llama3_json"),
-    ("Qwen2.5 / Qwen3 / Hermes (`<tool_call>`)", "{% if tools %}<tool_call>{% endif %}<|im_start|>", "hermes"),
+    ("Qwen2.5 / Hermes (`<tool_call>`)", "{% if tools %}<tool_call>{% endif %}<|im_start|>", "hermes"),
+    ("Qwen3 (`<think>`, then `<tool_call>`)",
+     "{% if tools %}<tool_call>{% endif %}<|im_start|>assistant\n<think>\n{{ r }}\n</think>", "hermes"),
     ("Mistral v0.1 (no tool calls of its own)", "[INST] {{ content }} [/INST]", "hermes"),
     ("no template at all", None, "hermes"),
 ]
@@ -156,13 +158,15 @@ def test_format_detection_from_chat_templates(family, template, name):
 
 
 def test_readme_format_table_is_current():
-    """README's format table is written from DETECTION (OOSPEC_WRITE_COVERAGE=1 rewrites it)."""
+    """README's format table is written from DETECTION (OOSPEC_WRITE_COVERAGE=1 rewrites it), with the
+    reasoning style each template is read with (formats/reasoning.py)."""
     import os
     import re
     from pathlib import Path
     readme = Path(__file__).resolve().parents[1] / "README.md"
-    lines = ["| chat template of | detected format |", "|---|---|"]
-    lines += [f"| {family} | `{detect_format(template).name}` |" for family, template, _ in DETECTION]
+    lines = ["| chat template of | detected format | reasoning |", "|---|---|---|"]
+    lines += [f"| {family} | `{detect_format(template).name}` | {'`<think>`' if detect_reasoning(template) else '–'} |"
+              for family, template, _ in DETECTION]
     start, end, table = "<!-- formats:start -->", "<!-- formats:end -->", "\n".join(lines)
     text = readme.read_text()
     if os.environ.get("OOSPEC_WRITE_COVERAGE"):
