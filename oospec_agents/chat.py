@@ -233,13 +233,18 @@ def render_prompt(tokenizer, fmt: ToolFormat, messages: list[dict], tools: list[
                   kwargs: dict | None = None) -> str:
     """Prompt text up to and including the assistant generation header. `kwargs`: the request's
     template arguments (`template_kwargs`). An earlier turn's `reasoning_content` goes to templates
-    that read it (Qwen3's) and is dropped for the others."""
+    that read it (Qwen3's; gpt-oss's as `thinking`) and is dropped for the others."""
     kwargs = kwargs or {}
     if native_tools:
         keeps_reasoning = "reasoning_content" in tokenizer.chat_template
+        # gpt-oss's template reads an earlier turn's analysis as `thinking` (and keeps it only between a
+        # call and its result, as harmony does)
+        as_thinking = not keeps_reasoning and re.search(r"\bmessage\.thinking\b", tokenizer.chat_template)
         msgs = []
         for m in messages:
             m = dict(m)
+            if as_thinking and "reasoning_content" in m:
+                m["thinking"] = m.pop("reasoning_content")
             if not keeps_reasoning:
                 m.pop("reasoning_content", None)
             if "tool_calls" in m:

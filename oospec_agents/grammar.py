@@ -105,6 +105,11 @@ class Grammars:
         follows it (without strict, only the opener is constrained: `opener_lark`)."""
         if mode == "none" or not tools:
             return None
+        if self.fmt.name == "harmony" and (mode != "auto" or reply is not None or strict
+                                           or any(t.strict for t in tools)):
+            raise OoOSpecError("the harmony format (gpt-oss) decodes tool_choice=\"auto\" without strict, tool "
+                               f"\"strict\" flags or a JSON response_format for now; got tool_choice mode {mode!r}, "
+                               f"strict={strict}: leave them unset")
         if mode != "auto":
             reply = None
         after_reasoning = reasoning is not None and mode != "auto"  # the forced opener is no prompt prefix

@@ -344,3 +344,93 @@ def save_lora(base, out, seed: int = 0):
                            LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     model.save_pretrained(out)
     return out
+
+
+# ---------------------------------------------------------------- gpt-oss's harmony (#47)
+
+#: harmony's special tokens, as gpt-oss's tokenizer holds them
+HARMONY_TOKENS = ["<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>"]
+
+# A test copy of the structure of gpt-oss's chat template: harmony's system message (knowledge cutoff,
+# `Reasoning: <effort>`, the valid channels), the tools in the developer message's `namespace functions`,
+# the system message's text as the developer's `# Instructions`, an earlier call's analysis (`thinking`)
+# kept only while no final answer follows it, calls as `<|start|>assistant to=functions.NAME<|channel|>
+# commentary <|constrain|>json<|message|>ARGS<|call|>`, results from `functions.NAME`, and the generation
+# prompt `<|start|>assistant`. tests/test_harmony.py checks it against openai-harmony's own renderer.
+HARMONY_TEMPLATE = "".join([
+    "{%- macro ts_type(p) -%}",
+    "{%- if p.enum is defined -%}{%- for e in p.enum -%}{{ e | tojson }}{%- if not loop.last %} | {% endif -%}"
+    "{%- endfor -%}",
+    "{%- elif p.type == 'string' -%}string{%- elif p.type in ['integer', 'number'] -%}number",
+    "{%- elif p.type == 'boolean' -%}boolean{%- elif p.type == 'array' -%}any[]{%- else -%}any{%- endif -%}",
+    "{%- endmacro -%}",
+    "{%- if reasoning_effort is not defined %}{%- set reasoning_effort = 'medium' %}{%- endif %}",
+    "{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\\n"
+    "Knowledge cutoff: 2024-06\\n\\nReasoning: ' + reasoning_effort + '\\n\\n# Valid channels: analysis, "
+    "commentary, final. Channel must be included for every message.' }}",
+    "{%- if tools %}{{- \"\\nCalls to these tools must go to the commentary channel: 'functions'.\" }}{%- endif %}",
+    "{{- '<|end|>' }}",
+    "{%- set instructions = messages[0].content if messages[0].role == 'system' else none %}",
+    "{%- if instructions or tools %}{{- '<|start|>developer<|message|>' }}",
+    "{%- if instructions %}{{- '# Instructions\\n\\n' + instructions }}{%- if tools %}{{- '\\n\\n' }}{%- endif %}"
+    "{%- endif %}",
+    "{%- if tools %}{{- '# Tools\\n\\n## functions\\n\\nnamespace functions {\\n\\n' }}",
+    "{%- for tool in tools %}{%- set f = tool.function %}",
+    "{%- if f.description %}{{- '// ' + f.description + '\\n' }}{%- endif %}",
+    "{%- if f.parameters.properties %}{{- 'type ' + f.name + ' = (_: {\\n' }}",
+    "{%- for key, p in f.parameters.properties.items() %}",
+    "{%- if p.description %}{{- '// ' + p.description + '\\n' }}{%- endif %}",
+    "{{- key + ('' if key in (f.parameters.required or []) else '?') + ': ' + ts_type(p) + ',\\n' }}",
+    "{%- endfor %}{{- '}) => any;\\n\\n' }}",
+    "{%- else %}{{- 'type ' + f.name + ' = () => any;\\n\\n' }}{%- endif %}",
+    "{%- endfor %}{{- '} // namespace functions' }}{%- endif %}",
+    "{{- '<|end|>' }}{%- endif %}",
+    "{%- set last_call = namespace(name=none) %}",
+    "{%- for message in messages %}",
+    "{%- if message.role == 'system' %}",
+    "{%- elif message.role == 'user' %}{{- '<|start|>user<|message|>' + message.content + '<|end|>' }}",
+    "{%- elif message.role == 'assistant' and message.tool_calls %}",
+    "{%- set later_final = namespace(found=false) %}",
+    "{%- for m in messages[loop.index:] %}{%- if m.role == 'assistant' and not m.tool_calls %}"
+    "{%- set later_final.found = true %}{%- endif %}{%- endfor %}",
+    "{%- if message.thinking and not later_final.found %}"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.thinking + '<|end|>' }}{%- endif %}",
+    "{%- for c in message.tool_calls %}",
+    "{{- '<|start|>assistant to=functions.' + c.function.name + '<|channel|>commentary <|constrain|>json<|message|>' "
+    "+ (c.function.arguments | tojson) + '<|call|>' }}{%- set last_call.name = c.function.name %}",
+    "{%- endfor %}",
+    "{%- elif message.role == 'assistant' %}",
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|end|>' }}",
+    "{%- elif message.role == 'tool' %}",
+    "{{- '<|start|>functions.' + last_call.name + ' to=assistant<|channel|>commentary<|message|>' + "
+    "message.content + '<|end|>' }}",
+    "{%- endif %}",
+    "{%- endfor %}",
+    "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}",
+])
+
+
+def harmony_tokenizer(smollm2_tokenizer):
+    """SmolLM2's tokenizer with harmony's special tokens added and the test copy of gpt-oss's template."""
+    import copy
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": HARMONY_TOKENS})
+    tok.chat_template = HARMONY_TEMPLATE
+    return tok
+
+
+def tiny_gpt_oss(tokenizer, seed: int = 0):
+    """A randomly initialised 2-layer gpt-oss (its mixture of experts, sinks and sliding window) whose
+    replies end at `<|return|>` or `<|call|>`, as gpt-oss's generation config says."""
+    from transformers import AutoModelForCausalLM, GptOssConfig
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")]
+    cfg = GptOssConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                       num_experts_per_tok=2, sliding_window=32, max_position_embeddings=4096,
+                       rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+                       eos_token_id=stops, pad_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = stops
+    model.generation_config.pad_token_id = tokenizer.eos_token_id
+    return model

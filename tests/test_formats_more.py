@@ -16,7 +16,8 @@ from oospec_agents.drafters.base import ReplyState
 from oospec_agents.drafters.hint import continuation
 from oospec_agents.drafters.schema import forced_text
 from oospec_agents.events import ReplyEvents
-from oospec_agents.formats import FORMATS, MistralFormat, PythonicFormat, detect_format, detect_reasoning, get_format
+from oospec_agents.formats import (FORMATS, HarmonyReasoning, MistralFormat, PythonicFormat, Reasoning, detect_format,
+                                   detect_reasoning, get_format)
 from oospec_agents.sidecar.join import encode_payload, render_payload
 from oospec_agents.tools import check_calls, normalize_tools
 
@@ -147,6 +148,8 @@ DETECTION = [
     ("Qwen2.5 / Hermes (`<tool_call>`)", "{% if tools %}<tool_call>{% endif %}<|im_start|>", "hermes"),
     ("Qwen3 (`<think>`, then `<tool_call>`)",
      "{% if tools %}<tool_call>{% endif %}<|im_start|>assistant\n<think>\n{{ r }}\n</think>", "hermes"),
+    ("gpt-oss (harmony: `analysis`, then `commentary to=functions.NAME`)",
+     "{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.thinking + '<|end|>' }}", "harmony"),
     ("Mistral v0.1 (no tool calls of its own)", "[INST] {{ content }} [/INST]", "hermes"),
     ("no template at all", None, "hermes"),
 ]
@@ -165,7 +168,8 @@ def test_readme_format_table_is_current():
     from pathlib import Path
     readme = Path(__file__).resolve().parents[1] / "README.md"
     lines = ["| chat template of | detected format | reasoning |", "|---|---|---|"]
-    lines += [f"| {family} | `{detect_format(template).name}` | {'`<think>`' if detect_reasoning(template) else '–'} |"
+    styles = {type(None): "–", Reasoning: "`<think>`", HarmonyReasoning: "`analysis` channel"}
+    lines += [f"| {family} | `{detect_format(template).name}` | {styles[type(detect_reasoning(template))]} |"
               for family, template, _ in DETECTION]
     start, end, table = "<!-- formats:start -->", "<!-- formats:end -->", "\n".join(lines)
     text = readme.read_text()
@@ -176,7 +180,7 @@ def test_readme_format_table_is_current():
 
 
 def test_formats_are_selectable_by_name():
-    assert {"hermes", "llama3_json", "mistral", "pythonic"} <= set(FORMATS)
+    assert {"hermes", "llama3_json", "mistral", "pythonic", "harmony"} <= set(FORMATS)
     assert isinstance(get_format("mistral"), MistralFormat) and isinstance(get_format("pythonic"), PythonicFormat)
     with pytest.raises(ValueError, match="known formats"):
         get_format("xml")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .harmony import HarmonyReasoning, detect_harmony
+
 
 @dataclass(frozen=True)
 class Reasoning:
@@ -57,8 +59,11 @@ def _partial(text: str, marker: str) -> int:
     return max((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if text.endswith(marker[:n])), default=0)
 
 
-def detect_reasoning(chat_template: str | None) -> Reasoning | None:
-    """A template that writes `<think>` and `</think>` reasons in a think block; None for one that does not."""
+def detect_reasoning(chat_template: str | None) -> Reasoning | HarmonyReasoning | None:
+    """A harmony template (gpt-oss) reasons on its analysis channel; one that writes `<think>` and
+    `</think>` reasons in a think block; None for one that does neither."""
     t = chat_template or ""
+    if detect_harmony(t):
+        return HarmonyReasoning()
     reasoning = Reasoning()
     return reasoning if reasoning.open in t and reasoning.close in t else None

@@ -1,0 +1,293 @@
+"""gpt-oss's harmony format: a reply is a run of messages on channels.
+
+The generation prompt ends with `<|start|>assistant`; the reply then writes one message after another,
+each a header, `<|message|>`, a body and its end:
+
+    <|channel|>analysis<|message|>The user wants Paris.<|end|>
+    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
+
+- `analysis` is the reasoning (`HarmonyReasoning`, the leading run of analysis messages);
+- a message with a recipient (`to=functions.NAME`, in the header's role part or after the channel) is a
+  call: its body is the arguments JSON, and `<|call|>` ends it (and the reply: it is an EOS token);
+- `final`, and `commentary` without a recipient (a preamble to the user), are content; `<|return|>`
+  ends the final answer.
+
+The text is read here, at the text level, so it works without `openai-harmony`'s vocabulary file (the
+tests check this reader against `openai-harmony`'s own parser where it loads). Harmony's special
+tokens are special tokens of gpt-oss's tokenizer, so the engine keeps them in the reply's text
+(`markers`).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from .base import UNTERMINATED, ToolFormat, _as_dict, unique_completion
+from ..jsonscan import scan_json
+
+START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
+END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
+ENDS = (END, CALL, RETURN)
+ROLE = START + "assistant"
+#: what the engine drafts for a call's header, up to the tool's name ...
+CALL_HEADER = CHANNEL + "commentary to=functions."
+#: ... and after it
+CALL_TYPE = " " + CONSTRAIN + "json" + MESSAGE
+_RECIPIENT = re.compile(r"to=([^\s<]+)")
+_CHANNEL = re.compile(re.escape(CHANNEL) + r"([^\s<]*)")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a reply's text: `header` (up to `<|message|>`, the `<|start|>assistant` role
+    part stripped), its `body` and the marker that `end`ed it (None while it is open). `at`: where its
+    header begins in the text; `after`: where the text after its end begins."""
+    header: str
+    body: str | None      # None while the header is unfinished
+    end: str | None
+    at: int
+    after: int
+
+    @property
+    def channel(self) -> str | None:
+        m = _CHANNEL.search(self.header)
+        return m.group(1) if m else None
+
+    @property
+    def recipient(self) -> str | None:
+        m = _RECIPIENT.search(self.header)
+        return m.group(1) if m else None
+
+    @property
+    def is_call(self) -> bool:
+        return self.body is not None and self.recipient is not None
+
+    @property
+    def name(self) -> str | None:
+        r = self.recipient
+        return None if r is None else r[len("functions."):] if r.startswith("functions.") else r
+
+
+def messages(text: str) -> list[Message]:
+    """The messages of `text`, in order; the last may be open (no end yet, or no `<|message|>` yet)."""
+    out, pos = [], 0
+    while pos < len(text) or not out:
+        at = pos + len(ROLE) if text.startswith(ROLE, pos) else pos
+        head_end = text.find(MESSAGE, at)
+        if head_end < 0:
+            out.append(Message(text[at:], None, None, at, len(text)))
+            break
+        body_at = head_end + len(MESSAGE)
+        ends = [(i, e) for e in ENDS if (i := text.find(e, body_at)) >= 0]
+        if not ends:
+            out.append(Message(text[at:head_end], text[body_at:], None, at, len(text)))
+            break
+        i, e = min(ends)
+        out.append(Message(text[at:head_end], text[body_at:i], e, at, i + len(e)))
+        pos = i + len(e)
+    return out
+
+
+def _partial(text: str, markers=ENDS) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of one of `markers`."""
+    return max((n for m in markers for n in range(min(len(m) - 1, len(text)), 0, -1) if text.endswith(m[:n])),
+               default=0)
+
+
+def _may_be_analysis(header: str) -> bool:
+    """An unfinished header that may still turn out to open an analysis message."""
+    if "to=" in header:
+        return False
+    i = header.find(CHANNEL)
+    if i < 0:
+        return True
+    name = header[i + len(CHANNEL):]
+    return "analysis".startswith(name) or name.startswith("analysis")
+
+
+@dataclass(frozen=True)
+class HarmonyReasoning:
+    """The reasoning of a harmony reply: its leading analysis messages, joined by a blank line. The
+    answer (content and calls, `HarmonyFormat`) is the text from the first other message on."""
+    #: for the grammar's interface (formats/reasoning.py): a harmony reply never starts inside its reasoning
+    starts_open: bool = False
+
+    def for_prompt(self, prompt: str) -> "HarmonyReasoning":
+        return self
+
+    def split(self, text: str, final: bool = False) -> tuple[str | None, str | None]:
+        """(reasoning, answer) of a reply's text so far, as `Reasoning.split`: the answer is None while
+        the reply reasons or its next header may still open an analysis message."""
+        thoughts: list[str] = []
+        pos = 0
+        for m in messages(text):
+            if m.body is None:
+                if not final and _may_be_analysis(m.header):
+                    return ("\n\n".join(thoughts) if thoughts else None), None
+                break
+            if m.channel != "analysis" or m.recipient is not None:
+                break
+            if m.end is None:
+                body = m.body if final else m.body[:len(m.body) - _partial(m.body)]
+                return "\n\n".join(thoughts + [body]), ("" if final else None)
+            thoughts.append(m.body)
+            pos = m.after
+        return ("\n\n".join(thoughts) if thoughts else None), text[pos:]
+
+
+class HarmonyFormat(ToolFormat):
+    """The answer of a harmony reply (after `HarmonyReasoning`'s analysis): content and calls."""
+    name = "harmony"
+    args_key = "arguments"
+    call_start = CALL_HEADER
+    call_end = CALL
+    call_sep = ""
+    markers = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
+
+    def call_text(self, name, arguments):
+        return name + CALL_TYPE + json.dumps(arguments, ensure_ascii=False)
+
+    def render_calls(self, calls):
+        """Each call a message of its own: `<|start|>assistant` opens the second and later ones."""
+        return (CALL + ROLE).join(self.call_start + self.call_text(c["name"], _as_dict(c["arguments"]))
+                                  for c in calls) + CALL if calls else ""
+
+    def forced_prefix(self, name=None):
+        return self.call_start + ("" if name is None else name + CALL_TYPE)
+
+    def parse(self, text):
+        content, calls = [], []
+        for m in messages(text):
+            if m.body is None:
+                continue
+            if m.is_call:
+                raw = m.body.strip()
+                if m.end is None:
+                    calls.append({"name": m.name, "arguments": raw, "error": UNTERMINATED})
+                    continue
+                try:
+                    args = json.loads(raw)
+                except json.JSONDecodeError as e:
+                    calls.append({"name": m.name, "arguments": raw, "error": f"arguments are not valid JSON: {e}"})
+                    continue
+                if not isinstance(args, dict):
+                    calls.append({"name": m.name, "arguments": raw, "error": "arguments must be a JSON object"})
+                else:
+                    calls.append({"name": m.name, "arguments": args})
+            elif m.channel in ("final", "commentary"):
+                content.append(m.body)
+        return "".join(content).strip(), calls
+
+    def segments(self, text):
+        """Content bodies as text; a call as the JSON `{"name": NAME, "arguments": BODY` (unclosed: the
+        events read the name and the arguments, as written, from it)."""
+        out = []
+        for m in messages(text):
+            if m.body is None:
+                continue
+            if m.is_call:
+                out.append(("call", '{"name": ' + json.dumps(m.name, ensure_ascii=False) + ', "arguments": '
+                            + m.body))
+            elif m.channel in ("final", "commentary"):
+                out.append(("text", m.body))
+        return out
+
+    def undecided_tail(self, text):
+        last = messages(text)[-1]
+        return _partial(last.body) if last.body is not None and last.end is None else 0
+
+    def open_call_json(self, text):
+        last = messages(text)[-1]
+        if last.end is not None:
+            return None
+        if last.body is None:  # a header on its way: "" while it may still become a call's
+            return "" if _call_header_so_far(last.header) is not None else None
+        if not last.is_call:
+            return None
+        return '{"name": ' + json.dumps(last.name, ensure_ascii=False) + ', "arguments": ' + last.body
+
+    def calls_start(self, text):
+        last = messages(text)[-1]
+        return last.at if last.end is None and (last.is_call or last.body is None) else -1
+
+    def forced_next(self, text, tools):
+        """The call skeleton: the header up to `to=functions.`, a name's unique completion and
+        ` <|constrain|>json<|message|>`; `{` to open the arguments and `<|call|>` once they close. In
+        between, None lets the schema drafter walk the arguments JSON (`open_call_json`)."""
+        last = messages(text)[-1]
+        if last.end is not None:
+            return ""
+        if last.body is None:
+            so_far = _call_header_so_far(last.header)
+            if not tools or so_far is None:
+                return ""
+            if so_far is True:
+                return CALL_HEADER[len(last.header):]
+            name, rest = so_far
+            if rest is None:
+                done = unique_completion(name, [t.name for t in tools])
+                return "" if done is None else done + CALL_TYPE
+            return CALL_TYPE[len(rest):] if CALL_TYPE.startswith(rest) else ""
+        if not last.is_call:
+            return ""
+        body = last.body.lstrip()
+        if not body:
+            return "{"
+        st = scan_json(body)
+        if st.error:
+            return ""
+        return CALL if st.done else None
+
+    def system_prompt(self, tools):
+        return "# Tools\n\n" + namespace(tools)
+
+
+def _call_header_so_far(header: str):
+    """How far an unfinished header has written the drafted call header: True while it is a prefix of
+    `CALL_HEADER`; (name so far, None) inside the name; (name, text after it) once the name has ended;
+    None for a header that is no call's (or not in the drafted shape)."""
+    if CALL_HEADER.startswith(header):
+        return True
+    if not header.startswith(CALL_HEADER):
+        return None
+    tail = header[len(CALL_HEADER):]
+    cut = min([i for i in (tail.find(" "), tail.find("<|")) if i >= 0], default=-1)
+    return (tail, None) if cut < 0 else (tail[:cut], tail[cut:])
+
+
+def namespace(tools) -> str:
+    """The tools as harmony's developer message declares them: a TypeScript-like `namespace functions`."""
+    lines = ["## functions", "", "namespace functions {", ""]
+    for t in tools:
+        if t.description:
+            lines.append(f"// {t.description}")
+        props = t.properties
+        if not props:
+            lines += [f"type {t.name} = () => any;", ""]
+            continue
+        lines.append(f"type {t.name} = (_: {{")
+        for key, schema in props.items():
+            if schema.get("description"):
+                lines.append(f"// {schema['description']}")
+            optional = "" if key in t.required else "?"
+            lines.append(f"{key}{optional}: {_ts_type(schema)},")
+        lines += ["}) => any;", ""]
+    lines.append("} // namespace functions")
+    return "\n".join(lines)
+
+
+def _ts_type(schema: dict) -> str:
+    if isinstance(schema.get("enum"), list):
+        return " | ".join(json.dumps(e) for e in schema["enum"])
+    kind = schema.get("type")
+    if kind == "array":
+        return _ts_type(schema.get("items", {})) + "[]"
+    return {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
+            "object": "object"}.get(kind, "any")
+
+
+def detect_harmony(chat_template: str | None) -> bool:
+    """A template that writes harmony's channels and messages (gpt-oss's)."""
+    t = chat_template or ""
+    return CHANNEL in t and MESSAGE in t

