@@ -6,7 +6,9 @@ is still answered, the official client retrying the ones that died with it.
 """
 from __future__ import annotations
 
+import os
 import socket
+import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -29,16 +31,41 @@ def url():
         port = s.getsockname()[1]
     # Replicas import this checkout, whatever the environment's editable install points at.
     # A cluster of its own (address="local"), even where `ray start` runs one.
+    # Serve's controller gives a starting proxy 5 s to say it is ready, three times, then kills it: on
+    # two cores busy with the rest of the suite, importing the proxy takes longer than that.
+    patient = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+    before = {k: os.environ.get(k) for k in patient}
+    os.environ.update(patient)  # the raylet, and the controller it starts, inherit it
     ray.init(address="local", num_cpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **patient}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(application({"target": "embedded"}, {"model": "embedded"}, replicas=2, cpus_per_replica=1),
                   name=APP_NAME, route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        wait_until_routed_to_both(url)
+        yield url
     finally:
         serve.shutdown()
         ray.shutdown()
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def wait_until_routed_to_both(url: str, timeout_s: float = 120.0) -> None:
+    """`serve.run` returns once both replicas run, but the HTTP proxy learns of them a little later
+    (Ray's long poll): until then it routes everything to the one it knows. One request at a time
+    until both replicas have answered, so the tests below start from a proxy that knows both."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=8, timeout=120)
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, f"after {timeout_s:.0f} s only replica {seen} had answered"
+        r = client.chat.completions.create(model="embedded", max_tokens=1, messages=[{"role": "user", "content": "Hi"}])
+        seen.add(r.model_extra["oospec"]["replica"])
 
 
 def ask_all(url: str, n: int, during=None, failed: list | None = None) -> list[str]:
