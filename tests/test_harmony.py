@@ -280,3 +280,46 @@ def test_earlier_analysis_is_kept_between_a_call_and_its_result_and_dropped_afte
     answered = decode(harmony_engine.prompt_ids(ASK + turn + [{"role": "assistant", "content": "Sunny."},
                                                               {"role": "user", "content": "And Rome?"}], [WEATHER]))
     assert "Need the weather." not in answered and "<|channel|>final<|message|>Sunny.<|end|>" in answered
+
+
+def test_the_sidecars_hint_is_drafted_once_the_analysis_has_closed(scripted):
+    engine, target = scripted
+    text = REPLIES["think then call"][0]
+    target.script(engine.prompt_ids(ASK, [WEATHER]), text)
+    gen = engine.generate(ASK, [WEATHER], method="oospec", max_new_tokens=120, hint=CALL)
+    assert gen.text == text and gen.stats["accepted_by_source"]["hint"] > 0
+
+
+# ---------------------------------------------------------------- front-ends
+
+def test_langchain_and_the_server_give_a_harmony_reply_apart(scripted):
+    import openai
+    from serve_testing import API_KEY, running
+
+    from langchain_oospec import ChatOoOSpec
+    from oospec_agents.serve import create_app
+    engine, target = scripted
+    text, reasoning, content, calls = REPLIES["preamble then call"]
+    target.script(engine.prompt_ids(ASK, [WEATHER]), text)
+
+    llm = ChatOoOSpec(engine=engine, max_tokens=120).bind_tools([WEATHER])
+    message = llm.invoke(ASK)
+    assert message.additional_kwargs["reasoning_content"] == reasoning and message.content == content
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [(c["name"], c["arguments"]) for c in calls]
+    chunks = list(llm.stream(ASK))
+    full = chunks[0]
+    for c in chunks[1:]:
+        full += c
+    assert full.additional_kwargs == message.additional_kwargs and full.content == content
+
+    with running(create_app(engine, model="gpt-oss", api_key=API_KEY)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+        said = client.chat.completions.create(model="gpt-oss", messages=ASK, tools=[WEATHER], max_tokens=120)
+        answer = said.choices[0].message
+        assert answer.model_extra["reasoning_content"] == reasoning and answer.content == content
+        assert [json.loads(c.function.arguments) for c in answer.tool_calls] == [c["arguments"] for c in calls]
+        assert said.choices[0].finish_reason == "tool_calls"
+        deltas = [c.choices[0].delta for c in client.chat.completions.create(
+            model="gpt-oss", messages=ASK, tools=[WEATHER], max_tokens=120, stream=True) if c.choices]
+        assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+        assert "".join(d.content or "" for d in deltas) == content
