@@ -33,6 +33,8 @@ Greedy decoding is covered; a sampled reply is drawn as the method draws it.
 from __future__ import annotations
 
 import copy
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -140,3 +142,94 @@ def padded(cache: DynamicCache, width: int) -> DynamicCache:
     view.__class__ = _PaddedKeys
     view.width = width
     return view
+
+
+# ---------------------------------------------------------------- exact prefill: one forward, canonical attention
+
+#: the fewest prompt tokens a prefill forward feeds (the rest of a cache hit is fed again): a bf16 GEMM
+#: computes a row in other bits in a forward of 1 or 2 rows than in one of 3 or more (docs/deterministic.md)
+EXACT_MIN_TAIL = 8
+#: the attention function an exact prefill installs on the target (transformers' AttentionInterface)
+EXACT_ATTENTION = "oospec_exact_sdpa"
+
+_exact = threading.local()  # `.on`: this thread's forward is an exact prefill (`exact_attention()`)
+
+
+def exact_prefill_refusal(model, windows) -> str | None:
+    """Why an exact one-forward prefill is not offered for this target (None: it is): it rests on what
+    was measured of torch's CPU kernels in bf16 (oneDNN's native kernels: AVX512-BF16 or AMX) through
+    transformers' `sdpa`, for full attention."""
+    from .models import cpu_supports_bf16
+    device, dtype = next(model.parameters()).device, model.dtype
+    attn = getattr(model.config, "_attn_implementation", None)
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return f"measured for bf16 on the CPU only (this target: {dtype} on {device.type})"
+    if not cpu_supports_bf16():
+        return "measured where the CPU computes bf16 natively (AVX512-BF16 or AMX); this one emulates it"
+    if attn not in ("sdpa", EXACT_ATTENTION):
+        return f"measured for the sdpa attention only (this target: {attn})"
+    if any(w is not None for w in windows.values()):
+        return "a sliding-window layer"
+    return None
+
+
+def install_exact_attention(model) -> None:
+    """Make the target's attention `EXACT_ATTENTION`: transformers' `sdpa`, unchanged, except inside
+    `exact_attention()` (this thread's prefill forwards), where `_exact_sdpa` computes it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    if EXACT_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(EXACT_ATTENTION, _exact_sdpa)
+        AttentionMaskInterface.register(EXACT_ATTENTION, AttentionMaskInterface._global_mapping["sdpa"])
+    if model.config._attn_implementation != EXACT_ATTENTION:
+        model.set_attn_implementation(EXACT_ATTENTION)
+
+
+@contextmanager
+def exact_attention():
+    """Forwards of this thread inside it compute attention in `_exact_sdpa`'s canonical shapes."""
+    _exact.on, _exact.masks = True, {}
+    try:
+        yield
+    finally:
+        _exact.on, _exact.masks = False, {}
+
+
+def _exact_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
+    """Attention for a prefill forward whose query rows' results do not depend on the forward (how many
+    rows it has, where it starts, how many keys follow): so a cache hit's uncached tail, fed in one
+    forward, gets the bits that the cold prefill of the whole prompt computed for those rows.
+
+    torch's CPU flash attention splits the keys in blocks of `KV_BLOCK` and a row's bits depend on the
+    length of the block its last key is in, and on the query rows being split in blocks of 4 or more
+    (docs/deterministic.md). So the keys are padded with zeros to a multiple of `KV_BLOCK` (every block
+    full; a block past a row's keys adds exactly nothing to it), the query rows with copies of the last
+    one to a multiple of `ROW_QUANTUM`; a forward from position 0 takes the causal kernel (which skips
+    the blocks above the diagonal: the cold prefill costs what it did), a forward after cached keys an
+    explicit mask; the two give the same bits per row (measured; `tests/test_prefix_cache.py`)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    unsupported = {k for k in ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
+                   if kwargs.get(k) is not None}
+    if not getattr(_exact, "on", False) or unsupported or kwargs.get("dropout", 0.0) or args:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    past = kv_len - q_len
+    rows = -(-q_len // ROW_QUANTUM) * ROW_QUANTUM
+    width = -(-kv_len // KV_BLOCK) * KV_BLOCK
+    if rows > q_len:
+        query = torch.cat([query, query[:, :, -1:].expand(-1, -1, rows - q_len, -1)], dim=2)
+    if width > kv_len:
+        key = torch.nn.functional.pad(key, (0, 0, 0, width - kv_len))
+        value = torch.nn.functional.pad(value, (0, 0, 0, width - kv_len))
+    kw = {"scale": kwargs.get("scaling"), "enable_gqa": query.shape[1] != key.shape[1]}
+    if past == 0:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, **kw)
+    else:
+        mask = _exact.masks.get((past, rows, width))
+        if mask is None:  # the same for every layer of the forward
+            seen = torch.arange(past, past + rows, device=query.device).clamp_(max=kv_len - 1)
+            hidden = torch.arange(width, device=query.device)[None, :] > seen[:, None]
+            mask = torch.zeros(rows, width, dtype=query.dtype, device=query.device)
+            mask = _exact.masks[(past, rows, width)] = mask.masked_fill_(hidden, torch.finfo(query.dtype).min)[None, None]
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, **kw)
+    return out[:, :, :q_len].transpose(1, 2).contiguous(), None

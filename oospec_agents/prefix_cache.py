@@ -13,8 +13,11 @@ the hit, so verification's rollback can never change what the next request reuse
 With `chunk` > 1 a hit is cut back to a multiple of `chunk` tokens: the engine prefills in chunks that
 end at those absolute positions, so a warm request runs the very forwards (the same kernels on the
 same shapes over the same past) that its cold prefill ran, and its reply is the cold one bit for bit.
-A prefill of the whole tail at once would differ from the cold one in its last bits (bf16), and
-greedy decoding can turn on them.
+A plain prefill of the whole tail at once would differ from the cold one in its last bits (bf16), and
+greedy decoding can turn on them. The engine's default on a bf16 CPU target is cheaper and as exact:
+the tail in one forward whose attention runs in shapes that make each row's bits independent of the
+forward (deterministic.py, "exact prefill"); a hit is then any prefix (`chunk` 1), but it leaves at
+least `min_tail` tokens (8) to feed, since a bf16 GEMM of 1 or 2 rows gives other bits than one of more.
 
 That cache shares the entry's tensors where it can (`fork`): transformers' `DynamicLayer` never
 writes a tensor it holds (it grows by `torch.cat`, crops by slicing, and our tree rollback keeps
@@ -33,12 +36,14 @@ DEFAULT_TOKENS = 8192
 
 
 class PrefixCache:
-    def __init__(self, max_tokens: int = DEFAULT_TOKENS, chunk: int = 1):
+    def __init__(self, max_tokens: int = DEFAULT_TOKENS, chunk: int = 1, min_tail: int = 1):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be an integer >= 0, got {max_tokens!r}")
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {chunk!r}")
-        self.max_tokens, self.chunk = max_tokens, chunk
+        if not isinstance(min_tail, int) or min_tail < 1:
+            raise ValueError(f"min_tail must be an integer >= 1, got {min_tail!r}")
+        self.max_tokens, self.chunk, self.min_tail = max_tokens, chunk, min_tail
         self._entries: OrderedDict[tuple[int, ...], object] = OrderedDict()
         self._lock = threading.Lock()  # lookups and stores may come from several engines' threads
 
@@ -49,14 +54,15 @@ class PrefixCache:
 
     def lookup(self, ids: list[int], make_empty) -> tuple[int, object]:
         """(tokens reused, a cache of its own holding them). At least the last prompt token is left
-        to prefill, since its logits start the reply. `make_empty()` builds the cache of a miss."""
+        to prefill, since its logits start the reply (`min_tail` tokens: see the module's docstring).
+        `make_empty()` builds the cache of a miss."""
         with self._lock:
             best, hit = None, 0
             for key in self._entries:
                 n = _common_prefix(key, ids)
                 if n > hit:
                     best, hit = key, n
-            hit = self._aligned(min(hit, len(ids) - 1))
+            hit = self._aligned(min(hit, len(ids) - self.min_tail))
             if best is None or hit <= 0:
                 return 0, make_empty()
             self._entries.move_to_end(best)
@@ -68,7 +74,7 @@ class PrefixCache:
         """How many tokens `lookup(ids)` would reuse, without copying anything."""
         with self._lock:
             hit = max((_common_prefix(key, ids) for key in self._entries), default=0)
-        return max(0, self._aligned(min(hit, len(ids) - 1)))
+        return max(0, self._aligned(min(hit, len(ids) - self.min_tail)))
 
     def _aligned(self, hit: int) -> int:
         return hit - hit % self.chunk

@@ -130,6 +130,7 @@ class Verifier:
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.layout = attention_layout(model)
         self.last_forward_s = 0.0  # seconds of the latest forward: the model's call alone
+        self.exact_prefill = False  # `prefill` feeds the tail in one forward of canonical attention (`plan_prefill`)
         if not self.layout.tree:
             log.warning("%s: drafts are verified as a chain, not a tree: %s", type(model).__name__, self.layout.reason)
 
@@ -167,6 +168,42 @@ class Verifier:
             torch.cuda.synchronize(self.device)  # the caller reads the logits next: this wait is no extra
         self.last_forward_s = time.perf_counter() - t0
         return logits[-1:] if last_only else logits
+
+    def plan_prefill(self, chunk: int | None, fixed_shapes: bool = False) -> tuple[int, int]:
+        """How this target's prompts are prefilled, from the engine's `prefill_chunk`: (the chunk a cache
+        hit is cut back to a multiple of, the fewest tokens a prefill feeds). None (the default), and
+        in deterministic mode (`fixed_shapes`) also 1: one exact forward where this target takes it (bf16 on the CPU,
+        sdpa, full attention: `deterministic.exact_prefill_refusal`), so a cache hit is the cold
+        prefill bit for bit at a single forward's cost; elsewhere None is 1 (the uncached tail in one
+        plain forward), and 1 in deterministic mode is `deterministic.PREFILL_CHUNK`. An integer more
+        than 1: forwards ending at its multiples, hits cut back to them (exact on any target)."""
+        if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+            raise ValueError(f"prefill_chunk must be None or an integer >= 1, got {chunk!r}")
+        self.exact_prefill = False
+        if chunk is None or (chunk == 1 and fixed_shapes):
+            why = deterministic.exact_prefill_refusal(self.model, self.layout.windows)
+            if why is None:
+                deterministic.install_exact_attention(self.model)
+                self.exact_prefill = True
+                return 1, deterministic.EXACT_MIN_TAIL
+            log.debug("%s: no exact one-forward prefill: %s", type(self.model).__name__, why)
+            chunk = deterministic.PREFILL_CHUNK if fixed_shapes else 1
+        return chunk, 1
+
+    def prefill(self, ids: list[int], cache, hit: int, chunk: int = 1) -> torch.Tensor:
+        """The last position's logits ([1, vocab]) after `ids[hit:]` is fed on `hit` cached tokens: in
+        one forward (`exact_prefill`: with attention in canonical shapes, deterministic.py), or in
+        forwards ending at multiples of `chunk`, so a warm prefill runs the cold one's own last forwards."""
+        if self.exact_prefill:
+            with deterministic.exact_attention():
+                return self.forward(ids[hit:], cache, hit, last_only=True)
+        start = hit
+        while True:
+            end = min(len(ids), start + chunk) if chunk > 1 else len(ids)
+            logits = self.forward(ids[start:end], cache, start, last_only=True)
+            if end == len(ids):
+                return logits
+            start = end
 
     def _fixed_forward(self, tree: Tree, cache, past_len: int, shapes: deterministic.Shapes) -> torch.Tensor:
         """The tree's logits from a forward of fixed shapes: dummy rows after its nodes, keys padded to
