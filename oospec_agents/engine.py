@@ -50,10 +50,11 @@ from .verify import Verifier, build_tree, eos_ids
 log = logging.getLogger(__name__)
 
 METHODS = ("ar", "toolspec", "oospec")
-#: prompt tokens per prefill forward; 1 (the default) prefills a prompt's uncached tail in one forward.
-#: `prefill_chunk=256` makes a cache hit exact (prefix_cache.py), at +24-39% cold prefill on long prompts
-#: (docs/deterministic.md, "Cold against warm"): opt-in
-PREFILL_CHUNK = 1
+#: how prompts are prefilled (`Verifier.plan_prefill`): None, the default, feeds a prompt's uncached tail in
+#: one forward, exact (a cache hit is the cold prefill bit for bit) where the target takes it (bf16 on a
+#: CPU that has it), for what one plain forward costs (docs/deterministic.md, "Cold against warm"); 1: one
+#: plain forward; 256: forwards of 256, exact on any target but slower
+PREFILL_CHUNK = None
 __all__ = ["Engine", "Generation", "Prepared", "METHODS", "SOURCES"]
 
 
@@ -110,7 +111,7 @@ class Engine:
                  model_name: str | None = None, max_draft_nodes: int = 48, memory_size: int = 32,
                  prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO,
                  hint_follow_up: bool | None = None, target_cores: frozenset[int] | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, deterministic: bool = False, call_log=None,
+                 prefill_chunk: int | None = PREFILL_CHUNK, deterministic: bool = False, call_log=None,
                  call_log_max_mb: float = DEFAULT_LOG_MB, call_log_tool_results: bool = False):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
@@ -119,13 +120,15 @@ class Engine:
         `hint_follow_up`: when the target writes a function the hint does not call, ask the sidecar for
         that function's slots alone (sidecar/session.py); None, the default, does so where the sidecar
         has cores of its own (a follow-up on the target's own CPU cores costs more than it saves).
-        `prefill_chunk`: prompts are prefilled in chunks that end at multiples of it (absolute positions),
-        and a prefix-cache hit is whole chunks, so a warm request's reply is the cold one bit for bit
-        (prefix_cache.py; e.g. 256); 1, the default, prefills the uncached tail in one forward (a warm
-        reply may then differ from the cold one in bf16).
+        `prefill_chunk`: None, the default, prefills the uncached tail in one forward, and on a bf16 CPU
+        target (sdpa, full attention) exactly: a warm request's reply is the cold one bit for bit
+        (`Verifier.plan_prefill`); 1 is one plain forward (a warm reply may then differ from the cold
+        one in bf16); more than 1: chunks that end at multiples of it (absolute positions), a cache hit
+        whole chunks (exact on any target, slower: docs/deterministic.md).
         `deterministic`: the same request gives the same tokens whatever the method, the draft tree and
         the concurrency, in bf16 too: every decode forward of a reply has the same shapes (deterministic.py,
-        docs/deterministic.md); prompts are then prefilled in chunks of 256 unless `prefill_chunk` is more than 1.
+        docs/deterministic.md); prompts are then prefilled exactly (one exact forward, else chunks of 256)
+        unless `prefill_chunk` is more than 1.
         `call_log`: a file path (or a `CallLog`) where every reply whose calls the target wrote and that
         all fit their schemas appends one training record for the sidecar (calllog.py; off by default).
         It stores prompts; a tool's result only with `call_log_tool_results`; it keeps to `call_log_max_mb`.
@@ -144,14 +147,13 @@ class Engine:
         self.max_draft_nodes = max_draft_nodes
         self.memory = CallMemory(memory_size)
         self.deterministic = bool(deterministic)
-        if self.deterministic and prefill_chunk == 1:
-            prefill_chunk = det.PREFILL_CHUNK
-        self.prefix_cache = PrefixCache(prefix_cache_tokens, prefill_chunk)
+        self._verifier = Verifier(target)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens,
+                                        *self._verifier.plan_prefill(prefill_chunk, self.deterministic))
         self.payback = None if wave_payback is None else PayBack(wave_payback)
         self.call_log = open_call_log(call_log, max_mb=call_log_max_mb, tool_results=call_log_tool_results)
         self.hint_follow_up = hint_follow_up
         self.eos_ids = eos_ids(target)
-        self._verifier = Verifier(target)
         if self.deterministic and any(w is not None for w in self._verifier.layout.windows.values()):
             raise OoOSpecError(f"deterministic=True takes a target whose layers all attend to the whole past; "
                                f"{type(target).__name__} has sliding-window layers")
@@ -436,16 +438,8 @@ class Engine:
         yield gen
 
     def _prefill(self, ids: list[int], cache, hit: int):
-        """The last position's logits after `ids[hit:]` is fed in chunks that end at multiples of the
-        chunk size (`hit` is one): a warm prefill runs the cold one's own last forwards."""
-        step = self.prefix_cache.chunk
-        start = hit
-        while True:
-            end = min(len(ids), start + step) if step > 1 else len(ids)
-            logits = self._verifier.forward(ids[start:end], cache, start, last_only=True)
-            if end == len(ids):
-                return logits
-            start = end
+        """The last position's logits after `ids[hit:]` is fed (`Verifier.prefill`)."""
+        return self._verifier.prefill(ids, cache, hit, self.prefix_cache.chunk)
 
     def _forced(self, req: Prepared, limit: int, stats: DecodeStats) -> list[int]:
         """The tokens the grammar forces next (none without one), counted as the grammar's."""
