@@ -333,6 +333,18 @@ class ScriptedTarget:
             out.logits[0, row, self.tokens[k] if 0 <= k < len(self.tokens) else self.eos] += 1e4
 
 
+class ScriptDrafter(Drafter):
+    """TEST DOUBLE: drafts the scripted reply itself, up to 90 tokens a round."""
+    source = "retrieval"
+
+    def __init__(self, target: ScriptedTarget):
+        self.target = target
+
+    def propose(self, ctx: ReplyState) -> list[Draft]:
+        done = len(ctx.ids) - self.target.start
+        return [Draft(self.target.tokens[done:done + 90], self.source)]
+
+
 def save_lora(base, out, seed: int = 0):
     """A freshly initialised LoRA for the model in directory `base`, saved to `out` (returned): random A
     and B (`init_lora_weights=False`), so that it changes the merged weights. No training: a second valid

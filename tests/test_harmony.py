@@ -24,7 +24,8 @@ from oospec_agents.errors import OoOSpecError
 from oospec_agents.events import ReplyEvents
 from oospec_agents.formats import HarmonyFormat, HarmonyReasoning, detect_format, detect_reasoning
 from oospec_agents.tools import normalize_tools
-from oospec_testing import HARMONY_TEMPLATE, ScriptedTarget, greedy, harmony_tokenizer, tiny_gpt_oss
+from oospec_testing import (HARMONY_TEMPLATE, ScriptDrafter, ScriptedTarget, greedy, harmony_tokenizer, tiny_gpt_oss,
+                             trace_stream)
 
 METHODS = ("ar", "toolspec", "oospec")
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -288,6 +289,56 @@ def test_the_sidecars_hint_is_drafted_once_the_analysis_has_closed(scripted):
     target.script(engine.prompt_ids(ASK, [WEATHER]), text)
     gen = engine.generate(ASK, [WEATHER], method="oospec", max_new_tokens=120, hint=CALL)
     assert gen.text == text and gen.stats["accepted_by_source"]["hint"] > 0
+
+
+# ---------------------------------------------------------------- boundary cases, many tokens a round
+
+@pytest.fixture(scope="module")
+def drafted_whole(smollm2_tokenizer):
+    """A scripted tiny gpt-oss whose retrieval drafter proposes the script itself, up to 90 tokens a round."""
+    tok = harmony_tokenizer(smollm2_tokenizer)
+    engine = Engine(tiny_gpt_oss(tok, seed=2), tok, model_name="tiny-gpt-oss-whole", max_draft_nodes=96)
+    target = ScriptedTarget(engine.target, tok)
+    engine._drafters["retrieval"] = ScriptDrafter(target)
+    return engine, target
+
+
+@pytest.mark.parametrize("name", ["think then call", "preamble then call", "a call written in the analysis"])
+def test_the_analysis_end_and_what_follows_in_one_round_stream_alike_in_every_method(drafted_whole, name):
+    engine, target = drafted_whole
+    text, reasoning, content, calls = REPLIES[name]
+    target.script(engine.prompt_ids(ASK, [WEATHER]), text)
+    seen = {}
+    for method in METHODS:
+        events, committed = trace_stream(engine, ASK, [WEATHER], max_new_tokens=120, method=method,
+                                         hint=CALL if method == "oospec" else None)
+        gen = events[-1][1]
+        body = [e for _, e in events[:-1]]
+        assert gen.text == text and (gen.reasoning, gen.content) == (reasoning, content), method
+        assert "".join(e.text for e in body if isinstance(e, ReasoningDelta)) == (reasoning or "")
+        assert "".join(e.text for e in body if isinstance(e, TextDelta)) == content
+        streamed = {}
+        for e in body:
+            if isinstance(e, ToolCallDelta):
+                streamed[e.index] = streamed.get(e.index, "") + e.arguments
+        assert [json.loads(a) for a in streamed.values()] == [c["arguments"] for c in gen.tool_calls]
+        assert [{"name": c["name"], "arguments": c["arguments"]} for c in gen.tool_calls] == calls
+        if method != "ar":  # the whole reply in one round after the prefill's token
+            assert len(committed) == 2, (method, committed)
+        seen[method] = (gen.token_ids, gen.reasoning, gen.content, gen.finish_reason)
+    assert seen["ar"] == seen["toolspec"] == seen["oospec"]
+
+
+def test_an_analysis_that_never_ends_is_cut_off_alike_in_every_method(drafted_whole):
+    engine, target = drafted_whole
+    target.script(engine.prompt_ids(ASK, [WEATHER]), "<|channel|>analysis<|message|>" + "Paris and Rome, " * 20)
+    seen = set()
+    for method in METHODS:
+        gen = engine.generate(ASK, [WEATHER], max_new_tokens=30, method=method)
+        assert gen.finish_reason == "length" and gen.reasoning.startswith("Paris and Rome")
+        assert not gen.content and not gen.tool_calls and not gen.invalid_tool_calls
+        seen.add((tuple(gen.token_ids), gen.reasoning))
+    assert len(seen) == 1
 
 
 # ---------------------------------------------------------------- front-ends

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from oospec_agents import Engine, Generation, ReasoningDelta, TextDelta, ToolCallDelta
-from oospec_agents.drafters import Draft, Drafter, ReplyState
+from oospec_agents.drafters import ReplyState
 from oospec_agents.drafters.hint import HintDrafter
 from oospec_agents.drafters.schema import forced_text
 from oospec_agents.errors import ChatFormatError, TemplateArgumentError
@@ -22,8 +22,8 @@ from oospec_agents.events import ReplyEvents
 from oospec_agents.formats import HermesFormat, PythonicFormat, Reasoning, detect_reasoning
 from oospec_agents.grammar import Grammars
 from oospec_agents.tools import normalize_tools
-from oospec_testing import (TEMPLATES, ScriptedTarget, chat_template, check_events, greedy, masked_reference,
-                             tiny_qwen3, trace_stream)
+from oospec_testing import (TEMPLATES, ScriptDrafter, ScriptedTarget, chat_template, check_events, greedy,
+                             masked_reference, tiny_qwen3, trace_stream)
 
 METHODS = ("ar", "toolspec", "oospec")
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -262,18 +262,6 @@ def test_every_method_is_lossless_on_a_tiny_qwen3(engine, tool_choice):
 
 
 # ---------------------------------------------------------------- boundary cases, many tokens a round
-
-class ScriptDrafter(Drafter):
-    """TEST DOUBLE: drafts the scripted reply itself, up to 90 tokens a round."""
-    source = "retrieval"
-
-    def __init__(self, target: ScriptedTarget):
-        self.target = target
-
-    def propose(self, ctx: ReplyState) -> list[Draft]:
-        done = len(ctx.ids) - self.target.start
-        return [Draft(self.target.tokens[done:done + 90], self.source)]
-
 
 @pytest.fixture(scope="module", params=list(TEMPLATES))
 def scripted(request, with_template):
