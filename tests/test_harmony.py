@@ -374,3 +374,23 @@ def test_langchain_and_the_server_give_a_harmony_reply_apart(scripted):
             model="gpt-oss", messages=ASK, tools=[WEATHER], max_tokens=120, stream=True) if c.choices]
         assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
         assert "".join(d.content or "" for d in deltas) == content
+
+
+def test_llamaindex_gives_a_harmony_reply_a_thinking_block_text_and_a_call(scripted):
+    from llama_index.core.base.llms.types import ChatMessage, TextBlock, ThinkingBlock, ToolCallBlock
+
+    from llama_index.llms.oospec import OoOSpec
+    engine, target = scripted
+    text, reasoning, content, calls = REPLIES["preamble then call"]
+    target.script(engine.prompt_ids(ASK, [WEATHER]), text)
+    llm = OoOSpec(engine=engine, max_new_tokens=120)
+    messages = [ChatMessage(role=m["role"], content=m["content"]) for m in ASK]
+    response = llm.chat(messages, tools=[WEATHER])
+    blocks = response.message.blocks
+    assert [type(b) for b in blocks] == [ThinkingBlock, TextBlock, ToolCallBlock]
+    assert (blocks[0].content, blocks[1].text) == (reasoning, content)
+    assert [s.tool_kwargs for s in llm.get_tool_calls_from_response(response)] == [c["arguments"] for c in calls]
+    responses = list(llm.stream_chat(messages, tools=[WEATHER]))
+    deltas = [r.additional_kwargs["thinking_delta"] for r in responses if "thinking_delta" in r.additional_kwargs]
+    assert "".join(deltas) == reasoning
+    assert [type(b) for b in responses[-1].message.blocks] == [ThinkingBlock, TextBlock, ToolCallBlock]
