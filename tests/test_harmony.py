@@ -394,3 +394,16 @@ def test_llamaindex_gives_a_harmony_reply_a_thinking_block_text_and_a_call(scrip
     deltas = [r.additional_kwargs["thinking_delta"] for r in responses if "thinking_delta" in r.additional_kwargs]
     assert "".join(deltas) == reasoning
     assert [type(b) for b in responses[-1].message.blocks] == [ThinkingBlock, TextBlock, ToolCallBlock]
+
+
+def test_the_embedded_sidecars_call_arrives_as_a_harmony_hint(smollm2_tokenizer, embedded_sidecar):
+    """The real wave, its call rendered in the harmony format: drafted once the analysis has closed."""
+    from oospec_testing import InTime
+    tok = harmony_tokenizer(smollm2_tokenizer)
+    engine = Engine(tiny_gpt_oss(tok, seed=3), tok, InTime(embedded_sidecar), model_name="tiny-gpt-oss-sidecar")
+    target = ScriptedTarget(engine.target, tok)
+    text = REPLIES["think then call"][0]
+    target.script(engine.prompt_ids(ASK, [WEATHER]), text)
+    gen = engine.generate(ASK, [WEATHER], method="oospec", max_new_tokens=120)
+    assert gen.text == text
+    assert gen.stats["hint_bytes"] and gen.stats["accepted_by_source"]["hint"] > 0, gen.stats
