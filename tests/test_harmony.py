@@ -34,6 +34,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
 TIME = {"type": "function", "function": {"name": "get_time", "description": "Time in a zone",
         "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+PING = {"type": "function", "function": {"name": "ping", "description": "Ping",
+        "parameters": {"type": "object", "properties": {}}}}
 ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the weather in Paris?"}]
 FMT = HarmonyFormat()
 H = HarmonyReasoning()
@@ -116,13 +118,13 @@ def test_calls_rendered_by_the_format_parse_back():
 
 def test_the_test_template_renders_what_openai_harmony_renders(encoding, smollm2_tokenizer):
     harmony, enc = encoding
-    tool = WEATHER["function"]
     convo = harmony.Conversation.from_messages([
         harmony.Message.from_role_and_content(
             harmony.Role.SYSTEM, harmony.SystemContent.new().with_reasoning_effort(harmony.ReasoningEffort.HIGH)),
         harmony.Message.from_role_and_content(
             harmony.Role.DEVELOPER, harmony.DeveloperContent.new().with_instructions("Be brief.").with_function_tools(
-                [harmony.ToolDescription.new(tool["name"], tool["description"], parameters=tool["parameters"])])),
+                [harmony.ToolDescription.new(t["function"]["name"], t["function"]["description"],
+                                             parameters=t["function"]["parameters"]) for t in (WEATHER, PING)])),
         harmony.Message.from_role_and_content(harmony.Role.USER, ASK[1]["content"]),
         harmony.Message.from_role_and_content(harmony.Role.ASSISTANT, "Need the weather.").with_channel("analysis"),
         harmony.Message.from_role_and_content(harmony.Role.ASSISTANT, '{"city": "Paris"}').with_channel("commentary")
@@ -137,8 +139,19 @@ def test_the_test_template_renders_what_openai_harmony_renders(encoding, smollm2
         {"role": "tool", "tool_call_id": "c0", "content": '{"sky": "sunny"}'}]
     tok = harmony_tokenizer(smollm2_tokenizer)
     engine = Engine(tiny_gpt_oss(tok), tok, model_name="tiny-gpt-oss")
-    ids = engine.prompt_ids(engine_messages, [WEATHER], reasoning_effort="high")
+    ids = engine.prompt_ids(engine_messages, [WEATHER, PING], reasoning_effort="high")
     assert tok.decode(ids) == expected
+
+
+def test_the_formats_own_tool_prompt_is_openai_harmonys_namespace(encoding):
+    """For a template that drops `tools=`, the format's system prompt declares them as harmony does."""
+    harmony, enc = encoding
+    tools = [WEATHER, TIME, PING]
+    developer = harmony.DeveloperContent.new().with_function_tools(
+        [harmony.ToolDescription.new(t["function"]["name"], t["function"]["description"],
+                                     parameters=t["function"]["parameters"]) for t in tools])
+    rendered = enc.decode(enc.render(harmony.Message.from_role_and_content(harmony.Role.DEVELOPER, developer)))
+    assert rendered == "<|start|>developer<|message|>" + FMT.system_prompt(normalize_tools(tools)) + "<|end|>"
 
 
 def test_a_harmony_template_is_detected():

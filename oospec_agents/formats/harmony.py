@@ -262,12 +262,8 @@ def namespace(tools) -> str:
     for t in tools:
         if t.description:
             lines.append(f"// {t.description}")
-        props = t.properties
-        if not props:
-            lines += [f"type {t.name} = () => any;", ""]
-            continue
         lines.append(f"type {t.name} = (_: {{")
-        for key, schema in props.items():
+        for key, schema in t.properties.items():
             if schema.get("description"):
                 lines.append(f"// {schema['description']}")
             optional = "" if key in t.required else "?"
