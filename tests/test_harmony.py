@@ -146,7 +146,13 @@ def test_the_test_template_renders_what_openai_harmony_renders(encoding, smollm2
 def test_the_formats_own_tool_prompt_is_openai_harmonys_namespace(encoding):
     """For a template that drops `tools=`, the format's system prompt declares them as harmony does."""
     harmony, enc = encoding
-    tools = [WEATHER, TIME, PING]
+    rich = {"type": "function", "function": {"name": "t", "description": "T", "parameters": {
+        "type": "object", "required": ["n"], "properties": {
+            "n": {"type": "integer"}, "x": {"type": "number", "description": "X"}, "b": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "u": {"type": "string", "enum": ["c", "f"], "default": "c"},
+            "o": {"type": "object", "properties": {"a": {"type": "string"}}}, "any": {}}}}}
+    tools = [WEATHER, TIME, PING, rich]
     developer = harmony.DeveloperContent.new().with_function_tools(
         [harmony.ToolDescription.new(t["function"]["name"], t["function"]["description"],
                                      parameters=t["function"]["parameters"]) for t in tools])

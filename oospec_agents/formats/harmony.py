@@ -257,28 +257,38 @@ def _call_header_so_far(header: str):
 
 
 def namespace(tools) -> str:
-    """The tools as harmony's developer message declares them: a TypeScript-like `namespace functions`."""
+    """The tools as harmony's developer message declares them (openai-harmony's rendering): a
+    TypeScript-like `namespace functions`, a `type NAME = (_: {...}) => any;` per tool."""
     lines = ["## functions", "", "namespace functions {", ""]
     for t in tools:
         if t.description:
             lines.append(f"// {t.description}")
-        lines.append(f"type {t.name} = (_: {{")
-        for key, schema in t.properties.items():
-            if schema.get("description"):
-                lines.append(f"// {schema['description']}")
-            optional = "" if key in t.required else "?"
-            lines.append(f"{key}{optional}: {_ts_type(schema)},")
-        lines += ["}) => any;", ""]
+        lines += [f"type {t.name} = (_: {{", *_members(t.properties, t.required, ""), "}) => any;", ""]
     lines.append("} // namespace functions")
     return "\n".join(lines)
 
 
-def _ts_type(schema: dict) -> str:
+def _members(properties: dict, required, indent: str) -> list[str]:
+    """An object's members, one a line: its description above, its default after."""
+    lines = []
+    for key, schema in properties.items():
+        if schema.get("description"):
+            lines.append(f"{indent}// {schema['description']}")
+        default = f" // default: {schema['default']}" if "default" in schema else ""
+        optional = "" if key in required else "?"
+        lines.append(f"{indent}{key}{optional}: {_ts_type(schema, indent)},{default}")
+    return lines
+
+
+def _ts_type(schema: dict, indent: str = "") -> str:
     if isinstance(schema.get("enum"), list):
         return " | ".join(json.dumps(e) for e in schema["enum"])
     kind = schema.get("type")
     if kind == "array":
-        return _ts_type(schema.get("items", {})) + "[]"
+        return _ts_type(schema.get("items", {}), indent) + "[]"
+    if kind == "object" and schema.get("properties"):
+        inner = indent + "    "
+        return "{\n" + "\n".join(_members(schema["properties"], schema.get("required", []), inner)) + f"\n{inner}}}"
     return {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
             "object": "object"}.get(kind, "any")
 
