@@ -107,9 +107,7 @@ class Grammars:
             return None
         if self.fmt.name == "harmony" and (mode != "auto" or reply is not None or strict
                                            or any(t.strict for t in tools)):
-            raise OoOSpecError("the harmony format (gpt-oss) decodes tool_choice=\"auto\" without strict, tool "
-                               f"\"strict\" flags or a JSON response_format for now; got tool_choice mode {mode!r}, "
-                               f"strict={strict}: leave them unset")
+            _not_for_harmony(f"tool_choice mode {mode!r}, strict={strict}")
         if mode != "auto":
             reply = None
         after_reasoning = reasoning is not None and mode != "auto"  # the forced opener is no prompt prefix
@@ -147,6 +145,8 @@ class Grammars:
         `reasoning` is given. A schema beyond llguidance is a ResponseFormatError naming its keyword:
         a structured reply is never decoded unconstrained."""
         import llguidance
+        if self.fmt.name == "harmony":
+            _not_for_harmony("a JSON response_format")
         key = ("json", json.dumps(schema, sort_keys=True), reasoning)
         if reasoning is None:
             return self._cached(key, lambda: self._compile_matcher(
@@ -330,6 +330,11 @@ def _keywords(schema, path=()):
 
 #: whitespace around a reasoning block ("</think>\n\n"): bounded, so that a masked model cannot loop in it
 _GAP = "[ \\t\\r\\n]{0,4}"
+
+
+def _not_for_harmony(asked: str):
+    raise OoOSpecError("the harmony format (gpt-oss) decodes tool_choice=\"auto\" without strict, tool \"strict\" "
+                       f"flags or a JSON response_format for now; got {asked}: leave them unset")
 
 
 def _reasoning_rules(reasoning: Reasoning, answer: str) -> list[str]:

@@ -228,9 +228,16 @@ def test_the_sidecars_hint_renders_as_a_harmony_call_and_aligns():
     assert continuation(H.split(after + hint[:-12])[1], hint, FMT) == hint[-12:]
 
 
-def test_a_forced_tool_choice_is_a_clear_error_for_now(harmony_engine):
-    with pytest.raises(OoOSpecError, match="harmony"):
-        harmony_engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=4)
+@pytest.mark.parametrize("tools, asked", [
+    ([WEATHER], {"tool_choice": "required"}),
+    ([WEATHER], {"tool_choice": "get_weather"}),
+    ([WEATHER], {"strict": True}),
+    ([WEATHER], {"response_format": {"type": "json_object"}}),
+    (None, {"response_format": {"type": "json_object"}}),
+])
+def test_forcing_and_constraining_are_a_clear_error_for_now(harmony_engine, tools, asked):
+    with pytest.raises(OoOSpecError, match="harmony format .* for now"):
+        harmony_engine.generate(ASK, tools, max_new_tokens=4, **asked)
 
 
 # ---------------------------------------------------------------- the engine
