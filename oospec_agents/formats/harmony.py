@@ -89,9 +89,9 @@ def messages(text: str) -> list[Message]:
     return out
 
 
-def _partial(text: str, markers=ENDS) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of one of `markers`."""
-    return max((n for m in markers for n in range(min(len(m) - 1, len(text)), 0, -1) if text.endswith(m[:n])),
+def _partial(text: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of a message's end marker."""
+    return max((n for m in ENDS for n in range(min(len(m) - 1, len(text)), 0, -1) if text.endswith(m[:n])),
                default=0)
 
 
@@ -109,9 +109,8 @@ def _may_be_analysis(header: str) -> bool:
 @dataclass(frozen=True)
 class HarmonyReasoning:
     """The reasoning of a harmony reply: its leading analysis messages, joined by a blank line. The
-    answer (content and calls, `HarmonyFormat`) is the text from the first other message on."""
-    #: for the grammar's interface (formats/reasoning.py): a harmony reply never starts inside its reasoning
-    starts_open: bool = False
+    answer (content and calls, `HarmonyFormat`) is the text from the first other message on. The grammar
+    (grammar.py) does not read it: it refuses to constrain a harmony reply for now."""
 
     def for_prompt(self, prompt: str) -> "HarmonyReasoning":
         return self
