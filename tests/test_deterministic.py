@@ -97,11 +97,19 @@ def test_a_sliding_window_target_is_refused(smollm2_tokenizer):
         Engine(model, smollm2_tokenizer, deterministic=True)
 
 
-def test_off_by_default_and_prefill_in_chunks_when_on(smollm2_tokenizer, tiny_bf16):
-    assert Engine(tiny_bf16, smollm2_tokenizer).prefix_cache.chunk == 1
+def test_off_by_default_and_an_exact_prefill_when_on(smollm2_tokenizer, tiny_bf16):
+    """On: the exact one-forward prefill where the target takes it (bf16 where the CPU has it), else
+    chunks of 256; never the plain prefill, even when asked for (1). More than 1: those chunks."""
+    from oospec_agents.models import cpu_supports_bf16
     assert not Engine(tiny_bf16, smollm2_tokenizer).deterministic
-    assert engine_on(tiny_bf16, smollm2_tokenizer).prefix_cache.chunk == det.PREFILL_CHUNK
-    assert engine_on(tiny_bf16, smollm2_tokenizer, prefill_chunk=16).prefix_cache.chunk == 16
+    for kw in ({}, {"prefill_chunk": 1}):
+        on = engine_on(tiny_bf16, smollm2_tokenizer, **kw)
+        assert on._verifier.exact_prefill == cpu_supports_bf16()
+        assert on.prefix_cache.chunk == (1 if cpu_supports_bf16() else det.PREFILL_CHUNK)
+    fp32 = engine_on(tiny_model("llama", smollm2_tokenizer), smollm2_tokenizer)
+    assert not fp32._verifier.exact_prefill and fp32.prefix_cache.chunk == det.PREFILL_CHUNK
+    chunked = engine_on(tiny_bf16, smollm2_tokenizer, prefill_chunk=16)
+    assert not chunked._verifier.exact_prefill and chunked.prefix_cache.chunk == 16
 
 
 # ---------------------------------------------------------------- the same tokens, tiny bf16 target

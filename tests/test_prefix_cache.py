@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import threading
+import types
 
 import pytest
 import torch
 
 from oospec_testing import greedy, tiny_model
 from oospec_agents import Engine
-from oospec_agents.prefix_cache import PrefixCache
+from oospec_agents import deterministic as det
+from oospec_agents.models import cpu_supports_bf16
+from oospec_agents.prefix_cache import PrefixCache, fork
 from oospec_agents.sidecar import SidecarBase
 
 WEATHER = {"type": "function", "function": {"name": "get_current_weather", "parameters": {
@@ -233,19 +236,160 @@ def DynamicCacheOf(n: int):
     return cache
 
 
-@pytest.mark.slow
-def test_in_bf16_a_warm_request_gives_the_cold_reply_bit_for_bit(smollm2_dir):
-    """Records whose warm reply differed from the cold one before prefills were chunked (bf16, this
-    project's AMD EPYC, 2026-12-04: 4 of 40 unseen-source records under toolspec). The dtype is pinned:
-    where bf16 is emulated the same holds, only slower."""
+@pytest.fixture(scope="module")
+def embedded_bf16(smollm2_dir):
+    """The embedded target in bf16 (pinned: where the CPU emulates bf16 the default prefill is the plain
+    one, and the tests that need the exact one skip), its default engine."""
+    return Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
+
+
+def _extra_records(*ids):
     from oospec_testing import DATA
     from oospec_agents.bench.records import load_records
-    ids = {"nestful/executable_0", "tooltalk/easy/CreateEvent-easy#0", "nestful/executable_4"}
-    records = [r for r in load_records(DATA / "train-extra.jsonl") if r["id"] in ids]
-    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16, prefill_chunk=256)
+    by_id = {r["id"]: r for r in load_records(DATA / "train-extra.jsonl") if r["id"] in ids}
+    return [by_id[i] for i in ids]
+
+
+def _same_kv(a, b, n: int) -> bool:
+    return all(torch.equal(x.keys[..., :n, :], y.keys[..., :n, :]) and torch.equal(x.values[..., :n, :], y.values[..., :n, :])
+               for x, y in zip(a.layers, b.layers))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefill_chunk", [None, 256])
+def test_in_bf16_a_warm_request_gives_the_cold_reply_bit_for_bit(embedded_bf16, prefill_chunk):
+    """Records whose warm reply differed from the cold one under the plain prefill (bf16, this project's
+    AMD EPYC, 2026-12-04: 4 of 40 unseen-source records under toolspec), under the default prefill (one
+    exact forward) and in chunks of 256. The dtype is pinned: where bf16 is emulated chunks of 256 hold
+    the same, only slower, and the default is the plain prefill (skipped)."""
+    records = _extra_records("nestful/executable_0", "tooltalk/easy/CreateEvent-easy#0", "nestful/executable_4")
+    engine = embedded_bf16 if prefill_chunk is None else \
+        Engine(embedded_bf16.target, embedded_bf16.tokenizer, prefill_chunk=prefill_chunk)
+    if prefill_chunk is None and not engine._verifier.exact_prefill:
+        pytest.skip("the exact one-forward prefill is offered where the CPU computes bf16 natively")
     for r in records:
         engine.clear_prefix_cache()
         cold, warm = (_without_memory(engine).generate(r["messages"], r["tools"], tool_choice="required",
                                                        max_new_tokens=96, method="toolspec") for _ in range(2))
         assert cold.stats.cached_prompt_tokens == 0 and warm.stats.cached_prompt_tokens > 0
         assert warm.token_ids == cold.token_ids, r["id"]
+
+
+@pytest.mark.slow
+def test_in_bf16_a_warm_hit_gives_the_cold_logits_and_kv_bit_for_bit_by_default(embedded_bf16):
+    """The embedded target in bf16, a 1019-token prompt, the default prefill: the logits and every
+    layer's keys and values after a warm prefill are the cold prefill's bits, whether the hit is the
+    whole prompt (8 tokens fed again), ends inside an attention block of 512 keys or on its boundary,
+    or is an entry of a shorter prompt that this one extends (the next turn of a conversation: the
+    entry's last rows were computed on fewer keys than the cold prefill of this prompt has)."""
+    engine = embedded_bf16
+    if not engine._verifier.exact_prefill:
+        pytest.skip("the exact one-forward prefill is offered where the CPU computes bf16 natively")
+    rec, = _extra_records("tooltalk/easy/CreateEvent-easy#0")
+    ids = engine.prompt_ids(rec["messages"], rec["tools"], tool_choice="required")
+    n, v = len(ids), engine._verifier
+    cache = v.new_cache()
+    cold = v.prefill(ids, cache, 0)
+    for hit in (n - det.EXACT_MIN_TAIL, n - 300, 700, 512, 511):
+        mine = fork(cache, hit, n)
+        assert torch.equal(v.prefill(ids, mine, hit), cold), hit
+        assert _same_kv(mine, cache, n), hit
+    pc = PrefixCache(4096, *v.plan_prefill(None))
+    first = ids[:n - 300]  # the earlier turn's prompt, prefilled cold on its own
+    entry = v.new_cache()
+    v.prefill(first, entry, 0)
+    pc.store(first, entry)
+    hit, mine = pc.lookup(ids, v.new_cache)
+    assert hit == len(first)
+    assert torch.equal(v.prefill(ids, mine, hit), cold)
+    assert _same_kv(mine, cache, n)
+
+
+# ---------------------------------------------------------------- the exact one-forward prefill
+
+def _bf16_qkv(n: int, seed: int = 0):
+    """bf16 queries, keys and values shaped like SmolLM2-135M's (9 query heads, 3 key/value heads, 64 dims)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, h, n, 64, generator=g).to(torch.bfloat16) for h in (9, 3, 3)]
+
+
+def test_exact_attention_gives_a_row_the_bits_of_the_cold_prefill_whatever_the_forward():
+    """Inside `exact_attention()`, a query row's attention is the same bits in the cold forward of a
+    1300-token prompt (every row, causal), in a warm forward of its tail on cached keys (from anywhere:
+    a 512-key block's boundary, inside a block, one row from the end), and in the cold forward of a
+    shorter prompt (a cached entry the longer prompt extends: fewer keys, its last block not full)."""
+    q, k, v = _bf16_qkv(1300)
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+
+    def rows(a: int, b: int) -> torch.Tensor:
+        """rows a..b-1 of a prompt of b tokens, the keys of its first a cached"""
+        with det.exact_attention():
+            out, _ = det._exact_sdpa(module, q[:, :, a:b], k[:, :, :b], v[:, :, :b], None, dropout=0.0,
+                                     scaling=64 ** -0.5)
+        return out
+    cold = rows(0, 1300)
+    assert cold.shape == (1, 1300, 9, 64)
+    for a in (1, 255, 511, 512, 700, 1024, 1292, 1299):
+        assert torch.equal(rows(a, 1300), cold[:, a:]), a
+    for b in (300, 512, 700, 1030):
+        assert torch.equal(rows(0, b), cold[:, :b]), b
+        assert torch.equal(rows(b - 20, b), cold[:, b - 20:b]), b
+
+
+def test_outside_a_prefill_the_attention_is_transformers_sdpa_bit_for_bit(smollm2_tokenizer):
+    """Installing the exact prefill's attention changes no other forward: a decode forward after cached
+    keys, under a mask, gives the logits it gave before."""
+    from transformers import DynamicCache
+    model = tiny_model("llama", smollm2_tokenizer, seed=4).to(torch.bfloat16)
+    ids = torch.randint(100, 40000, (1, 140), generator=torch.Generator().manual_seed(1))
+
+    from oospec_agents.verify import cache_kwarg
+    kw = cache_kwarg(model)
+
+    def logits():
+        cache = DynamicCache()
+        with torch.inference_mode():
+            model(input_ids=ids[:, :120], **{kw: cache}, use_cache=True)
+            return model(input_ids=ids[:, 120:], **{kw: cache}, use_cache=True).logits
+    before = logits()
+    det.install_exact_attention(model)
+    assert model.config._attn_implementation == det.EXACT_ATTENTION
+    assert torch.equal(logits(), before)
+
+
+def test_the_default_prefill_is_exact_on_a_bf16_target_where_the_cpu_has_bf16(smollm2_tokenizer):
+    bf16 = tiny_model("llama", smollm2_tokenizer, seed=2).to(torch.bfloat16)
+    default = Engine(bf16, smollm2_tokenizer)
+    assert default._verifier.exact_prefill == cpu_supports_bf16()
+    if cpu_supports_bf16():
+        assert (default.prefix_cache.chunk, default.prefix_cache.min_tail) == (1, det.EXACT_MIN_TAIL)
+    for chunk, expected in ((1, (1, 1)), (64, (64, 1))):  # plain, chunked: as asked
+        engine = Engine(bf16, smollm2_tokenizer, prefill_chunk=chunk)
+        assert not engine._verifier.exact_prefill
+        assert (engine.prefix_cache.chunk, engine.prefix_cache.min_tail) == expected
+    fp32 = Engine(tiny_model("llama", smollm2_tokenizer), smollm2_tokenizer)  # float32: the plain prefill
+    assert not fp32._verifier.exact_prefill and (fp32.prefix_cache.chunk, fp32.prefix_cache.min_tail) == (1, 1)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="prefill_chunk"):
+            Engine(bf16, smollm2_tokenizer, prefill_chunk=bad)
+
+
+def test_an_exact_hit_leaves_its_last_8_tokens_to_prefill_and_decodes_the_cold_tokens(smollm2_tokenizer):
+    """A bf16 GEMM of 1 or 2 rows gives other bits than one of 3 or more, so an exact hit feeds at least
+    `EXACT_MIN_TAIL` tokens; the reply is the cold one."""
+    if not cpu_supports_bf16():
+        pytest.skip("the exact one-forward prefill is offered where the CPU computes bf16 natively")
+    engine = Engine(tiny_model("llama", smollm2_tokenizer, seed=2).to(torch.bfloat16), smollm2_tokenizer)
+    pc = PrefixCache(1000, 1, det.EXACT_MIN_TAIL)
+    pc.store(list(range(20)), DynamicCacheOf(20))
+    assert pc.lookup(list(range(20)), lambda: None)[0] == 12
+    assert pc.lookup(list(range(15)) + [99] * 10, lambda: None)[0] == 15
+    assert pc.peek(list(range(7))) == 0
+    seen = []
+    forward = engine._verifier.forward
+    engine._verifier.forward = lambda ids, cache, past, *a, **k: seen.append((past, len(ids))) or forward(ids, cache, past, *a, **k)
+    cold, warm = (run(engine, ask("Weather in Paris?"), "ar") for _ in range(2))
+    n = len(engine.prompt_ids(ask("Weather in Paris?"), [WEATHER], tool_choice="required"))
+    assert warm.stats.cached_prompt_tokens == n - det.EXACT_MIN_TAIL
+    assert seen[0] == (0, n) and (n - det.EXACT_MIN_TAIL, det.EXACT_MIN_TAIL) in seen  # one forward each
+    assert warm.token_ids == cold.token_ids
