@@ -26,9 +26,15 @@ So in this mode every decode forward has:
   when a forward's rows reach past a 512-key boundary.
 
 Forced tokens (grammar jump-forward) too long for one forward are fed first, `MAX_ROWS` a forward,
-their logits dropped (`fit`). The prompt is prefilled as before, the same for every method; with
-prefill chunks aligned to absolute positions (`prefill_chunk`), a cache hit is the cold prefill.
+their logits dropped (`fit`). The prompt is prefilled the same for every method, and exactly: a cache
+hit is the cold prefill bit for bit (the exact one-forward prefill below, or chunks of `PREFILL_CHUNK`
+aligned to absolute positions where the target does not take it).
 Greedy decoding is covered; a sampled reply is drawn as the method draws it.
+
+The exact prefill (the engine's default on a bf16 CPU target, in this mode or not): the uncached tail
+of a prompt in one forward, as the plain prefill, but with attention computed so that a row's bits do
+not depend on the forward (`_exact_sdpa`); the linear layers already do not, for 3 rows or more
+(`EXACT_MIN_TAIL`). A warm request then recomputes its tail's rows as its cold prefill did.
 """
 from __future__ import annotations
 
