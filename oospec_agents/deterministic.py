@@ -167,7 +167,7 @@ def exact_prefill_refusal(model, windows) -> str | None:
     transformers' `sdpa`, for full attention."""
     from .models import cpu_supports_bf16
     device, dtype = next(model.parameters()).device, model.dtype
-    attn = getattr(model.config, "_attn_implementation", None)
+    attn = getattr(model.config.get_text_config(decoder=True), "_attn_implementation", None)
     if device.type != "cpu" or dtype != torch.bfloat16:
         return f"measured for bf16 on the CPU only (this target: {dtype} on {device.type})"
     if not cpu_supports_bf16():
@@ -179,16 +179,19 @@ def exact_prefill_refusal(model, windows) -> str | None:
     return None
 
 
-def install_exact_attention(model) -> None:
+def install_exact_attention(model) -> bool:
     """Make the target's attention `EXACT_ATTENTION`: transformers' `sdpa`, unchanged, except inside
-    `exact_attention()` (this thread's prefill forwards), where `_exact_sdpa` computes it."""
+    `exact_attention()` (this thread's prefill forwards), where `_exact_sdpa` computes it. False where
+    the model did not take it (a model that cannot switch its attention)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
     if EXACT_ATTENTION not in AttentionInterface._global_mapping:
         AttentionInterface.register(EXACT_ATTENTION, _exact_sdpa)
         AttentionMaskInterface.register(EXACT_ATTENTION, AttentionMaskInterface._global_mapping["sdpa"])
-    if model.config._attn_implementation != EXACT_ATTENTION:
+    text = model.config.get_text_config(decoder=True)
+    if text._attn_implementation != EXACT_ATTENTION:
         model.set_attn_implementation(EXACT_ATTENTION)
+    return text._attn_implementation == EXACT_ATTENTION
 
 
 @contextmanager
@@ -216,7 +219,8 @@ def _exact_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     unsupported = {k for k in ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
                    if kwargs.get(k) is not None}
-    if not getattr(_exact, "on", False) or unsupported or kwargs.get("dropout", 0.0) or args:
+    if not getattr(_exact, "on", False) or unsupported or kwargs.get("dropout", 0.0) or args \
+            or query.shape[-1] != value.shape[-1]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
     q_len, kv_len = query.shape[2], key.shape[2]
     past = kv_len - q_len

@@ -182,11 +182,11 @@ class Verifier:
         self.exact_prefill = False
         if chunk is None or (chunk == 1 and fixed_shapes):
             why = deterministic.exact_prefill_refusal(self.model, self.layout.windows)
-            if why is None:
-                deterministic.install_exact_attention(self.model)
+            if why is None and deterministic.install_exact_attention(self.model):
                 self.exact_prefill = True
                 return 1, deterministic.EXACT_MIN_TAIL
-            log.debug("%s: no exact one-forward prefill: %s", type(self.model).__name__, why)
+            log.debug("%s: no exact one-forward prefill: %s", type(self.model).__name__,
+                      why or "its attention implementation cannot be switched")
             chunk = deterministic.PREFILL_CHUNK if fixed_shapes else 1
         return chunk, 1
 
