@@ -1,10 +1,13 @@
 """Is a prefix-cache hit the cold prefill bit for bit, and what does each way of prefilling cost?
 (docs/deterministic.md, "Cold against warm").
 
-    .venv/bin/python examples/exact_prefill_check.py timing --reps 3 --out exact-prefill-timing.jsonl \\
-        --ids nestful/executable_4,tooltalk/easy/CreateEvent-easy#0,nestful/executable_0,callnavi/hr001
+    .venv/bin/python examples/exact_prefill_check.py timing --threads 1 --reps 3 --out timing-t1.jsonl \\
+        --ids "nestful/executable_4,tooltalk/easy/CreateEvent-easy#0,nestful/executable_0,tooltalk/tooltalk/Calendar-Email-Reminder-SendEmail-2#4,callnavi/hot020"
+    .venv/bin/python examples/exact_prefill_check.py summary --out timing-t1.jsonl
     .venv/bin/python examples/exact_prefill_check.py replies --max-new-tokens 48 \\
-        --ids nestful/executable_0,tooltalk/easy/CreateEvent-easy#0,nestful/executable_4
+        --ids "nestful/executable_0,tooltalk/easy/CreateEvent-easy#0,nestful/executable_4"
+    .venv/bin/python examples/exact_prefill_check.py replies --threads 1 --engines plain,exact \\
+        --sources tooltalk,nestful,bfcl_multi_turn_base_first,callnavi --limit 16
 
 Three engines on one bf16 embedded target: `plain` (`prefill_chunk=1`: the uncached tail in one forward),
 `exact` (the default, `prefill_chunk=None`: one forward whose attention runs in canonical shapes) and
@@ -18,7 +21,8 @@ ones bit for bit go to `--out`; the summary takes each (record, engine, case)'s 
 repetitions (on a shared machine only the minimum of interleaved runs means much).
 
 `replies`: per record, each engine decodes it twice with `toolspec` (prefix cache and call memory
-cleared before the first): cold, then warm. Prints whether the warm reply is the cold one.
+cleared before the first): cold, then warm. Prints whether the warm reply is the cold one, both
+replies and each prefill's seconds. `--sources`/`--limit` take records round-robin instead of `--ids`.
 """
 from __future__ import annotations
 
