@@ -259,10 +259,12 @@ def _same_kv(a, b, n: int) -> bool:
 @pytest.mark.parametrize("prefill_chunk", [None, 256])
 def test_in_bf16_a_warm_request_gives_the_cold_reply_bit_for_bit(embedded_bf16, prefill_chunk):
     """Records whose warm reply differed from the cold one under the plain prefill (bf16, this project's
-    AMD EPYC, 2026-12-04: 4 of 40 unseen-source records under toolspec), under the default prefill (one
-    exact forward) and in chunks of 256. The dtype is pinned: where bf16 is emulated chunks of 256 hold
-    the same, only slower, and the default is the plain prefill (skipped)."""
-    records = _extra_records("nestful/executable_0", "tooltalk/easy/CreateEvent-easy#0", "nestful/executable_4")
+    AMD EPYC, 2026-12-04: 4 of 40 unseen-source records under toolspec, then 5 of 40: these and
+    nestful/executable_1 and _8, checked under the default only), under the default prefill (one exact
+    forward) and in chunks of 256. The dtype is pinned: where bf16 is emulated chunks of 256 hold the
+    same, only slower, and the default is the plain prefill (skipped)."""
+    records = _extra_records("nestful/executable_0", "tooltalk/easy/CreateEvent-easy#0", "nestful/executable_4",
+                             *(("nestful/executable_1", "nestful/executable_8") if prefill_chunk is None else ()))
     engine = embedded_bf16 if prefill_chunk is None else \
         Engine(embedded_bf16.target, embedded_bf16.tokenizer, prefill_chunk=prefill_chunk)
     if prefill_chunk is None and not engine._verifier.exact_prefill:
