@@ -25,12 +25,20 @@ def load_records(split: str = "dev") -> list[dict]:
     return data.load_records(DATA / f"{split}.jsonl")
 
 
+#: a weather tool, as the training tests offer it
+WEATHER = {"type": "function", "function": {
+    "name": "get_current_weather", "description": "Get the current weather in a given city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+
+
 def tiny_model(kind: str, tokenizer, seed: int = 0):
     """A randomly initialised 2-layer model of the given family with SmolLM2's vocabulary."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[kind]
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[kind]
     cfg = cls(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
               eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
               pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
@@ -79,16 +87,7 @@ TEMPLATES = {"qwen3": chat_template(), "r1": chat_template(opens=True, reads_rea
 
 def tiny_qwen3(tokenizer, seed: int = 0):
     """A randomly initialised 2-layer Qwen3 with SmolLM2's vocabulary."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                      pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.eos_token_id
-    return model
+    return tiny_model("qwen3", tokenizer, seed)
 
 
 def make_tiny_engine(kind: str = "llama"):
@@ -446,3 +445,28 @@ def tiny_gpt_oss(tokenizer, seed: int = 0):
     model.generation_config.eos_token_id = stops
     model.generation_config.pad_token_id = tokenizer.eos_token_id
     return model
+
+
+def record_requests(monkeypatch, engine) -> list[list]:
+    """Every request a front-end makes of `engine`: [messages, tools, keywords, Generation]."""
+    from contextlib import closing
+
+    from oospec_agents import Generation
+    seen: list[list] = []
+    real = engine.stream
+
+    def stream(messages, tools=None, **kw):
+        events = real(messages, tools, **kw)  # eager, as the real one: bad input raises here
+        entry = [messages, tools, kw, None]
+        seen.append(entry)
+
+        def tap():
+            with closing(events):
+                for event in events:
+                    if isinstance(event, Generation):
+                        entry[3] = event
+                    yield event
+        return tap()
+
+    monkeypatch.setattr(engine, "stream", stream)
+    return seen

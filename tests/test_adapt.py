@@ -7,17 +7,12 @@ import json
 import pytest
 import torch
 
-from oospec_testing import DATA, tiny_model
+from oospec_testing import DATA, WEATHER, tiny_model
 from oospec_agents.calllog import CallLog
 from oospec_agents.cli import main
 from oospec_agents.train.adapt import HOLDS, LACKS, adapt, dedupe, read_log, split_newest
 from oospec_agents.train.data import TrainDataError
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_current_weather", "description": "Get the current weather in a given city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city"]}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Current time in a time zone.",
     "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}

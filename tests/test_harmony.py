@@ -265,6 +265,17 @@ def scripted(smollm2_tokenizer):
     return Engine(model, tok, model_name="tiny-gpt-oss-scripted"), ScriptedTarget(model, tok)
 
 
+def joined(events) -> tuple[str, str, list]:
+    """What a reply's events say, joined: its reasoning, its content, each call's arguments parsed."""
+    streamed: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, ToolCallDelta):
+            streamed[e.index] = streamed.get(e.index, "") + e.arguments
+    return ("".join(e.text for e in events if isinstance(e, ReasoningDelta)),
+            "".join(e.text for e in events if isinstance(e, TextDelta)),
+            [json.loads(a) for a in streamed.values()])
+
+
 @pytest.mark.parametrize("name", ["think then call", "think then answer", "preamble then call",
                                   "a call written in the analysis"])
 def test_a_scripted_reply_comes_apart_the_same_in_every_method(scripted, name):
@@ -278,13 +289,7 @@ def test_a_scripted_reply_comes_apart_the_same_in_every_method(scripted, name):
         assert gen.text == text and gen.reasoning == reasoning and gen.content == content, method
         assert [{"name": c["name"], "arguments": c["arguments"]} for c in gen.tool_calls] == calls, method
         assert gen.finish_reason == ("tool_calls" if calls else "stop")
-        assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == (reasoning or "")
-        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == content
-        streamed = {}
-        for e in events:
-            if isinstance(e, ToolCallDelta):
-                streamed[e.index] = streamed.get(e.index, "") + e.arguments
-        assert [json.loads(a) for a in streamed.values()] == [c["arguments"] for c in calls]
+        assert joined(events[:-1]) == (reasoning or "", content, [c["arguments"] for c in calls]), method
         seen.append(gen.token_ids)
     assert seen[0] == seen[1] == seen[2]
 
@@ -341,13 +346,7 @@ def test_the_analysis_end_and_what_follows_in_one_round_stream_alike_in_every_me
         gen = events[-1][1]
         body = [e for _, e in events[:-1]]
         assert gen.text == text and (gen.reasoning, gen.content) == (reasoning, content), method
-        assert "".join(e.text for e in body if isinstance(e, ReasoningDelta)) == (reasoning or "")
-        assert "".join(e.text for e in body if isinstance(e, TextDelta)) == content
-        streamed = {}
-        for e in body:
-            if isinstance(e, ToolCallDelta):
-                streamed[e.index] = streamed.get(e.index, "") + e.arguments
-        assert [json.loads(a) for a in streamed.values()] == [c["arguments"] for c in gen.tool_calls]
+        assert joined(body) == (reasoning or "", content, [c["arguments"] for c in gen.tool_calls]), method
         assert [{"name": c["name"], "arguments": c["arguments"]} for c in gen.tool_calls] == calls
         if method != "ar":  # the whole reply in one round after the prefill's token
             assert len(committed) == 2, (method, committed)

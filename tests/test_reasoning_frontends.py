@@ -12,17 +12,17 @@ did not write: the `openai` SDK, LangChain's `ChatOpenAI` and LlamaIndex's `Open
 from __future__ import annotations
 
 import asyncio
-from contextlib import closing
 
 import openai
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from llama_index.core.base.llms.types import ChatMessage, TextBlock, ThinkingBlock, ToolCallBlock
+import oospec_testing
 from serve_testing import API_KEY, running
 
 from langchain_oospec import ChatOoOSpec
 from llama_index.llms.oospec import OoOSpec
-from oospec_agents import Engine, Generation
+from oospec_agents import Engine
 from oospec_agents.errors import TemplateArgumentError
 from oospec_agents.formats import HermesFormat, Reasoning
 from oospec_agents.serve import create_app
@@ -67,28 +67,6 @@ def random_r1(with_template):
     return Engine(tiny_qwen3(tok, seed=1), tok, model_name="tiny-qwen3-r1")
 
 
-def record(monkeypatch, engine) -> list[list]:
-    """Every request a front-end makes of `engine`: [messages, tools, keywords, Generation]."""
-    seen: list[list] = []
-    real = engine.stream
-
-    def stream(messages, tools=None, **kw):
-        events = real(messages, tools, **kw)  # eager, as the real one: bad input raises here
-        entry = [messages, tools, kw, None]
-        seen.append(entry)
-
-        def tap():
-            with closing(events):
-                for event in events:
-                    if isinstance(event, Generation):
-                        entry[3] = event
-                    yield event
-        return tap()
-
-    monkeypatch.setattr(engine, "stream", stream)
-    return seen
-
-
 def test_the_scripted_reply_reasons_says_and_calls(thinker, reference):
     gen = thinker.generate(MESSAGES, [WEATHER], max_new_tokens=N)
     assert gen.token_ids == reference and gen.finish_reason == "tool_calls"
@@ -107,7 +85,7 @@ def _sum(chunks: list[AIMessageChunk]) -> AIMessageChunk:
 
 @pytest.mark.parametrize("method", ["oospec", "ar"])
 def test_langchain_gives_reasoning_content_and_calls_apart(thinker, reference, monkeypatch, method):
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     llm = ChatOoOSpec(engine=thinker, max_tokens=N, method=method).bind_tools([WEATHER])
     message = llm.invoke(ASK)
     assert seen[-1][3].token_ids == reference
@@ -135,7 +113,7 @@ def test_langchain_gives_reasoning_content_and_calls_apart(thinker, reference, m
 
 
 def test_langchain_async_stream_equals_invoke(thinker, reference, monkeypatch):
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     llm = ChatOoOSpec(engine=thinker, max_tokens=N).bind_tools([WEATHER])
 
     async def both():
@@ -163,7 +141,7 @@ def test_langchain_random_reasoning_is_lossless(random_r1):
 def test_langchain_sends_earlier_reasoning_back(thinker, monkeypatch):
     """An earlier AIMessage's reasoning, in `additional_kwargs` or as a standard reasoning block, goes
     back as `reasoning_content`; the Qwen3-style template writes it into the prompt."""
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     call = {"name": "get_weather", "args": {"city": "Rome"}, "id": "c1"}
     histories = {
         "additional_kwargs": AIMessage("", additional_kwargs={"reasoning_content": "Rome first."}, tool_calls=[call]),
@@ -180,7 +158,7 @@ def test_langchain_sends_earlier_reasoning_back(thinker, monkeypatch):
 
 
 def test_langchain_takes_chat_template_kwargs_and_reasoning_effort(thinker, monkeypatch):
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     off = {"enable_thinking": False}
     message = ChatOoOSpec(engine=thinker, max_tokens=4, chat_template_kwargs=off).invoke(ASK)
     assert seen[-1][2]["chat_template_kwargs"] == off and seen[-1][3].reasoning is None
@@ -209,7 +187,7 @@ def test_scripted_engine_reasons_for_unit_tests():
 
 @pytest.mark.parametrize("method", ["oospec", "ar"])
 def test_llamaindex_gives_a_thinking_block_content_and_calls(thinker, reference, monkeypatch, method):
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     llm = OoOSpec(engine=thinker, max_new_tokens=N, method=method)
     messages = [ChatMessage(role="user", content=ASK)]
     response = llm.chat(messages, tools=[WEATHER])
@@ -245,7 +223,7 @@ def test_llamaindex_random_reasoning_is_lossless(random_r1):
 
 
 def test_llamaindex_sends_earlier_thinking_back_and_takes_template_arguments(thinker, monkeypatch):
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     earlier = ChatMessage(role="assistant", blocks=[
         ThinkingBlock(content="Rome first."), TextBlock(text=""),
         ToolCallBlock(tool_call_id="c1", tool_name="get_weather", tool_kwargs={"city": "Rome"})])
@@ -280,7 +258,7 @@ def _ask(client, **kw):
 
 
 def test_the_server_sends_reasoning_content_as_vllm_and_deepseek_do(thinker, reference, client, monkeypatch):
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     message = _ask(client).choices[0].message
     assert seen[-1][3].token_ids == reference
     assert message.model_extra["reasoning_content"] == THOUGHT
@@ -298,7 +276,7 @@ def test_the_server_sends_reasoning_content_as_vllm_and_deepseek_do(thinker, ref
 
 
 def test_the_server_passes_template_arguments_and_earlier_reasoning(thinker, client, monkeypatch):
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     off = _ask(client, max_tokens=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert seen[-1][2]["chat_template_kwargs"] == {"enable_thinking": False} and seen[-1][3].reasoning is None
     assert "reasoning_content" not in off.choices[0].message.model_extra
@@ -327,7 +305,7 @@ def test_a_bad_template_argument_is_openais_400_and_nothing_is_streamed(client, 
 
 
 def test_the_server_random_reasoning_is_lossless(random_r1, monkeypatch):
-    seen = record(monkeypatch, random_r1)
+    seen = oospec_testing.record_requests(monkeypatch, random_r1)
     reference = greedy(random_r1, random_r1.prompt_ids(MESSAGES), N_RANDOM)
     with running(create_app(random_r1, model="r1")) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
@@ -344,7 +322,7 @@ def test_chat_openai_drops_reasoning_content(url, thinker, reference, monkeypatc
     `reasoning_content` does not reach its message, streamed or not; the content and the calls do.
     ChatDeepSeek (langchain-deepseek) reads it; with ChatOpenAI, use ChatOoOSpec in-process instead."""
     from langchain_openai import ChatOpenAI
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     llm = ChatOpenAI(model="thinker", base_url=url + "/v1", api_key=API_KEY, max_tokens=N,
                      max_retries=0).bind_tools([WEATHER])
     message = llm.invoke(ASK)
@@ -360,7 +338,7 @@ def test_chat_openai_drops_reasoning_content(url, thinker, reference, monkeypatc
 def test_openai_like_gives_a_thinking_block(url, thinker, reference, monkeypatch):
     """LlamaIndex's OpenAILike reads `reasoning_content` into a ThinkingBlock, and streams `thinking_delta`s."""
     from llama_index.llms.openai_like import OpenAILike
-    seen = record(monkeypatch, thinker)
+    seen = oospec_testing.record_requests(monkeypatch, thinker)
     llm = OpenAILike(model="thinker", api_base=url + "/v1", api_key=API_KEY, max_tokens=N, is_chat_model=True,
                      is_function_calling_model=True, max_retries=0)
     messages = [ChatMessage(role="user", content=ASK)]

@@ -8,7 +8,6 @@ decoding of the target masked by the grammar (`engine.logits_processor`)."""
 from __future__ import annotations
 
 import json
-from contextlib import closing
 from typing import Literal
 
 import jsonschema
@@ -66,24 +65,7 @@ LLAMA_TOOLS = [FunctionTool.from_defaults(fn=set_alarm, name="SetAlarm", descrip
 @pytest.fixture
 def recorded(tiny_engine, monkeypatch):
     """Every request the front-end makes of `tiny_engine`: (messages, tools, keywords, Generation)."""
-    seen: list[list] = []
-    real = tiny_engine.stream
-
-    def stream(messages, tools=None, **kw):
-        events = real(messages, tools, **kw)  # eager, as the real one: bad input raises here
-        entry = [messages, tools, kw, None]
-        seen.append(entry)
-
-        def tap():
-            with closing(events):
-                for event in events:
-                    if isinstance(event, Generation):
-                        entry[3] = event
-                    yield event
-        return tap()
-
-    monkeypatch.setattr(tiny_engine, "stream", stream)
-    return seen
+    return oospec_testing.record_requests(monkeypatch, tiny_engine)
 
 
 _references: dict[str, list[int]] = {}

@@ -6,18 +6,13 @@ import json
 import pytest
 import torch
 
-from oospec_testing import DATA, tiny_model
+from oospec_testing import DATA, WEATHER, tiny_model
 from oospec_agents.errors import ModelLoadError
 from oospec_agents.sidecar.rows import Row
 from oospec_agents.train.data import TrainDataError, load_records
 from oospec_agents.train.lora import LoraConfigArgs, example_loss, train_lora
 from oospec_agents.train.rows import pack, packed_loss, training_rows
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_current_weather", "description": "Get the current weather in a given city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city"]}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Current time in a time zone.",
     "parameters": {"type": "object", "properties": {"tz": {"type": "string"}, "fmt": {"type": "string"}}}}}
