@@ -11,6 +11,11 @@ closing marker; the grammar above constrains what follows it. There a forced cal
 prompt: it comes after the reasoning, so even without strict a forced `tool_choice` is a grammar,
 the opener after the block and free text after the opener (`Grammars.guide`).
 
+A harmony reply (gpt-oss, formats/harmony.py) always may reason first, in analysis messages; its own
+grammar (`Grammars.harmony_lark`) leaves them free and constrains the messages after them: a forced
+call (its markup always; its arguments under strict), strict calls, a JSON `final` message. Harmony's
+markers are special tokens, which the grammar names as tokens (`<|call|>`).
+
 Lossless under a grammar means: the reply equals greedy decoding of the target whose logits are
 masked by the same grammar (`StrictLogitsProcessor` is that reference for `transformers.generate`).
 llguidance decides what is allowed; the schema drafter only drafts.
@@ -23,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import threading
 import warnings
 from collections import OrderedDict
@@ -32,6 +38,7 @@ from transformers import LogitsProcessor
 
 from .errors import OoOSpecError, ResponseFormatError
 from .formats import Reasoning, ToolFormat
+from .formats import harmony as hm
 from .tools import Tool
 
 log = logging.getLogger(__name__)
@@ -105,16 +112,19 @@ class Grammars:
         follows it (without strict, only the opener is constrained: `opener_lark`)."""
         if mode == "none" or not tools:
             return None
-        if self.fmt.name == "harmony" and (mode != "auto" or reply is not None or strict
-                                           or any(t.strict for t in tools)):
-            _not_for_harmony(f"tool_choice mode {mode!r}, strict={strict}")
         if mode != "auto":
             reply = None
-        after_reasoning = reasoning is not None and mode != "auto"  # the forced opener is no prompt prefix
+        harmony = self.fmt.name == "harmony"  # its reply always may reason first (analysis messages)
+        after_reasoning = (reasoning is not None or harmony) and mode != "auto"  # the opener is no prompt prefix
         if reply is None and not (strict or any(t.strict for t in tools)):
-            return self._opener_guide(mode, name, reasoning) if after_reasoning else None
+            if not after_reasoning:
+                return None
+            return self._harmony_guide(tools, mode, name, None, free_arguments=True) if harmony \
+                else self._opener_guide(mode, name, reasoning)
         if not strict:
             tools = [t if t.strict else Tool(t.name, t.description, _ANY_OBJECT) for t in tools]
+        if harmony:
+            return self._harmony_guide(tools, mode, name, reply)
         if reply is not None and (self.fmt.calls_in_one_list or not self.fmt.call_start.strip()):
             why = ("the grammar does not cover its calls" if self.fmt.calls_in_one_list
                    else "it writes calls as bare JSON, which a JSON reply could not be told from")
@@ -128,6 +138,73 @@ class Grammars:
                json.dumps(reply, sort_keys=True), reasoning)
         return self._cached(key, lambda: self._compile(self.lark(
             tools, mode, name, None if reply is None else self._reply_schema(reply), reasoning)))
+
+    def _harmony_guide(self, tools: list[Tool], mode: str, name: str | None, reply: dict | None,
+                       free_arguments: bool = False) -> "Guide":
+        self._check_harmony_tokens()
+        key = ("harmony", mode, name, tuple((t.name, json.dumps(t.parameters, sort_keys=True)) for t in tools),
+               json.dumps(reply, sort_keys=True), free_arguments)
+        return self._cached(key, lambda: self._compile(self.harmony_lark(
+            tools, mode, name, None if reply is None else self._reply_schema(reply), free_arguments)))
+
+    def harmony_lark(self, tools: list[Tool], mode: str, name: str | None, reply: dict | None = None,
+                     free_arguments: bool = False) -> str:
+        """A harmony reply's grammar (formats/harmony.py), from right after the prompt's `<|start|>assistant`:
+        an analysis message first, or none (the reasoning: free text, ended by `<|end|>` and the next
+        message's `<|start|>assistant`; one, as one `<think>` block: a masked model cannot put off the
+        answer by opening another), then the answer:
+
+        - a forced choice (`required`, `named`): one call, `<|channel|>commentary to=functions.NAME
+          <|constrain|>json<|message|>ARGUMENTS<|call|>` (the named tool's, or any offered tool's);
+        - `auto` with `reply` (a response_format's schema): the `final` message whose body is that JSON
+          value, ended by `<|return|>`, or a call (no preamble before it, as OpenAI's);
+        - `auto`: commentary preambles (`<|channel|>commentary<|message|>TEXT<|end|><|start|>assistant`),
+          then a `final` message of free text or a call.
+
+        A call's arguments follow its tool's schema (`_arguments`; `guide` has made the non-strict
+        tools' any JSON object); with `free_arguments` (a forced call without strict) they are free text.
+        Harmony's markers are special tokens: the grammar names them as tokens (`<|call|>`), and free
+        text (a body, the reasoning) is text of the other tokens. `<|call|>` and `<|return|>` end the reply
+        (they are EOS tokens): one call a reply. No tools and a `reply`: the final JSON message only
+        (`json_guide`)."""
+        allowed = [t for t in tools if mode != "named" or t.name == name]
+        rules = ["start: analysis? answer",
+                 f"analysis: {_harmony_seq(hm.CHANNEL + 'analysis' + hm.MESSAGE)} TEXT? "
+                 f"{_harmony_seq(hm.END + hm.ROLE)}",
+                 "TEXT: /(?s:.+)/"]
+        calls = []
+        for i, tool in enumerate(allowed):
+            if free_arguments:
+                arguments = "TEXT?"
+            else:
+                arguments = f"args_{i}"
+                rules.append(f"args_{i}: %json {json.dumps(self._arguments(tool), ensure_ascii=False)}")
+            calls.append(f"{_harmony_seq(hm.CALL_HEADER + tool.name + hm.CALL_TYPE)} {arguments} "
+                         f"{_harmony_seq(hm.CALL)}")
+        if calls:
+            rules.append("call: " + " | ".join(calls))
+        final = _harmony_seq(hm.CHANNEL + "final" + hm.MESSAGE)
+        if mode != "auto":
+            rules.append("answer: call")
+        elif reply is not None:
+            rules += ["answer: final" + (" | call" if calls else ""),
+                      f"final: {final} reply {_harmony_seq(hm.RETURN)}",
+                      f"reply: %json {json.dumps(reply, ensure_ascii=False)}"]
+        else:
+            rules += ["answer: preamble* (final | call)",
+                      f"preamble: {_harmony_seq(hm.CHANNEL + 'commentary' + hm.MESSAGE)} TEXT? "
+                      f"{_harmony_seq(hm.END + hm.ROLE)}",
+                      f"final: {final} TEXT? {_harmony_seq(hm.RETURN)}"]
+        return "\n".join(rules) + "\n"
+
+    def _check_harmony_tokens(self) -> None:
+        """Harmony's grammar names its markers as special tokens: a tokenizer without them is a clear error."""
+        specials = {t.content for t in getattr(self.tokenizer, "added_tokens_decoder", {}).values() if t.special}
+        missing = [m for m in hm.HarmonyFormat.markers if m not in specials]
+        if missing:
+            raise OoOSpecError(f"a harmony reply is constrained (a forced tool_choice, strict, a JSON response_format) "
+                               f"only where harmony's markers are special tokens of the tokenizer, as in gpt-oss's; "
+                               f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not")
 
     def _opener_guide(self, mode: str, name: str | None, reasoning: Reasoning) -> "Guide":
         opener = self.fmt.forced_prefix(name if mode == "named" else None)
@@ -145,8 +222,8 @@ class Grammars:
         `reasoning` is given. A schema beyond llguidance is a ResponseFormatError naming its keyword:
         a structured reply is never decoded unconstrained."""
         import llguidance
-        if self.fmt.name == "harmony":
-            _not_for_harmony("a JSON response_format")
+        if self.fmt.name == "harmony":  # the final channel's message, after the analysis
+            return self._harmony_guide([], "auto", None, schema)
         key = ("json", json.dumps(schema, sort_keys=True), reasoning)
         if reasoning is None:
             return self._cached(key, lambda: self._compile_matcher(
@@ -184,6 +261,8 @@ class Grammars:
         reasoning block, with `reasoning`: then no prefix is forced in the prompt); under `auto`, a
         reply is free text (and calls after it), or, where `reply` is given, its JSON value or calls."""
         fmt = self.fmt
+        if fmt.name == "harmony":
+            return self.harmony_lark(tools, mode, name, reply)
         allowed = [t for t in tools if mode != "named" or t.name == name]
         forced = mode in ("required", "named") and reasoning is None
         prefix = fmt.forced_prefix(name if mode == "named" else None) if forced else ""
@@ -332,9 +411,10 @@ def _keywords(schema, path=()):
 _GAP = "[ \\t\\r\\n]{0,4}"
 
 
-def _not_for_harmony(asked: str):
-    raise OoOSpecError("the harmony format (gpt-oss) decodes tool_choice=\"auto\" without strict, tool \"strict\" "
-                       f"flags or a JSON response_format for now; got {asked}: leave them unset")
+def _harmony_seq(text: str) -> str:
+    """Harmony text as a Lark sequence: its markers as special tokens (`<|message|>`), the rest as strings."""
+    parts = re.split("(" + "|".join(re.escape(m) for m in hm.HarmonyFormat.markers) + ")", text)
+    return " ".join(p if p in hm.HarmonyFormat.markers else _lit(p) for p in parts if p)
 
 
 def _reasoning_rules(reasoning: Reasoning, answer: str) -> list[str]:

@@ -23,9 +23,10 @@ from oospec_agents.drafters.schema import forced_text
 from oospec_agents.errors import OoOSpecError
 from oospec_agents.events import ReplyEvents
 from oospec_agents.formats import HarmonyFormat, HarmonyReasoning, detect_format, detect_reasoning
+from oospec_agents.grammar import Grammars
 from oospec_agents.tools import normalize_tools
-from oospec_testing import (HARMONY_TEMPLATE, ScriptDrafter, ScriptedTarget, greedy, harmony_tokenizer, tiny_gpt_oss,
-                             trace_stream)
+from oospec_testing import (HARMONY_TEMPLATE, ScriptDrafter, ScriptedTarget, greedy, harmony_tokenizer,
+                             masked_reference, tiny_gpt_oss, trace_stream)
 
 METHODS = ("ar", "toolspec", "oospec")
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -228,16 +229,83 @@ def test_the_sidecars_hint_renders_as_a_harmony_call_and_aligns():
     assert continuation(H.split(after + hint[:-12])[1], hint, FMT) == hint[-12:]
 
 
-@pytest.mark.parametrize("tools, asked", [
-    ([WEATHER], {"tool_choice": "required"}),
-    ([WEATHER], {"tool_choice": "get_weather"}),
-    ([WEATHER], {"strict": True}),
-    ([WEATHER], {"response_format": {"type": "json_object"}}),
-    (None, {"response_format": {"type": "json_object"}}),
+# ---------------------------------------------------------------- the grammar: analysis free, then what is asked
+
+@pytest.fixture(scope="module")
+def grammars(smollm2_tokenizer):
+    tok = harmony_tokenizer(smollm2_tokenizer)
+    return Grammars(tok, FMT, {tok.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")}, len(tok))
+
+
+OK_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+ROLE = "<|start|>assistant"
+BAD_ARGS = CALL.replace('"Paris"', "7")
+TIME_CALL = FMT.render_call("get_time", {"tz": "CET"})
+FREE_BODY = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>Paris, please<|call|>"
+FINAL_JSON = '<|channel|>final<|message|>{"ok": true}<|return|>'
+
+
+def takes(grammars, text, mode="auto", name=None, strict=True, reply=None, tools=(WEATHER, TIME)) -> bool:
+    """Whether the grammar of the request takes `text` as a whole reply (ending at `<|call|>` or `<|return|>`)."""
+    guide = grammars.guide(normalize_tools(list(tools)), mode, name, strict, reply=reply, reasoning=H) if tools \
+        else grammars.json_guide(reply, H)
+    ids = grammars.tokenizer.encode(text, add_special_tokens=False)
+    return guide.matcher.consume_tokens(ids) and guide.matcher.is_stopped() and not guide.matcher.is_error()
+
+
+@pytest.mark.parametrize("text, mode, name, strict, ok", [
+    # auto, strict: free analysis, then a final answer, preambles, or one strict call
+    (REPLIES["think then call"][0], "auto", None, True, True),
+    (REPLIES["think then answer"][0], "auto", None, True, True),
+    (REPLIES["preamble then call"][0], "auto", None, True, True),
+    (REPLIES["a call written in the analysis"][0], "auto", None, True, True),     # the analysis is free text
+    (CALL, "auto", None, True, True),                                             # no analysis at all
+    (ANALYSIS + ROLE + BAD_ARGS, "auto", None, True, False),                      # the arguments are strict
+    (REPLIES["recipient in the role"][0], "auto", None, True, False),             # the call in the drafted shape only
+    ("<|channel|>analysis<|message|>never closed", "auto", None, True, False),
+    (ANALYSIS + ROLE + CALL.replace("<|call|>", "<|return|>"), "auto", None, True, False),
+    # a forced call: after any analysis, a call and nothing else
+    (REPLIES["think then call"][0], "required", None, True, True),
+    (ANALYSIS + ROLE + ANALYSIS + ROLE + CALL, "required", None, True, False),    # one analysis message, as one block
+    (ANALYSIS + ROLE + ANALYSIS + ROLE + CALL, "auto", None, True, False),
+    (CALL, "required", None, True, True),                                         # the analysis may be skipped
+    (REPLIES["think then answer"][0], "required", None, True, False),
+    (REPLIES["preamble then call"][0], "required", None, True, False),            # no text before a forced call
+    (ANALYSIS + ROLE + BAD_ARGS, "required", None, True, False),
+    (ANALYSIS + ROLE + TIME_CALL, "named", "get_time", True, True),
+    (ANALYSIS + ROLE + CALL, "named", "get_time", True, False),                   # not the named tool
+    # a forced call without strict: its markup (an offered tool's name), its arguments free text
+    (ANALYSIS + ROLE + BAD_ARGS, "required", None, False, True),
+    (ANALYSIS + ROLE + FREE_BODY, "required", None, False, True),
+    (REPLIES["think then answer"][0], "required", None, False, False),
+    (ANALYSIS + ROLE + CALL.replace("get_weather", "get_rain"), "required", None, False, False),
+    (ANALYSIS + ROLE + CALL, "named", "get_time", False, False),
+    (ANALYSIS + ROLE + CALL.replace("<|call|>", "<|return|>"), "required", None, False, False),
 ])
-def test_forcing_and_constraining_are_a_clear_error_for_now(harmony_engine, tools, asked):
-    with pytest.raises(OoOSpecError, match="harmony format .* for now"):
-        harmony_engine.generate(ASK, tools, max_new_tokens=4, **asked)
+def test_the_grammar_leaves_the_analysis_free_and_constrains_what_follows(grammars, text, mode, name, strict, ok):
+    assert takes(grammars, text, mode, name, strict) is ok
+
+
+@pytest.mark.parametrize("text, tools, ok", [
+    (ANALYSIS + ROLE + FINAL_JSON, [WEATHER], True),                 # the final message is the JSON value
+    (FINAL_JSON, [WEATHER], True),
+    (REPLIES["think then answer"][0], [WEATHER], False),             # not text
+    (ANALYSIS + ROLE + FINAL_JSON.replace("true", "1"), [WEATHER], False),
+    (REPLIES["think then call"][0], [WEATHER], True),                # or a call (any JSON object without strict)
+    (ANALYSIS + ROLE + FREE_BODY, [WEATHER], False),
+    (REPLIES["preamble then call"][0], [WEATHER], False),            # no text before the call, as OpenAI's
+    (ANALYSIS + ROLE + FINAL_JSON, [], True),                        # no tools: the final JSON message only
+    (REPLIES["think then call"][0], [], False),
+])
+def test_a_json_response_format_constrains_the_final_message(grammars, text, tools, ok):
+    assert takes(grammars, text, strict=False, reply=OK_SCHEMA, tools=tools) is ok
+
+
+def test_the_harmony_grammar_needs_harmonys_special_tokens(smollm2_tokenizer):
+    plain = Grammars(smollm2_tokenizer, FMT, {smollm2_tokenizer.eos_token_id}, len(smollm2_tokenizer))
+    with pytest.raises(OoOSpecError, match=r"harmony's markers are special tokens .*<\|start\|>"):
+        plain.guide(normalize_tools([WEATHER]), "required", None, strict=False, reasoning=H)
+    assert plain.guide(normalize_tools([WEATHER]), "auto", None, strict=False, reasoning=H) is None  # nothing to do
 
 
 # ---------------------------------------------------------------- the engine
@@ -256,6 +324,37 @@ def test_every_method_is_lossless_against_greedy_generate(harmony_engine, effort
     for method in METHODS:
         gen = harmony_engine.generate(ASK, [WEATHER], method=method, max_new_tokens=48, reasoning_effort=effort)
         assert gen.token_ids == ref, method
+
+
+JSON_OK = {"type": "json_schema", "json_schema": {"name": "ok", "schema": OK_SCHEMA, "strict": True}}
+CONSTRAINED = [  # (tools, tool_choice, strict, response_format)
+    ([WEATHER, TIME], "required", False, None), ([WEATHER, TIME], "get_time", False, None),
+    ([WEATHER, TIME], "required", True, None), ([WEATHER, TIME], "get_time", True, None),
+    ([WEATHER, TIME], "auto", True, None), ([WEATHER, TIME], "auto", False, JSON_OK),
+    ([WEATHER, TIME], "auto", True, {"type": "json_object"}), ([WEATHER, TIME], "none", False, JSON_OK),
+    (None, "auto", False, JSON_OK),
+]
+
+
+@pytest.mark.parametrize("tools, tool_choice, strict, response_format", CONSTRAINED)
+def test_every_method_is_lossless_against_the_masked_reference(harmony_engine, tools, tool_choice, strict,
+                                                               response_format):
+    """A forced choice, strict and a JSON response_format: the reference is greedy decoding masked by the
+    same grammar (`logits_processor(..., strict=False)` where the request is not strict)."""
+    ref = masked_reference(harmony_engine, ASK, tools, tool_choice, 40, strict=strict, response_format=response_format)
+    for method in METHODS:
+        gen = harmony_engine.generate(ASK, tools, tool_choice=tool_choice, strict=strict, method=method,
+                                      response_format=response_format, max_new_tokens=40,
+                                      hint=CALL if method == "oospec" else None)
+        assert gen.token_ids == ref, method
+    calls = gen.tool_calls + gen.invalid_tool_calls
+    if tool_choice in ("required", "get_time"):  # a call, and only a call, after the (here empty) analysis
+        assert len(calls) == 1 and not gen.content and gen.text.startswith("<|channel|>commentary to=functions.")
+        assert tool_choice == "required" or calls[0]["name"] == "get_time"
+    if strict and gen.finish_reason == "tool_calls":
+        assert gen.tool_calls and not gen.invalid_tool_calls
+    if response_format is not None and not calls and gen.finish_reason == "stop":
+        assert gen.text.startswith("<|channel|>final<|message|>") and isinstance(json.loads(gen.content), dict)
 
 
 @pytest.fixture(scope="module")
@@ -314,6 +413,61 @@ def test_earlier_analysis_is_kept_between_a_call_and_its_result_and_dropped_afte
     assert "Need the weather." not in answered and "<|channel|>final<|message|>Sunny.<|end|>" in answered
 
 
+@pytest.mark.parametrize("tool_choice, strict", [("required", False), ("get_weather", False), ("required", True),
+                                                 ("get_weather", True)])
+def test_a_forced_call_comes_after_the_analysis(scripted, tool_choice, strict):
+    """The model reasons, then wants to answer on the final channel: a call follows the analysis instead
+    (its markup forced, its arguments strict or free), and every method equals the masked reference."""
+    engine, target = scripted
+    tools = [WEATHER, TIME]
+    target.script(engine.prompt_ids(ASK, tools, tool_choice=tool_choice), REPLIES["think then answer"][0])
+    reference = masked_reference(engine, ASK, tools, tool_choice, 40, strict=strict)
+    header = ANALYSIS + ROLE + "<|channel|>commentary to=functions." + ("get_weather" if tool_choice != "required"
+                                                                        else "")
+    for method in METHODS:
+        gen = engine.generate(ASK, tools, tool_choice=tool_choice, strict=strict, max_new_tokens=40, method=method)
+        assert gen.token_ids == reference, method
+        assert gen.reasoning == "The user wants Paris." and not gen.content
+        assert gen.text.startswith(header), gen.text
+        assert len(gen.tool_calls + gen.invalid_tool_calls) == 1
+        if strict and gen.finish_reason == "tool_calls":
+            assert gen.tool_calls and not gen.invalid_tool_calls
+
+
+@pytest.mark.parametrize("tool_choice, strict", [("required", True), ("get_weather", True), ("auto", True),
+                                                 ("required", False)])
+def test_a_call_the_grammar_takes_is_written_as_scripted(scripted, tool_choice, strict):
+    engine, target = scripted
+    text, reasoning, _, calls = REPLIES["think then call"]
+    target.script(engine.prompt_ids(ASK, [WEATHER, TIME], tool_choice=tool_choice), text)
+    for method in METHODS:
+        gen = engine.generate(ASK, [WEATHER, TIME], tool_choice=tool_choice, strict=strict, max_new_tokens=60,
+                              method=method)
+        assert (gen.text, gen.reasoning, gen.finish_reason) == (text, reasoning, "tool_calls"), method
+        assert [{"name": c["name"], "arguments": c["arguments"]} for c in gen.tool_calls] == calls
+
+
+@pytest.mark.parametrize("tools, tool_choice", [(None, "auto"), ([WEATHER], "auto"), ([WEATHER], "none")])
+def test_a_json_response_format_is_the_final_message_after_the_analysis(scripted, tools, tool_choice):
+    engine, target = scripted
+    text = ANALYSIS + ROLE + FINAL_JSON
+    target.script(engine.prompt_ids(ASK, tools, tool_choice=tool_choice), text)
+    for method in METHODS:
+        gen = engine.generate(ASK, tools, tool_choice=tool_choice, response_format=JSON_OK, max_new_tokens=60,
+                              method=method)
+        assert (gen.text, gen.reasoning, gen.finish_reason) == (text, "The user wants Paris.", "stop"), method
+        assert json.loads(gen.content) == {"ok": True}
+    # text where the JSON is due: the mask makes the final message JSON
+    target.script(engine.prompt_ids(ASK, tools, tool_choice=tool_choice), REPLIES["think then answer"][0])
+    reference = masked_reference(engine, ASK, tools, tool_choice, 40, strict=False, response_format=JSON_OK)
+    for method in METHODS:
+        gen = engine.generate(ASK, tools, tool_choice=tool_choice, response_format=JSON_OK, max_new_tokens=40,
+                              method=method)
+        assert gen.token_ids == reference, method
+        assert gen.text.startswith(ANALYSIS + ROLE + "<|channel|>final<|message|>{") and gen.reasoning
+        assert gen.finish_reason != "stop" or isinstance(json.loads(gen.content)["ok"], bool)
+
+
 def test_the_sidecars_hint_is_drafted_once_the_analysis_has_closed(scripted):
     engine, target = scripted
     text = REPLIES["think then call"][0]
@@ -364,6 +518,66 @@ def test_an_analysis_that_never_ends_is_cut_off_alike_in_every_method(drafted_wh
         assert not gen.content and not gen.tool_calls and not gen.invalid_tool_calls
         seen.add((tuple(gen.token_ids), gen.reasoning))
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("name, tool_choice", [
+    ("think then call", "auto"), ("preamble then call", "auto"), ("a call written in the analysis", "auto"),
+    ("think then call", "required"), ("think then call", "get_weather")])
+def test_under_strict_the_analysis_end_and_a_whole_call_in_one_round_stream_alike(drafted_whole, name, tool_choice):
+    """Strict (and a forced choice): the round that commits the analysis's end also commits the next
+    header, the call's header and its strict arguments; the reply is the script, in every method alike."""
+    engine, target = drafted_whole
+    text, reasoning, content, calls = REPLIES[name]
+    target.script(engine.prompt_ids(ASK, [WEATHER], tool_choice=tool_choice), text)
+    seen = {}
+    for method in METHODS:
+        events, committed = trace_stream(engine, ASK, [WEATHER], tool_choice=tool_choice, strict=True,
+                                         max_new_tokens=120, method=method, hint=CALL if method == "oospec" else None)
+        gen = events[-1][1]
+        assert gen.text == text and (gen.reasoning, gen.content) == (reasoning, content), method
+        assert joined([e for _, e in events[:-1]]) == (reasoning or "", content,
+                                                       [c["arguments"] for c in gen.tool_calls]), method
+        assert [{"name": c["name"], "arguments": c["arguments"]} for c in gen.tool_calls] == calls
+        if method != "ar":  # the whole reply in one round after the prefill's token (and the forced ones)
+            assert len(committed) == 2, (method, committed)
+        seen[method] = (gen.token_ids, gen.reasoning, gen.content, gen.finish_reason)
+    assert seen["ar"] == seen["toolspec"] == seen["oospec"]
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required", "get_weather"])
+def test_under_strict_an_analysis_that_never_ends_is_cut_off_alike(drafted_whole, tool_choice):
+    engine, target = drafted_whole
+    target.script(engine.prompt_ids(ASK, [WEATHER], tool_choice=tool_choice),
+                  "<|channel|>analysis<|message|>" + "Paris and Rome, " * 20)
+    reference = masked_reference(engine, ASK, [WEATHER], tool_choice, 30, strict=True)
+    for method in METHODS:
+        gen = engine.generate(ASK, [WEATHER], tool_choice=tool_choice, strict=True, max_new_tokens=30, method=method)
+        assert gen.token_ids == reference, method
+        assert gen.finish_reason == "length" and gen.reasoning.startswith("Paris and Rome")
+        assert not gen.content and not gen.tool_calls and not gen.invalid_tool_calls
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "get_weather"])
+def test_under_strict_a_call_written_in_the_analysis_is_reasoning_and_the_forced_call_follows(drafted_whole,
+                                                                                               tool_choice):
+    """The analysis holds a call's text (with arguments the schema refuses): it is reasoning, free; the
+    final answer the script goes on to is masked into the forced call, alike in every method."""
+    engine, target = drafted_whole
+    text, reasoning, _, _ = REPLIES["a call written in the analysis"]
+    target.script(engine.prompt_ids(ASK, [WEATHER], tool_choice=tool_choice), text)
+    reference = masked_reference(engine, ASK, [WEATHER], tool_choice, 60, strict=True)
+    analysis = text[:text.index("<|end|>") + len("<|end|>")]
+    for method in METHODS:
+        events, _ = trace_stream(engine, ASK, [WEATHER], tool_choice=tool_choice, strict=True, max_new_tokens=60,
+                                 method=method, hint=CALL if method == "oospec" else None)
+        gen = events[-1][1]
+        assert gen.token_ids == reference, method
+        assert gen.reasoning == reasoning and not gen.content
+        assert gen.text.startswith(analysis + ROLE + "<|channel|>commentary to=functions.get_weather"), gen.text
+        assert len(gen.tool_calls + gen.invalid_tool_calls) == 1
+        said = [e for _, e in events[:-1]]
+        assert "".join(e.text for e in said if isinstance(e, ReasoningDelta)) == reasoning
+        assert not any(isinstance(e, TextDelta) for e in said)
 
 
 # ---------------------------------------------------------------- front-ends

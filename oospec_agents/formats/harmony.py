@@ -109,8 +109,9 @@ def _may_be_analysis(header: str) -> bool:
 @dataclass(frozen=True)
 class HarmonyReasoning:
     """The reasoning of a harmony reply: its leading analysis messages, joined by a blank line. The
-    answer (content and calls, `HarmonyFormat`) is the text from the first other message on. The grammar
-    (grammar.py) does not read it: it refuses to constrain a harmony reply for now."""
+    answer (content and calls, `HarmonyFormat`) is the text from the first other message on. Where a
+    reply is constrained (a forced call, strict, a JSON response_format), the grammar leaves these
+    messages free and constrains what follows them (`Grammars.harmony_lark`)."""
 
     def for_prompt(self, prompt: str) -> "HarmonyReasoning":
         return self
