@@ -351,10 +351,12 @@ def test_openai_like_gives_a_thinking_block(url, thinker, reference, monkeypatch
     assert responses[-1].message.blocks[0] == ThinkingBlock(content=THOUGHT)
 
 
-def test_the_responses_api_leaves_the_reasoning_out_for_now(client):
-    """Not yet served on /v1/responses (docs/reasoning.md): no reasoning item; the message and the calls are right."""
+def test_the_responses_api_gives_a_reasoning_item(client):
+    """/v1/responses: OpenAI's `reasoning` item (`reasoning_text`) before the message and the calls; the
+    rest, streamed and `reasoning.effort` and input reasoning items, is tests/test_serve_responses.py's."""
     tool = {"type": "function", **WEATHER["function"]}
     response = client.responses.create(model="thinker", input=ASK, tools=[tool], max_output_tokens=N)
-    assert [item.type for item in response.output] == ["message", "function_call", "function_call"]
+    assert [item.type for item in response.output] == ["reasoning", "message", "function_call", "function_call"]
+    assert response.output[0].content[0].text == THOUGHT and response.output[0].summary == []
     assert response.output_text == CONTENT
-    assert [item.arguments for item in response.output[1:]] == ['{"city": "%s"}' % c for c in CITIES]
+    assert [item.arguments for item in response.output[2:]] == ['{"city": "%s"}' % c for c in CITIES]

@@ -3,7 +3,10 @@ SDK (`client.responses.create`, `.stream`, `.parse`), raw HTTP, and the OpenAI A
 `OpenAIResponsesModel` and its `OpenAIChatCompletionsModel`) against a real uvicorn server.
 
 The mechanics run on `ScriptedEngine` (scripted replies through the engine's own event code) and on
-the tiny random model (a real decode: token counts, max_output_tokens, sampling, disconnects).
+the tiny random model (a real decode: token counts, max_output_tokens, sampling, disconnects). Reasoning
+(#47: the `reasoning` output item, its stream events, `reasoning.effort`, input `reasoning` items) runs on
+scripted replies and on a tiny random qwen3 under a Qwen3-style `<think>` template, made to reason and
+then call (`ScriptedTarget`), through the real engine.
 """
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ import pytest
 from serve_testing import API_KEY, running
 
 from oospec_agents import Engine
+from oospec_agents.formats import Reasoning
 from oospec_agents.frontend import join_text_parts
 from oospec_agents.serve import create_app
 from oospec_agents.testing import BOOK_TABLE, CALL_REPLIES, ScriptedEngine
-from oospec_testing import tiny_model
+from oospec_testing import TEMPLATES, ScriptedTarget, chat_template, greedy, record_requests, tiny_model, tiny_qwen3
 
 MODEL = "m"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
@@ -30,12 +34,15 @@ TIME = {"type": "function", "name": "get_time", "description": "Local time in a 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 CALL_TIME = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Rome"}}\n</tool_call>'
 ANSWER = "It is 22 C and sunny in Paris."
+THOUGHT = "Two cities: Paris first, then Rome."
+THINK = "<think>\n" + THOUGHT + "\n</think>\n\n"
 
 
 @contextmanager
-def scripted(*replies: str, step: int = 4):
-    """A server on a ScriptedEngine that replays `replies`: yields (sync client, base URL, engine)."""
-    engine = ScriptedEngine(*replies, step=step)
+def scripted(*replies: str, step: int = 4, reasoning: Reasoning | None = None):
+    """A server on a ScriptedEngine that replays `replies` (reasoning as a `<think>` template's replies do,
+    given a `Reasoning`): yields (sync client, base URL, engine)."""
+    engine = ScriptedEngine(*replies, step=step, reasoning=reasoning)
     with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
         yield openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0), url, engine
 
@@ -130,21 +137,41 @@ def test_the_stream_adds_up_to_the_response(replies, kinds):
         events = list(client.responses.create(**kw, stream=True))
         with client.responses.stream(**kw) as stream:   # the SDK's accumulator checks every event's place
             helper = stream.get_final_response()
+    assert [i.type for i in whole.output] == kinds
+    check_stream(events, whole)
+    assert items(events[-1].response) == items(helper)
+
+
+def check_stream(events, whole, scripted: bool = True) -> None:
+    """`events` (one streamed response, as the SDK reads them) add up to `whole` (the same request not
+    streamed): numbered, opened and closed as OpenAI's are, each item's events in its place, each
+    item's deltas joined its text (or arguments), and the last event's response equal to `whole`. On a
+    real engine (`scripted=False`) the calls' `call_id`s are new each reply, and the later request finds
+    its prompt in the prefix cache (`cached_tokens`): those may differ."""
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
     assert events[0].response.status == "in_progress" and events[0].response.output == []
     done = events[-1]
     assert done.type == "response.completed" and done.response.status == "completed"
-    assert [i.type for i in whole.output] == kinds
-    assert items(done.response) == items(whole) == items(helper)
-    assert done.response.usage == whole.usage
+    if scripted:
+        assert items(done.response) == items(whole)
+        assert done.response.usage == whole.usage
+    else:
+        assert [{k: v for k, v in i.items() if k != "call_id"} for i in items(done.response)] == \
+            [{k: v for k, v in i.items() if k != "call_id"} for i in items(whole)]
+        counts = ("input_tokens", "output_tokens", "total_tokens")
+        assert [getattr(done.response.usage, k) for k in counts] == [getattr(whole.usage, k) for k in counts]
     # each item: added, its deltas, its done events, then output_item.done, before the next is added
     expected = []
     for index, item in enumerate(done.response.output):
         expected.append(("response.output_item.added", index))
         if item.type == "message":
-            expected += [("response.content_part.added", index), ("response.output_text.delta", index),
+            deltas = [("response.output_text.delta", index)] if item.content[0].text else []  # none: an empty one
+            expected += [("response.content_part.added", index), *deltas,
                          ("response.output_text.done", index), ("response.content_part.done", index)]
+        elif item.type == "reasoning":
+            expected += [("response.content_part.added", index), ("response.reasoning_text.delta", index),
+                         ("response.reasoning_text.done", index), ("response.content_part.done", index)]
         else:
             expected += [("response.function_call_arguments.delta", index),
                          ("response.function_call_arguments.done", index)]
@@ -153,11 +180,23 @@ def test_the_stream_adds_up_to_the_response(replies, kinds):
     assert [pair for i, pair in enumerate(seen) if i == 0 or pair != seen[i - 1]] == expected  # deltas repeat
     by_item = {}
     for e in events:
-        if e.type in ("response.output_text.delta", "response.function_call_arguments.delta"):
+        if e.type in ("response.output_text.delta", "response.function_call_arguments.delta",
+                      "response.reasoning_text.delta"):
             by_item[e.output_index] = by_item.get(e.output_index, "") + e.delta
     for index, item in enumerate(done.response.output):
         if item.type == "message":
-            assert by_item[index] == item.content[0].text
+            assert by_item.get(index, "") == item.content[0].text
+        elif item.type == "reasoning":
+            assert by_item[index] == item.content[0].text and item.summary == []
+            part_events = [e for e in events if e.type.startswith(("response.content_part", "response.reasoning_text"))
+                           and e.output_index == index]
+            assert {(e.item_id, e.content_index) for e in part_events} == {(item.id, 0)}
+            assert [e.part.type for e in part_events if e.type.startswith("response.content_part")] == \
+                ["reasoning_text", "reasoning_text"]
+            finished = next(e for e in part_events if e.type == "response.reasoning_text.done")
+            assert finished.text == item.content[0].text
+            added = next(e for e in events if e.type == "response.output_item.added" and e.output_index == index)
+            assert added.item.status == "in_progress" and added.item.content == []
         else:
             assert by_item[index] == item.arguments
             finished = next(e for e in events if e.type == "response.function_call_arguments.done"
@@ -248,7 +287,17 @@ UNSERVED = [
     ({"tools": [{"type": "function", "function": WEATHER}]}, "tools[0].name", "flat"),
     ({"tools": [{**WEATHER, "strict": "yes"}]}, "tools[0].strict", "expected a boolean"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice", "is not served"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "'reasoning' are not served"),
+    ({"input": [{"type": "file_search_call", "id": "fs_1"}]}, "input[0].type", "'file_search_call' are not served"),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "id": "rs_1", "summary": [],
+                                                    "encrypted_content": "gAAAA"}]},
+     "input[1].encrypted_content", "no encrypted reasoning"),
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "output_text", "text": "x"}]}]},
+     "input[0].content[0]", "reasoning_text"),
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": "think"}]}, "input[0].summary", "must be a list"),
+    ({"input": [{"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                {"type": "reasoning", "id": "rs_1", "summary": []}]},
+     "input", "No tool output found for function call c1"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "stores no items"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input[0].content[0]", "'input_image' parts are not served"),
@@ -265,7 +314,8 @@ UNSERVED = [
      "input[1].call_id", "must be a non-empty string"),
     ({"input": []}, "input", "input is required"),
     ({"background": True}, "background", "not served"),
-    ({"reasoning": {"effort": "high"}}, "reasoning", "no reasoning mode"),
+    ({"reasoning": {"context": "all_turns"}}, "reasoning.context", "not served"),
+    ({"reasoning": {"effort": "low", "summary": "verbose"}}, "reasoning.summary", "must be one of"),
     ({"truncation": "auto"}, "truncation", "never truncated"),
     ({"top_logprobs": 3}, "top_logprobs", "logprobs are not served"),
     ({"include": ["message.output_text.logprobs"]}, "include", "logprobs are not served"),
@@ -302,6 +352,220 @@ def test_store_is_accepted_and_nothing_is_stored():
         assert r.store is False and r.metadata == {"run": "7"}
         retrieved = httpx.get(f"{url}/v1/responses/{r.id}", headers={"Authorization": f"Bearer {API_KEY}"})
         assert retrieved.status_code in (404, 405)
+
+
+# ----------------------------------------------------------------------------- reasoning (#47), scripted
+
+@pytest.mark.parametrize("reply, kinds", [
+    (THINK + "Checking both.\n" + CALL + "\n" + CALL_TIME, ["reasoning", "message", "function_call", "function_call"]),
+    (THINK + CALL, ["reasoning", "function_call"]),
+    (THINK + ANSWER, ["reasoning", "message"]),
+    (THINK, ["reasoning", "message"]),                         # nothing after the reasoning: an empty message
+    ("<think>\n\n</think>\n\n" + ANSWER, ["message"]),        # an empty block: no reasoning item
+])
+def test_a_reasoning_reply_has_a_reasoning_item_first(reply, kinds):
+    """OpenAI's `reasoning` item (`reasoning_text` content, an empty `summary`) before the message and
+    the calls; streamed as `response.reasoning_text.delta`s in its own `reasoning_text` part, as OpenAI's
+    open-weight models and vLLM stream it; the SDK's own event types and its accumulator take it."""
+    from openai.types.responses import ResponseReasoningItem, ResponseReasoningTextDeltaEvent, \
+        ResponseReasoningTextDoneEvent
+    with scripted(reply, reply, reply, reasoning=Reasoning()) as (client, _, engine):
+        kw = dict(model=MODEL, input="Weather in Paris, time in Rome?", tools=[WEATHER, TIME])
+        whole = client.responses.create(**kw)
+        events = list(client.responses.create(**kw, stream=True))
+        with client.responses.stream(**kw) as stream:
+            helper = stream.get_final_response()
+    assert [i.type for i in whole.output] == kinds
+    check_stream(events, whole)
+    assert items(helper) == items(whole)
+    thoughts = [i for i in whole.output if i.type == "reasoning"]
+    if "reasoning" in kinds:
+        (thought,) = thoughts
+        assert isinstance(thought, ResponseReasoningItem) and thought.id.startswith("rs_")
+        assert thought.content[0].text == THOUGHT and thought.status == "completed"
+        assert any(isinstance(e, ResponseReasoningTextDeltaEvent) for e in events)
+        assert any(isinstance(e, ResponseReasoningTextDoneEvent) for e in events)
+    else:
+        assert not any("reasoning" in e.type for e in events)
+    message = [i for i in whole.output if i.type == "message"]
+    assert whole.output_text == (message[0].content[0].text if message else "")
+    assert THOUGHT not in whole.output_text
+
+
+def test_input_reasoning_items_are_the_next_assistant_turns_reasoning_content():
+    """A `reasoning` item (its `reasoning_text` content, else its summary) goes back as the
+    `reasoning_content` of the assistant message or calls after it, as chat completions takes it; one
+    that nothing of the assistant's follows is an assistant turn of its own; an empty one adds nothing."""
+    def reasoning(content=(), summary=()):
+        return {"type": "reasoning", "id": "rs_x", "summary": [{"type": "summary_text", "text": t} for t in summary],
+                "content": [{"type": "reasoning_text", "text": t} for t in content]}
+    conversation = [
+        {"role": "user", "content": "Weather in Paris?"},
+        reasoning(["Paris: ask the tool."], ["Ask the tool."]),
+        {"type": "function_call", "call_id": "a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "a", "output": "sun"},
+        reasoning(summary=["Sunny: say so."]),
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "And Rome?"},
+        reasoning(),
+        {"role": "assistant", "content": "Rome?"},
+        {"role": "user", "content": "Yes."},
+        reasoning(["Rome next."]),
+        {"role": "user", "content": "Go on."},
+        reasoning(["Still thinking."]),
+    ]
+    with scripted(ANSWER) as (client, _, engine):
+        client.responses.create(model=MODEL, input=conversation, tools=[WEATHER])
+    call = {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    assert engine.requests[0]["messages"] == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Paris: ask the tool.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "a", "content": "sun"},
+        {"role": "assistant", "content": "Sunny.", "reasoning_content": "Sunny: say so."},
+        {"role": "user", "content": "And Rome?"},
+        {"role": "assistant", "content": "Rome?"},
+        {"role": "user", "content": "Yes."},
+        {"role": "assistant", "content": "", "reasoning_content": "Rome next."},
+        {"role": "user", "content": "Go on."},
+        {"role": "assistant", "content": "", "reasoning_content": "Still thinking."}]
+
+
+def test_reasoning_effort_and_chat_template_kwargs_reach_the_engine():
+    """`reasoning.effort` is the engine's `reasoning_effort`; `reasoning.summary` is accepted and
+    ignored (no summary is written); both are echoed in the response; `chat_template_kwargs` (vLLM's
+    extra field) goes to the engine as on chat completions."""
+    with scripted(THINK + ANSWER, ANSWER, reasoning=Reasoning()) as (client, _, engine):
+        r = client.responses.create(model=MODEL, input="hi", reasoning={"effort": "low", "summary": "auto"})
+        plain = client.responses.create(model=MODEL, input="hi",
+                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert engine.requests[0]["reasoning_effort"] == "low" and engine.requests[0].get("chat_template_kwargs") is None
+    assert (r.reasoning.effort, r.reasoning.summary) == ("low", "auto")
+    assert r.output[0].summary == [] and r.output[0].content[0].text == THOUGHT
+    assert engine.requests[1]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert engine.requests[1].get("reasoning_effort") is None and plain.reasoning is None
+
+
+# ----------------------------------------------------------------------------- reasoning (#47), a real engine
+
+ASK = "Weather in Paris, time in Rome?"
+CONTENT = "Let me check both."
+REPLY = THINK + CONTENT + "\n" + CALL + "\n" + CALL_TIME
+N = 120  # enough for the scripted reply, which ends with its end-of-sequence token
+
+
+def _chat_tool(tool: dict) -> dict:
+    """A flat Responses tool as chat completions (and the engine) take it."""
+    return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")}}
+
+
+@pytest.fixture(scope="module")
+def thinking(with_template):
+    """A tiny qwen3 under the Qwen3-style template, made to write `REPLY` (it reasons, says a sentence,
+    calls twice) to `ASK` with WEATHER and TIME offered, served: (engine, client, greedy's tokens)."""
+    tok = with_template(TEMPLATES["qwen3"])
+    engine = Engine(tiny_qwen3(tok), tok, model_name="tiny-qwen3-thinking")
+    prompt = engine.prompt_ids([{"role": "user", "content": ASK}], [_chat_tool(WEATHER), _chat_tool(TIME)])
+    ScriptedTarget(engine.target, tok).script(prompt, REPLY)
+    reference = greedy(engine, prompt, N)
+    with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
+        yield engine, openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0), reference
+
+
+@pytest.mark.parametrize("method", ["oospec", "ar"])
+def test_a_real_reasoning_reply_streamed_and_not(thinking, monkeypatch, method):
+    """The reasoning item's text is the Generation's reasoning, and the streamed deltas join to it; the
+    message and the calls are the Generation's; stream == non-stream; greedy's tokens both times."""
+    engine, client, reference = thinking
+    seen = record_requests(monkeypatch, engine)
+    kw = dict(model=MODEL, input=ASK, tools=[WEATHER, TIME], max_output_tokens=N, extra_body={"method": method})
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(**kw, stream=True))
+    gen = seen[0][3]
+    assert gen.token_ids == seen[1][3].token_ids == reference
+    assert (gen.reasoning, gen.content) == (THOUGHT, CONTENT)
+    assert [i.type for i in whole.output] == ["reasoning", "message", "function_call", "function_call"]
+    assert whole.output[0].content[0].text == gen.reasoning and whole.output[0].summary == []
+    assert whole.output_text == gen.content
+    assert [(i.name, json.loads(i.arguments)) for i in whole.output[2:]] == \
+        [(c["name"], c["arguments"]) for c in gen.tool_calls] == [("get_weather", {"city": "Paris"}),
+                                                                  ("get_time", {"city": "Rome"})]
+    check_stream(events, whole, scripted=False)
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == gen.reasoning
+    assert len(deltas) > 1 or method == "oospec"  # ar commits a token a round: the reasoning in pieces
+    reasoned = max(e.sequence_number for e in events if e.type == "response.reasoning_text.delta")
+    assert reasoned < min(e.sequence_number for e in events if e.type in
+                          ("response.output_text.delta", "response.function_call_arguments.delta"))
+
+
+def test_the_reasoning_item_goes_back_to_the_template(thinking, monkeypatch):
+    """The SDK's loop: the response's output (its reasoning item among it) sent back as input with the
+    calls' outputs; the reasoning reaches the template as the assistant turn's `reasoning_content`,
+    which the Qwen3-style template writes back into the prompt."""
+    engine, client, _ = thinking
+    seen = record_requests(monkeypatch, engine)
+    first = client.responses.create(model=MODEL, input=ASK, tools=[WEATHER, TIME], max_output_tokens=N)
+    calls = [i for i in first.output if i.type == "function_call"]
+    conversation = [{"role": "user", "content": ASK}, *[i.model_dump(exclude_none=True) for i in first.output],
+                    *[{"type": "function_call_output", "call_id": c.call_id, "output": "sunny"} for c in calls]]
+    client.responses.create(model=MODEL, input=conversation, tools=[WEATHER, TIME], max_output_tokens=2)
+    messages, tools = seen[-1][0], seen[-1][1]
+    assert messages[1]["role"] == "assistant" and messages[1]["reasoning_content"] == THOUGHT
+    assert messages[1]["content"] == CONTENT and len(messages[1]["tool_calls"]) == 2
+    prompt = engine.tokenizer.decode(engine.prompt_ids(messages, tools))
+    assert f"<think>\n{THOUGHT}\n</think>\n\n{CONTENT}" in prompt
+    assert seen[-1][3].prompt_tokens == len(engine.prompt_ids(messages, tools))
+
+
+def test_chat_template_kwargs_turn_the_reasoning_off(thinking, monkeypatch):
+    engine, client, _ = thinking
+    seen = record_requests(monkeypatch, engine)
+    r = client.responses.create(model=MODEL, input=ASK, max_output_tokens=4,
+                                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert seen[-1][2]["chat_template_kwargs"] == {"enable_thinking": False} and seen[-1][3].reasoning is None
+    assert [i.type for i in r.output] == ["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("change, param, says", [
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort", "this chat template takes no reasoning_effort"),
+    ({"reasoning": {"effort": "max"}}, "reasoning.effort", "reasoning_effort must be one of ['low', 'medium', 'high']"),
+    ({"extra_body": {"chat_template_kwargs": {"enable_thinkng": False}}}, "chat_template_kwargs",
+     "'enable_thinkng' is not an argument of this chat template"),
+    ({"extra_body": {"chat_template_kwargs": {"reasoning_effort": "high"}}}, "chat_template_kwargs",
+     "this chat template takes no reasoning_effort"),
+    ({"extra_body": {"chat_template_kwargs": {"enable_thinking": "yes"}}}, "chat_template_kwargs",
+     "the chat template rejects enable_thinking='yes'"),
+])
+def test_a_bad_template_argument_is_openais_400_naming_it(thinking, change, param, says, stream):
+    """The engine's TemplateArgumentError, before anything streams, named as the request gave it."""
+    _, client, _ = thinking
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model=MODEL, input=ASK, max_output_tokens=4, stream=stream, **change)
+    body = raised.value.body
+    assert raised.value.status_code == 400 and body["type"] == "invalid_request_error", body
+    assert body["param"] == param and says in body["message"], body
+
+
+def test_reasoning_effort_reaches_a_template_that_reads_it(with_template, monkeypatch):
+    """Under a template with effort levels, `reasoning.effort` is in the prompt the reply is decoded
+    from (its `Reasoning: high` line), streamed and not."""
+    tok = with_template(chat_template(effort=True))
+    engine = Engine(tiny_qwen3(tok, seed=1), tok, model_name="tiny-qwen3-effort")
+    seen = record_requests(monkeypatch, engine)
+    messages = [{"role": "user", "content": ASK}]
+    with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+        whole = client.responses.create(model=MODEL, input=ASK, max_output_tokens=3, reasoning={"effort": "high"})
+        done = list(client.responses.create(model=MODEL, input=ASK, max_output_tokens=3, stream=True,
+                                            reasoning={"effort": "high"}))[-1].response
+        plain = client.responses.create(model=MODEL, input=ASK, max_output_tokens=3)
+    prompt = engine.prompt_ids(messages, reasoning_effort="high")
+    assert "Reasoning: high" in engine.tokenizer.decode(prompt)
+    assert [entry[2].get("reasoning_effort") for entry in seen] == ["high", "high", None]
+    assert [entry[3].prompt_tokens for entry in seen] == [len(prompt), len(prompt), len(engine.prompt_ids(messages))]
+    assert whole.reasoning.effort == done.reasoning.effort == "high" and plain.reasoning is None
+    assert whole.usage.input_tokens == len(prompt)
 
 
 # ----------------------------------------------------------------------------- the tiny model: a real decode
@@ -414,6 +678,37 @@ async def test_an_openai_agents_agent_calls_the_tool_then_answers(model_class, s
     assert first["tools"][0]["function"]["strict"] is True  # the SDK's strict schemas reach the engine
     assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
     assert second["messages"][-1]["content"] == "22 C and sunny in Paris"
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_an_openai_agents_agent_sends_the_reasoning_back(streamed):
+    """A reasoning reply through the Agents SDK's OpenAIResponsesModel: it keeps the reasoning item and
+    sends it back with the call's output; the reasoning reaches the engine as `reasoning_content`."""
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        return f"22 C and sunny in {city}"
+
+    engine = ScriptedEngine(THINK + CALL, ANSWER, reasoning=Reasoning())
+    with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+        model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+        agent = agents.Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather], model=model)
+        if streamed:
+            result = agents.Runner.run_streamed(agent, "Weather in Paris?")
+            async for _ in result.stream_events():
+                pass
+        else:
+            result = await agents.Runner.run(agent, "Weather in Paris?")
+    assert result.final_output == ANSWER
+    assert [type(item).__name__ for item in result.new_items] == \
+        ["ReasoningItem", "ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"]
+    assert result.new_items[0].raw_item.content[0].text == THOUGHT
+    assistant = engine.requests[1]["messages"][2]
+    assert assistant["role"] == "assistant" and assistant["reasoning_content"] == THOUGHT
+    assert assistant["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
 @pytest.mark.slow

@@ -8,15 +8,18 @@ events into the Responses stream's events (with sequence numbers) and the same r
 A translated request takes the chat completions path from there (app.py's `start`): the same checks
 (sampling among them), the same queue, the same cancellation when the client leaves.
 
-Served: `input` (a string, or message / `function_call` / `function_call_output` items),
-`instructions`, function `tools`, `tool_choice`, `parallel_tool_calls`, `max_output_tokens`,
+Served: `input` (a string, or message / `function_call` / `function_call_output` / `reasoning`
+items), `instructions`, function `tools`, `tool_choice`, `parallel_tool_calls`, `max_output_tokens`,
 `temperature` / `top_p` (as chat completions serves them), `text.format` (JSON mode and JSON Schema,
-as chat completions' `response_format`), `stream`, and our `method`. Not served: storage (nothing is
+as chat completions' `response_format`), `reasoning.effort` (the engine's `reasoning_effort`;
+`reasoning.summary` is accepted and ignored: no summary is written, the whole reasoning is the item's
+`content`), vLLM's `chat_template_kwargs`, `stream`, and our `method`. A reasoning target's reasoning
+is a `reasoning` output item (`reasoning_text` content) before the message and the calls, as OpenAI's
+open-weight models and vLLM give it; an input `reasoning` item is the `reasoning_content` of the
+assistant turn that follows it, as chat completions takes it. Not served: storage (nothing is
 stored, every response says `"store": false`; `previous_response_id`, `conversation` and
 `item_reference` items are 400s), built-in tools (`web_search`, `file_search`, ...), images, files and
-audio in the input, `reasoning` (not yet: a reasoning target's reasoning is left out of the output, and
-input `reasoning` items are refused; chat completions serves both), `background`, prompt templates,
-logprobs, `truncation="auto"`.
+audio in the input, encrypted reasoning, `background`, prompt templates, logprobs, `truncation="auto"`.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS, Generation
-from ..events import TextDelta, ToolCallDelta
+from ..errors import TemplateArgumentError
+from ..events import ReasoningDelta, TextDelta, ToolCallDelta
 from ..frontend import CallsSoFar, ParallelToolCalls, Usage, join_text_parts
 from .protocol import ChatCompletionRequest, RequestError, oospec_object
 
@@ -42,6 +46,9 @@ RESPONSES_PATH = "/v1/responses"
 ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text")
 _TOOL_CHOICES = ("auto", "none", "required")
+#: `reasoning`'s keys served (`summary` and its deprecated name accepted and ignored: no summary is written)
+_REASONING_KEYS = ("effort", "summary", "generate_summary")
+_SUMMARIES = ("auto", "concise", "detailed")
 
 
 class ResponsesRequest(BaseModel):
@@ -66,7 +73,8 @@ class ResponsesRequest(BaseModel):
     conversation: Any = None                 # refused: nothing is stored
     background: bool | None = None           # refused when true
     prompt: Any = None                       # refused: no stored prompt templates
-    reasoning: dict[str, Any] | None = None  # refused unless empty: not yet served here (chat completions is)
+    reasoning: dict[str, Any] | None = None  # {"effort": "low" | "medium" | "high", "summary": ignored}
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: arguments of the chat template
     include: list[str] | None = None
     truncation: str | None = None            # "disabled" (the default); "auto" is refused
     metadata: dict[str, Any] | None = None   # echoed in the response
@@ -91,10 +99,7 @@ def refuse_unserved(req: ResponsesRequest) -> None:
     if req.prompt is not None:
         raise RequestError("prompt (a stored prompt template) is not served: send the prompt as `instructions` "
                            "and `input`", "prompt", "unsupported_parameter")
-    if req.reasoning and any(v is not None for v in req.reasoning.values()):
-        raise RequestError(f"reasoning={req.reasoning!r} is not served on /v1/responses yet: no reasoning mode is "
-                           "set here (chat completions takes reasoning_effort and chat_template_kwargs)", "reasoning",
-                           "unsupported_parameter")
+    check_reasoning(req.reasoning)
     if req.truncation not in (None, "disabled"):
         raise RequestError(f"truncation={req.truncation!r} is not served: the input is never truncated (an input "
                            "over the context is a 400, context_length_exceeded)", "truncation",
@@ -105,10 +110,32 @@ def refuse_unserved(req: ResponsesRequest) -> None:
                            "unsupported_parameter")
 
 
+def check_reasoning(reasoning: dict | None) -> None:
+    """`reasoning`: `effort` goes to the engine (which checks its value against the chat template);
+    `summary` (or its deprecated `generate_summary`) is one of OpenAI's values, accepted and ignored;
+    any other key set is a 400 that names it."""
+    for key, value in (reasoning or {}).items():
+        if value is None:
+            continue
+        if key not in _REASONING_KEYS:
+            raise RequestError(f"reasoning.{key}={value!r:.60} is not served: this server reads reasoning.effort (the "
+                               "chat template's reasoning_effort) and accepts reasoning.summary", f"reasoning.{key}",
+                               "unsupported_parameter")
+        if key != "effort" and value not in _SUMMARIES:
+            raise RequestError(f"reasoning.{key} must be one of {list(_SUMMARIES)}, got {value!r:.60}",
+                               f"reasoning.{key}", "invalid_value")
+
+
+def reasoning_effort(req: ResponsesRequest) -> Any:
+    return (req.reasoning or {}).get("effort")
+
+
 def to_messages(req: ResponsesRequest) -> list[dict]:
     """`instructions` and `input` as chat messages. Consecutive `function_call` items (after the
     assistant message they follow, if any) are one assistant message's `tool_calls`; each
-    `function_call_output` is a tool message. Tool turns must pair up as the Responses API requires
+    `function_call_output` is a tool message. A `reasoning` item starts an assistant turn: it is the
+    `reasoning_content` of the assistant message or calls that follow it (an assistant message of its
+    own, with empty content, when none follows). Tool turns must pair up as the Responses API requires
     (OpenAI's messages: "No tool output found for function call ...")."""
     if req.input is None or req.input == [] or req.input == "":
         raise RequestError("input is required: a string, or a list of input items", "input",
@@ -117,6 +144,19 @@ def to_messages(req: ResponsesRequest) -> list[dict]:
     messages: list[dict] = [{"role": "system", "content": req.instructions}] if req.instructions else []
     pending: dict[str, int] = {}   # call_id -> input index, for calls not answered yet
     answered: set[str] = set()
+    thought: list[str] = []        # reasoning items' text, for the assistant turn that follows them
+
+    def flush_thought() -> None:   # reasoning that no assistant message or call followed: a turn of its own
+        if thought:
+            messages.append({"role": "assistant", "content": "", "reasoning_content": "\n\n".join(thought)})
+            thought.clear()
+
+    def take_thought(message: dict) -> dict:
+        if thought:
+            message["reasoning_content"] = "\n\n".join(thought)
+            thought.clear()
+        return message
+
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -127,17 +167,24 @@ def to_messages(req: ResponsesRequest) -> list[dict]:
             role = item.get("role")
             if role not in ROLES:
                 raise RequestError(f"{where}.role is {role!r}; expected one of {list(ROLES)}", f"{where}.role")
-            messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            if role != "assistant":
+                flush_thought()
+            messages.append(take_thought({"role": role, "content": _text(item.get("content"), f"{where}.content")}))
         elif kind == "function_call":
             call_id, name, arguments = (_string(item, key, where) for key in ("call_id", "name", "arguments"))
             if messages and messages[-1]["role"] == "tool":  # a new turn of calls: the last one's are answered
                 _unanswered(pending)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            if messages and messages[-1]["role"] == "assistant":
+            if messages and messages[-1]["role"] == "assistant" and not thought:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                messages.append(take_thought({"role": "assistant", "content": "", "tool_calls": [call]}))
             pending[call_id] = i
+        elif kind == "reasoning":
+            _unanswered(pending)  # a new assistant turn: the last one's calls are answered
+            text = _reasoning_text(item, where)
+            if text:
+                thought.append(text)
         elif kind == "function_call_output":
             call_id = _string(item, "call_id", where)
             if call_id not in pending:
@@ -153,10 +200,34 @@ def to_messages(req: ResponsesRequest) -> list[dict]:
                                "the item itself", f"{where}.type", "unsupported_parameter")
         else:
             raise RequestError(f"{where}: input items of type {kind!r} are not served; this server reads message, "
-                               "function_call and function_call_output items", f"{where}.type",
+                               "function_call, function_call_output and reasoning items", f"{where}.type",
                                "unsupported_parameter")
     _unanswered(pending)
+    flush_thought()
     return messages
+
+
+def _reasoning_text(item: dict, where: str) -> str:
+    """A reasoning item's text: its `reasoning_text` content, or (without content) its `summary_text`
+    summary, parts joined. Encrypted reasoning cannot be read here: a 400."""
+    if item.get("encrypted_content") is not None:
+        raise RequestError(f"{where}.encrypted_content is not served: this server writes no encrypted reasoning and "
+                           "cannot read it; send the reasoning as content ({\"type\": \"reasoning_text\", \"text\"})",
+                           f"{where}.encrypted_content", "unsupported_parameter")
+    texts = {}
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if parts is None:
+            parts = []
+        if not isinstance(parts, list):
+            raise RequestError(f"{where}.{key} must be a list of {part_type} parts, got {type(parts).__name__}",
+                               f"{where}.{key}", "invalid_type")
+        for j, part in enumerate(parts):
+            if not isinstance(part, dict) or part.get("type") != part_type or not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}.{key}[{j}] must be {{\"type\": \"{part_type}\", \"text\": ...}}, got "
+                                   f"{part!r:.60}", f"{where}.{key}[{j}]", "invalid_value")
+        texts[key] = "\n\n".join(part["text"] for part in parts)
+    return texts["content"] or texts["summary"]
 
 
 def _unanswered(pending: dict[str, int]) -> None:
@@ -255,7 +326,20 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         model=req.model, messages=to_messages(req), tools=to_chat_tools(req.tools),
         tool_choice=to_chat_tool_choice(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,
         max_completion_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
-        response_format=to_response_format(req.text), method=req.method, stream=req.stream)
+        response_format=to_response_format(req.text), method=req.method, stream=req.stream,
+        reasoning_effort=reasoning_effort(req), chat_template_kwargs=req.chat_template_kwargs)
+
+
+def template_error(e: TemplateArgumentError, req: ResponsesRequest) -> RequestError:
+    """The engine's TemplateArgumentError named as this request gave it: a `reasoning_effort` from
+    `reasoning.effort` (else from `chat_template_kwargs`)."""
+    if e.param != "reasoning_effort":
+        return RequestError(str(e), e.param, type(e).__name__)
+    effort = reasoning_effort(req)
+    if effort is None:
+        return RequestError(str(e), "chat_template_kwargs", type(e).__name__)
+    return RequestError(f"reasoning.effort={effort!r:.40} (the chat template's reasoning_effort): {e}",
+                        "reasoning.effort", type(e).__name__)
 
 
 # ----------------------------------------------------------------------------- the response
@@ -266,10 +350,11 @@ def _sse(event: dict) -> str:
 
 class Output:
     """One response as it is sent: the stream's events (numbered), or (from the same engine events)
-    its body. Output items open in the order the reply writes them: a `message` item when text comes,
-    a `function_call` item per call; an item is done when the next opens, or at the end.
+    its body. Output items open in the order the reply writes them: a `reasoning` item when the reply
+    reasons (not for an empty block), a `message` item when text comes, a `function_call` item per call;
+    an item is done when the next opens, or at the end.
 
-    `fold(event)` folds in one engine event (text or call) and returns the stream events it makes."""
+    `fold(event)` folds in one engine event (reasoning, text or call) and returns the stream events it makes."""
 
     def __init__(self, model: str, replica: str, req: ResponsesRequest, parallel: ParallelToolCalls | None = None,
                  first_token: Callable[[], None] = lambda: None):
@@ -278,6 +363,7 @@ class Output:
         self.model, self.replica, self.req = model, replica, req
         self.parallel = parallel or ParallelToolCalls()
         self.content = ""
+        self.reasoning = ""              # the reasoning sent so far
         self.items: list[dict] = []      # output items, as they stand
         self._open: dict | None = None   # the item being written
         self._calls = CallsSoFar()
@@ -305,7 +391,7 @@ class Output:
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": self.model,
             "output": self.items if gen is not None or error is not None else [],
             "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
-            "reasoning": None, "store": False, "temperature": req.temperature,
+            "reasoning": _echo_reasoning(req.reasoning), "store": False, "temperature": req.temperature,
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "tool_choice": req.tool_choice or "auto", "tools": tools, "top_p": req.top_p, "truncation": "disabled",
             "usage": None, "metadata": req.metadata or {}}
@@ -321,10 +407,12 @@ class Output:
 
     def fold(self, item) -> list[dict]:
         """One engine event's stream events (none for an event a response does not show)."""
-        if not isinstance(item, (TextDelta, ToolCallDelta)):
+        if not isinstance(item, (ReasoningDelta, TextDelta, ToolCallDelta)):
             return []
-        if not self.content and not self.calls:
+        if not self.reasoning and not self.content and not self.calls:
             self._first_token()
+        if isinstance(item, ReasoningDelta):
+            return self.reason(item.text)
         return self.text(item.text) if isinstance(item, TextDelta) else self.tool_call(item)
 
     def opening(self) -> list[dict]:
@@ -341,6 +429,27 @@ class Output:
         self._open["content"][0]["text"] += text
         return events + [self._event("response.output_text.delta", item_id=self._open["id"],
                                      output_index=len(self.items) - 1, content_index=0, delta=text, logprobs=[])]
+
+    def reason(self, text: str) -> list[dict]:
+        """A piece of reasoning: into the open `reasoning` item (one opened first, as OpenAI's
+        open-weight models and vLLM send it: the item, its `reasoning_text` part, then its deltas)."""
+        if not text:
+            return []
+        self.reasoning += text
+        events = []
+        if self._open is None or self._open["type"] != "reasoning":
+            events += self._close()
+            self._open = {"id": "rs_" + uuid.uuid4().hex, "type": "reasoning", "summary": [], "content": [],
+                          "status": "in_progress"}
+            self.items.append(self._open)
+            index = len(self.items) - 1
+            events += [self._event("response.output_item.added", output_index=index, item=_copy(self._open)),
+                       self._event("response.content_part.added", item_id=self._open["id"], output_index=index,
+                                   content_index=0, part=_reasoning_part(""))]
+            self._open["content"].append(_reasoning_part(""))
+        self._open["content"][0]["text"] += text
+        return events + [self._event("response.reasoning_text.delta", item_id=self._open["id"],
+                                     output_index=len(self.items) - 1, content_index=0, delta=text)]
 
     def _open_message(self) -> list[dict]:
         self._open = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "status": "in_progress",
@@ -384,6 +493,12 @@ class Output:
                                    content_index=0, text=part["text"], logprobs=[]),
                        self._event("response.content_part.done", item_id=item["id"], output_index=index,
                                    content_index=0, part=_copy(part))]
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            events += [self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                   content_index=0, text=part["text"]),
+                       self._event("response.content_part.done", item_id=item["id"], output_index=index,
+                                   content_index=0, part=_copy(part))]
         else:
             events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
                                       output_index=index, name=item["name"], arguments=item["arguments"]))
@@ -393,7 +508,8 @@ class Output:
         """The last events: the open item done (incomplete when the reply hit max_output_tokens), and
         `response.completed` or `response.incomplete` with the whole response. Called once."""
         status = "incomplete" if gen.finish_reason == "length" else "completed"
-        events = [] if self.items else self._open_message()  # an empty reply is an empty message, as in chat
+        # a reply with neither text nor calls ends with an empty message (after its reasoning), as chat's ""
+        events = [] if self.content or self.calls else self._close(status) + self._open_message()
         events += self._close(status)
         return events + [self._event(f"response.{status}", response=self.response(status, gen))]
 
@@ -411,6 +527,17 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def _reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
+def _echo_reasoning(reasoning: dict | None) -> dict | None:
+    """The response's `reasoning`: the request's effort and summary (no summary is written), or null."""
+    if not reasoning or all(v is None for v in reasoning.values()):
+        return None
+    return {"effort": reasoning.get("effort"), "summary": reasoning.get("summary") or reasoning.get("generate_summary")}
+
+
 def _copy(obj: dict) -> dict:
     return json.loads(json.dumps(obj))
 
@@ -419,8 +546,13 @@ async def respond(req: ResponsesRequest, request, start: Callable, model: str, r
                   first_token: Callable[[], None]):
     """The route's work (app.py owns the route): the request translated and queued by `start` (app.py's
     chat path: checks, engine stream, queue place), then its events as a stream or one body.
-    `first_token()` is called at the first text or call event (the time-to-first-token metric)."""
-    job, finished = start(to_chat(req))
+    `first_token()` is called at the first reasoning, text or call event (the time-to-first-token metric).
+    A chat template argument the engine refuses (`reasoning.effort`, `chat_template_kwargs`) is a 400
+    naming the field as the request gave it, before anything streams."""
+    try:
+        job, finished = start(to_chat(req))
+    except TemplateArgumentError as e:
+        raise template_error(e, req) from None
     out = Output(model, replica, req, ParallelToolCalls.openai(req.parallel_tool_calls), first_token)
     if req.stream:
         return StreamingResponse(_stream(job, out, finished), media_type="text/event-stream",
