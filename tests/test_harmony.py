@@ -301,6 +301,20 @@ def test_a_json_response_format_constrains_the_final_message(grammars, text, too
     assert takes(grammars, text, strict=False, reply=OK_SCHEMA, tools=tools) is ok
 
 
+STRICT_WEATHER = dict(WEATHER, function=dict(WEATHER["function"], strict=True))
+
+
+@pytest.mark.parametrize("text, ok", [
+    (ANALYSIS + ROLE + CALL, True),
+    (ANALYSIS + ROLE + BAD_ARGS, False),                                      # the flagged tool is strict
+    (ANALYSIS + ROLE + FMT.render_call("get_time", {"zone": 1}), True),      # the other: any JSON object
+    (ANALYSIS + ROLE + TIME_CALL.replace('{"tz": "CET"}', "CET"), False),
+    (REPLIES["think then answer"][0], True),
+])
+def test_a_tools_strict_flag_constrains_that_tools_calls(grammars, text, ok):
+    assert takes(grammars, text, strict=False, tools=(STRICT_WEATHER, TIME)) is ok
+
+
 def test_the_harmony_grammar_needs_harmonys_special_tokens(smollm2_tokenizer):
     plain = Grammars(smollm2_tokenizer, FMT, {smollm2_tokenizer.eos_token_id}, len(smollm2_tokenizer))
     with pytest.raises(OoOSpecError, match=r"harmony's markers are special tokens .*<\|start\|>"):
@@ -332,7 +346,7 @@ CONSTRAINED = [  # (tools, tool_choice, strict, response_format)
     ([WEATHER, TIME], "required", True, None), ([WEATHER, TIME], "get_time", True, None),
     ([WEATHER, TIME], "auto", True, None), ([WEATHER, TIME], "auto", False, JSON_OK),
     ([WEATHER, TIME], "auto", True, {"type": "json_object"}), ([WEATHER, TIME], "none", False, JSON_OK),
-    (None, "auto", False, JSON_OK),
+    (None, "auto", False, JSON_OK), ([STRICT_WEATHER, TIME], "auto", False, None),
 ]
 
 
