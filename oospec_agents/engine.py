@@ -173,7 +173,9 @@ class Engine:
     @classmethod
     def from_pretrained(cls, target="embedded", sidecar=None, *, target_device=None, sidecar_device=None,
                         dtype=None, **kw) -> "Engine":
-        """Load a target (HF id, local path, GGUF file, or "embedded") and an optional sidecar.
+        """Load a target (HF id, local path, GGUF file, "embedded", or "embedded-thinking": the embedded
+        target with the adapter and template that make it reason in a `<think>` block first) and an
+        optional sidecar.
 
         `sidecar` is a model reference like `target` or an object implementing the Sidecar protocol.
         None (the default) is the embedded sidecar, for every target: it only posts text, rendered in
@@ -198,6 +200,11 @@ class Engine:
         chat_template = kw.pop("chat_template", None)
         freeze_gc = kw.pop("freeze_gc", True)
         sidecar_kw = {k: kw.pop(k) for k in list(kw) if k.startswith("sidecar_")}
+        name = None
+        if str(target) == models.EMBEDDED_THINKING_REF:  # the embedded target taught to think before it answers
+            target, name = "embedded", "embedded-thinking:SmolLM2-135M-Instruct"
+            adapter = models.EMBEDDED_THINKING_ADAPTER if adapter is None else adapter
+            chat_template = models.THINKING_CHAT_TEMPLATE if chat_template is None else chat_template
         if str(target) == "embedded" and adapter is None and models.EMBEDDED_TARGET_ADAPTER.exists():
             adapter = models.EMBEDDED_TARGET_ADAPTER
         model, tok = models.load_model(target, device=t_dev, dtype=t_dtype, adapter=adapter,
@@ -205,7 +212,7 @@ class Engine:
         require_chat_template(tok)  # before a sidecar loads for nothing
         sidecar = "embedded" if sidecar is None else None if sidecar is False else sidecar
         side = cls._load_sidecar(sidecar, s_where, models.resolve_dtype(dtype, s_dev), sidecar_kw)
-        name = "embedded:SmolLM2-135M-Instruct" if str(target) == "embedded" else str(target)
+        name = name or ("embedded:SmolLM2-135M-Instruct" if str(target) == "embedded" else str(target))
         engine = cls(model, tok, side, model_name=name, target_cores=t_where.cores, **kw)
         if t_where.cores is not None:  # loaded on every core; decodes on its own
             engine._pinned = cores.pin_process(t_where.cores)
@@ -411,6 +418,9 @@ class Engine:
                 forced = [] if reply.finish else self._forced(req, req.max_new_tokens - len(reply.new), stats)
                 if forced:  # jump-forward: commit what the grammar forces now; the next forward feeds it
                     yield from reply.commit(forced, None, stats)
+                if req.reasoning is not None and stats.reasoning_forwards is None and state.answer is not None:
+                    stats.reasoning_tokens, stats.reasoning_forwards = len(reply.new), stats.target_forwards
+                    stats.reasoning_s = time.perf_counter() - t1
                 if reply.finish is not None:
                     break
                 if cancel is not None and cancel.is_set():

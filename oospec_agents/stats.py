@@ -42,6 +42,12 @@ class DecodeStats(Mapping):
     #: one (tree nodes, accepted drafts, context tokens before the forward) per verify forward: the
     #: acceptance trace that `oospec project` prices with a measured cost table
     rounds: list[tuple[int, int, int]] = field(default_factory=list)
+    #: a reply that reasons first: the new tokens, target forwards (the prefill's included) and decode
+    #: seconds up to and including the forward that closed the reasoning (None: no reasoning, or it never
+    #: closed). The rest is the answer part, where the calls are drafted (`oospec bench --thinking`)
+    reasoning_tokens: int | None = None
+    reasoning_forwards: int | None = None
+    reasoning_s: float | None = None
     margins: list[float] | None = None   # top-2 logit margin per new token, when asked for
     prediction_tokens: int = 0           # the caller's prediction, in target tokens (0: none given)
     prediction_matched: int = 0          # of them, those the reply has, in order (OpenAI's accepted_prediction_tokens)

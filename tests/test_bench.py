@@ -69,6 +69,49 @@ def test_host_time_per_round_and_its_share_of_decode():
     assert figs["host_ms_per_round"] is None and figs["host_share"] is None
 
 
+def test_a_reasoning_targets_answer_part_is_counted_after_its_block_closed():
+    """`--thinking`: the figures after the forward that closed the reasoning, over the records where
+    every method's reply closed it; the report adds them, with the ratio over toolspec."""
+    def row(tokens, decode, forwards, before):
+        r = _row(tokens, decode, forwards)
+        if before is not None:
+            r["reasoning_tokens"], r["reasoning_forwards"], r["reasoning_s"] = before
+        return r
+    records = [{"source": "a", "runs": {"ar": row(30, 3.0, 30, (20, 20, 2.0)), "toolspec": row(30, 1.5, 12, (20, 8, 1.0)),
+                                        "oospec": row(30, 1.2, 9, (21, 8, 1.0))}},
+               {"source": "a", "runs": {"ar": row(10, 1.0, 10, None), "toolspec": row(10, 0.5, 4, None),
+                                        "oospec": row(10, 0.5, 4, None)}}]  # cut off inside the block
+    methods = summarize(records, ["ar", "toolspec", "oospec"])["methods"]
+    ar, ts, oo = (methods[m]["answer_part"] for m in ("ar", "toolspec", "oospec"))
+    assert ar["n"] == ts["n"] == oo["n"] == 1
+    assert (ts["new_tokens"], ts["target_forwards"], ts["decode_s"]) == (10, 4, pytest.approx(0.5))
+    assert ts["mean_accepted_tokens"] == 2.5 and oo["mean_accepted_tokens"] == 9 / 1
+    assert ts["speedup_decode"] == pytest.approx((1.0 / 10) / (0.5 / 10))
+    assert oo["speedup_decode"] == pytest.approx((1.0 / 10) / (0.2 / 9))
+    results = {"methods": methods, "sources": {}}
+    _describe_run(results)
+    report = markdown(results)
+    assert "## After the reasoning: the answer part" in report
+    assert "| oospec | 1 | 21.0 | 9.0 | 1.0 | 9.00 | 4.50x | 2.25x |" in report
+    plain = summarize([{"source": "a", "runs": {"ar": _row(10, 1.0, 10)}}], ["ar"])["methods"]
+    assert plain["ar"]["answer_part"] is None
+
+
+def test_the_thinking_flag_benches_the_embedded_thinking_target(monkeypatch, capsys):
+    from oospec_agents.engine import Engine
+    seen = {}
+
+    def load(target, sidecar, **kw):
+        seen["target"] = target
+        raise SystemExit(7)
+    monkeypatch.setattr(Engine, "from_pretrained", load)
+    with pytest.raises(SystemExit):
+        main(["bench", "--data", str(DATA / "dev.jsonl"), "--limit", "1", "--thinking"])
+    assert seen["target"] == "embedded-thinking"
+    assert main(["bench", "--data", str(DATA / "dev.jsonl"), "--thinking", "--target", "Qwen/Qwen3-8B"]) != 0
+    assert "--thinking benches the embedded thinking target" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ records
 
 def test_limit_is_spread_round_robin_over_sources():

@@ -334,6 +334,33 @@ def test_a_forced_call_comes_after_the_reasoning(scripted, tool_choice):
         assert gen.tool_calls or gen.invalid_tool_calls
 
 
+def test_stats_split_the_reply_where_the_reasoning_closed(scripted):
+    """`stats.reasoning_*` (what `oospec bench --thinking` reports the answer part from): the tokens,
+    forwards and seconds up to and including the forward that committed `</think>`."""
+    engine, script, opens = scripted
+    text = ("" if opens else "<think>\n") + "The user asks for Paris.\n</think>\n\n" + call("Paris")
+    script(text)
+    tok = engine.tokenizer
+    for method in METHODS:
+        gen = engine.generate(ASK, [WEATHER], max_new_tokens=120, method=method)
+        s = gen.stats
+        before = tok.decode(gen.token_ids[:s.reasoning_tokens])
+        assert "</think>" in before, (method, before)
+        assert s.reasoning_forwards <= s.target_forwards and 0 <= s.reasoning_s <= s.decode_s
+        if method == "ar":  # a token a forward: the split is exactly at the block's end
+            assert s.reasoning_forwards == s.reasoning_tokens and before.endswith("</think>")
+        else:  # the closing round committed the block's end and, drafted whole, the call after it
+            assert s.reasoning_forwards < s.reasoning_tokens
+    gen = engine.generate(ASK, [WEATHER], max_new_tokens=8, method="toolspec")  # cut off inside the block
+    assert gen.stats.reasoning_forwards is None and gen.stats.reasoning_tokens is None
+
+
+def test_a_reply_that_does_not_reason_has_no_split(qwen3_engine):
+    gen = qwen3_engine.generate(ASK, [WEATHER], max_new_tokens=4, method="ar",
+                                chat_template_kwargs={"enable_thinking": False})
+    assert gen.stats.reasoning_forwards is None and gen.stats.reasoning_s is None
+
+
 # ---------------------------------------------------------------- helpers
 
 def _joined(events) -> tuple:

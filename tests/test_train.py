@@ -396,6 +396,41 @@ def embedded_pair():
 WEATHER_Q = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
+def test_thinking_examples_reason_in_a_block_then_answer(smollm2_tokenizer):
+    """`train-target --thinking`: SmolLM2's own prompt (the template adds only Qwen3's `enable_thinking`
+    switch), the answer preceded by a sentence of reasoning naming the call's function and short values;
+    a seeded share rendered with thinking off (the empty block in the prompt, the answer at once)."""
+    import copy
+
+    from oospec_agents import Engine, models
+    from oospec_agents.train.target import build_target_examples, call_thought
+    recs = [json.loads(line) for line in (DATA / "train.jsonl").read_text().splitlines()[:30]]
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.chat_template = models.THINKING_CHAT_TEMPLATE.read_text()
+    engine = Engine(tiny_model("llama", tok), tok)
+    assert engine.reasoning is not None
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        smollm2_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    examples, counts = build_target_examples(engine, recs, thinking=True, answer_frac=0.0, no_tool_frac=0.0)
+    assert counts["call"] == len(examples) == 30
+    texts = [(tok.decode(ids[:-n]), tok.decode(ids[-n:])) for ids, n in examples]
+    on = [(p, a) for p, a in texts if a.startswith("<think>\n")]
+    off = [(p, a) for p, a in texts if p.endswith("<think>\n\n</think>\n\n")]
+    assert len(on) + len(off) == 30 and 2 <= len(off) <= 12  # no_think_frac 0.2, seeded
+    for prompt, answer in on:
+        thought, after = answer[len("<think>\n"):].split("\n</think>\n\n", 1)
+        assert after.startswith("<tool_call>\n") and prompt.endswith("<|im_start|>assistant\n")
+        name = json.loads(after.split("\n")[1])["name"]
+        assert name in thought
+    for _, answer in off:
+        assert answer.startswith("<tool_call>")
+    rng = __import__("random").Random(0)
+    assert "city \"Paris\"" in call_thought([{"name": "get_weather", "arguments": {"city": "Paris"}}], rng)
+    two = call_thought([{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}], rng)
+    assert "a and b" in two
+
+
 @pytest.mark.slow
 def test_embedded_adapters_are_small_and_have_metrics():
     from oospec_agents import models

@@ -20,7 +20,11 @@ def add_parser(sub, name):
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, from {','.join(METHODS)} (ar always runs: it is the reference)")
     p.add_argument("--out", default="bench-out", metavar="DIR")
-    p.add_argument("--target", default="embedded", help="HF id, local dir, GGUF file, or 'embedded'")
+    p.add_argument("--target", default="embedded",
+                   help="HF id, local dir, GGUF file, 'embedded', or 'embedded-thinking' (see --thinking)")
+    p.add_argument("--thinking", action="store_true",
+                   help="bench the thinking target: --target embedded-thinking (it reasons in a <think> block "
+                        "before it calls); the report adds the answer part, after the reasoning")
     p.add_argument("--sidecar", default=None,
                    help="sidecar model (default: the embedded one, for every target; 'none' loads none)")
     p.add_argument("--sidecar-adapter", default=None, metavar="DIR",
@@ -105,6 +109,10 @@ def run(args):
     from .runner import BenchConfig, check_methods, run_bench
 
     methods = check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
+    if args.thinking:
+        if args.target not in ("embedded", "embedded-thinking"):
+            raise ValueError(f"--thinking benches the embedded thinking target; drop it with --target {args.target!r}")
+        args.target = "embedded-thinking"
     records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
     records = spread(only_sources(records, args.sources, args.bfcl or args.data) if args.sources else records, args.limit)
     if args.threads:

@@ -55,6 +55,7 @@ class Run:
     host_s: float | None = None            # engine methods: decode time outside the target's forwards
     rounds: list | None = None             # engine methods: (tree nodes, accepted drafts, context) per round
     hint_follow_ups: int = 0               # follow-up waves asked for the function the target wrote
+    reasoning: tuple | None = None         # a reply that reasoned: (tokens, forwards, decode s) until it closed
 
 
 @dataclass
@@ -109,7 +110,9 @@ def _run(ctx: BenchContext, engine, turn: Turn, method: str, hint, margins: bool
                s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile, s.prompt_tokens,
                s.cached_prompt_tokens, s.sidecar_cached_prompt_tokens, s.sidecar_skipped, s.wave_estimate_s,
                s.call_estimate_s, s.decode_estimate_s, s.host_s, [list(r) for r in s.rounds],
-               hint_follow_ups=s.hint_follow_ups)
+               hint_follow_ups=s.hint_follow_ups,
+               reasoning=None if s.reasoning_forwards is None else
+               (s.reasoning_tokens, s.reasoning_forwards, s.reasoning_s))
 
 
 @contextmanager

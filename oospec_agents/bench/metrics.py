@@ -116,6 +116,30 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
             out["speedup_decode"] = (ref_decode / ref_tokens) / (decode / tokens)
         if e2e and tokens:
             out["speedup_e2e"] = (ref_e2e / ref_tokens) / (e2e / tokens)
+    out["answer_part"] = answer_part(rows, ref_rows)
+    return out
+
+
+def answer_part(rows: list[dict], ref_rows: list[dict] | None) -> dict | None:
+    """A reasoning target's figures after its reasoning closed (the calls and the content), over the
+    records where every method's reply closed its block; None where none did. The reasoning part runs to
+    the end of the forward that committed the block's end, so the part's first tokens may be answer
+    tokens that forward accepted with it. `speedup_decode`: per-token decode time over `ar`'s part."""
+    def part(r):
+        return (r["new_tokens"] - r["reasoning_tokens"], r["target_forwards"] - r["reasoning_forwards"],
+                r["decode_s"] - r["reasoning_s"])
+    keep = [i for i, r in enumerate(rows) if "reasoning_forwards" in r
+            and (ref_rows is None or "reasoning_forwards" in ref_rows[i])]
+    if not keep:
+        return None
+    tokens, forwards, decode = (sum(x) for x in zip(*(part(rows[i]) for i in keep)))
+    out = {"n": len(keep), "reasoning_tokens": _mean([rows[i]["reasoning_tokens"] for i in keep]),
+           "new_tokens": tokens / len(keep), "target_forwards": forwards / len(keep),
+           "mean_accepted_tokens": tokens / forwards if forwards else None, "decode_s": decode / len(keep),
+           "speedup_decode": None}
+    if ref_rows is not None and tokens and decode > 0:
+        ref_tokens, _, ref_decode = (sum(x) for x in zip(*(part(ref_rows[i]) for i in keep)))
+        out["speedup_decode"] = (ref_decode / ref_tokens) / (decode / tokens) if ref_tokens and ref_decode else None
     return out
 
 

@@ -62,6 +62,8 @@ def markdown(results: dict) -> str:
                      f"| {_f(f['target_forwards'], '{:.1f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
                      f"| {_f(f['hint_bytes'], '{:.0f}')} | {_f(f['vs_oracle'], '{:.0%}')} "
                      f"| {_same_as_ar(f) if sampled else _lossless(f)} |")
+    if any(f.get("answer_part") for f in methods.values()):
+        lines += _answer_part(methods)
     if any(m.endswith(STRICT_SUFFIX) for m in methods):
         lines += _strict_against_plain(methods)
     if "cold" in results:
@@ -161,6 +163,27 @@ def _strict_lines(cfg: dict) -> list[str]:
             "(`engine.generate(..., strict=True)`: the grammar masks the target's logits, jump-forward commits "
             f"the tokens it forces). They are checked against `{strict_name('ar')}`'s tokens (the masked "
             "reference) and their margins; their speedups are over the plain `ar`, like every row's."]
+
+
+def _answer_part(methods: dict) -> list[str]:
+    """A reasoning target: the reply after its reasoning closed (where the calls are), per method."""
+    spec = methods.get("toolspec", {}).get("answer_part") or {}
+    lines = ["", "## After the reasoning: the answer part", "",
+             "The target reasons in a block first; these figures count the reply after the forward that closed "
+             "the block (the calls, where the sidecar's hint is drafted), over the records where it closed.", "",
+             "| method | records | reasoning tokens | answer tokens | answer forwards | tokens per forward "
+             "| answer decode speedup over ar | over toolspec |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m, f in methods.items():
+        a = f.get("answer_part")
+        if not a:
+            continue
+        over = a["speedup_decode"] / spec["speedup_decode"] if a["speedup_decode"] and spec.get("speedup_decode") \
+            else None
+        lines.append(f"| {m} | {a['n']} | {_f(a['reasoning_tokens'], '{:.1f}')} | {_f(a['new_tokens'], '{:.1f}')} "
+                     f"| {_f(a['target_forwards'], '{:.1f}')} | {_f(a['mean_accepted_tokens'])} "
+                     f"| {_f(a['speedup_decode'], suffix='x')} | {_f(over, suffix='x')} |")
+    return lines
 
 
 def _strict_against_plain(methods: dict) -> list[str]:

@@ -128,6 +128,8 @@ def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
            "wave_estimate_s": r.wave_estimate_s, "call_estimate_s": r.call_estimate_s,
            "decode_estimate_s": r.decode_estimate_s, "host_s": r.host_s,
            "rounds": r.rounds, "hint_follow_ups": r.hint_follow_ups, "check": check}
+    if r.reasoning is not None:  # a reply that reasoned: what came before its answer (metrics' `answer_part`)
+        row["reasoning_tokens"], row["reasoning_forwards"], row["reasoning_s"] = r.reasoning
     if m == reference(m) or check["verdict"] != "exact":
         row["text"] = r.text
     return row

@@ -46,6 +46,8 @@ def add_parser(sub, name):
     p.add_argument("--dev-limit", type=int, default=None, help="evaluate on at most N dev records per source")
     p.add_argument("--init-adapter", default=None, help="start from this trained adapter (a second stage)")
     if kind == "target":
+        p.add_argument("--thinking", action="store_true",
+                       help="a thinking target: smollm2-think's template, a <think> sentence before each answer")
         p.add_argument("--trim-tools", action="store_true",
                        help="a call example too long for --max-len keeps its called tools and as many others as fit")
         p.add_argument("--revalue", type=_count, default=0, metavar="N",
@@ -106,7 +108,8 @@ def _run(args, kind):
         common.update(max_null_rows=args.max_null_rows, max_no_call_share=args.max_no_call_share)
     if kind == "target":
         from .run import train_target
-        common.update(trim_tools=args.trim_tools, revalue=args.revalue, distract=args.distract)
+        common.update(trim_tools=args.trim_tools, revalue=args.revalue, distract=args.distract,
+                      thinking=args.thinking)
         metrics = train_target(**common)
     else:
         from .sidecar_train import train_sidecar

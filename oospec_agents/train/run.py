@@ -79,19 +79,25 @@ def prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress, exclude_
 def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                  max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
                  progress=True, eval_sources=("bfcl_simple", "bfcl_multiple"), init_adapter=None,
-                 stop_after=None, trim_tools=False, revalue=0, distract=0, exclude_sources=None) -> dict:
+                 stop_after=None, trim_tools=False, revalue=0, distract=0, exclude_sources=None,
+                 thinking=False) -> dict:
     """Train the tool-calling target adapter; evaluate on `dev` (tool_choice="auto").
 
-    `trim_tools` / `revalue` / `distract`: more call examples from the same records (see `train.augment`)."""
+    `trim_tools` / `revalue` / `distract`: more call examples from the same records (see `train.augment`).
+    `thinking`: a thinking target: the prompts rendered by `models.THINKING_CHAT_TEMPLATE`, a sentence of
+    reasoning in a `<think>` block before each answer (`target.build_target_examples`)."""
     from ..engine import Engine
     from .target import build_target_examples
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
     dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress,
                                                                exclude_sources)
+    if thinking:
+        from ..models import THINKING_CHAT_TEMPLATE
+        tok.chat_template = THINKING_CHAT_TEMPLATE.read_text()
     engine = Engine(model, tok, None)
     examples, counts = build_target_examples(engine, traces, seed=cfg.seed, max_len=max_len, trim=trim_tools,
-                                             revalued=revalue, distracted=distract)
+                                             revalued=revalue, distracted=distract, thinking=thinking)
     if subsample and subsample < len(examples):
         examples = random.Random(cfg.seed).sample(examples, subsample)
     t0 = time.perf_counter()
@@ -102,6 +108,7 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
                "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len,
                "augment": {"trim_tools": trim_tools, "revalue": revalue, "distract": distract},
+               "thinking": thinking,
                "init_adapter": None if init_adapter is None else str(init_adapter), "config": asdict(cfg),
                "train_seconds": round(result.seconds, 1), "steps": result.steps, "resumed_from": result.resumed_from,
                "loss_curve": result.losses, "env": env_info()}

@@ -51,16 +51,49 @@ def _answer_text(call: dict, result: dict) -> str:
     return "Here is what I found: " + ", ".join(f"{k}: {v}" for k, v in result.items()) + "."
 
 
-def _encode_answer(engine, text_or_calls) -> list[int]:
+def _value(v) -> str | None:
+    """An argument's value as a thought would mention it; None for a long or nested one."""
+    text = json.dumps(v) if not isinstance(v, str) else f'"{v}"'
+    return text if len(text) <= 40 and not isinstance(v, (dict, list)) else None
+
+
+def call_thought(calls: list[dict], rng: random.Random) -> str:
+    """A sentence of reasoning before `calls`: which function(s), and the short values the call takes,
+    in one of a few phrasings (the thinking adapter's training text)."""
+    if len(calls) > 1:
+        names = ", ".join(c["name"] for c in calls[:-1]) + " and " + calls[-1]["name"]
+        return rng.choice([f"This needs {len(calls)} calls: {names}.",
+                           f"I will call {names}, one call each.",
+                           f"The request asks for several things, so I call {names}."])
+    call = calls[0]
+    said = [f"{k} {t}" for k, v in (call.get("arguments") or {}).items() if (t := _value(v)) is not None][:4]
+    args = (", ".join(said[:-1]) + " and " + said[-1]) if len(said) > 1 else (said[0] if said else "")
+    name = call["name"]
+    if not args:
+        return rng.choice([f"The request matches {name}, so I will call it.", f"I need to call {name} for this."])
+    return rng.choice([f"The request matches {name}. I will call it with {args}.",
+                       f"I need to call {name} with {args}.",
+                       f"{name} fits this request; its arguments are {args}."])
+
+
+NO_TOOL_THOUGHT = "None of the offered tools can do this, so I will answer without calling one."
+ANSWER_THOUGHT = "The tool returned its result, so I will answer the user with it."
+
+
+def _encode_answer(engine, text_or_calls, head: str = "") -> list[int]:
     tok = engine.tokenizer
-    text = engine.fmt.render_calls(text_or_calls) if isinstance(text_or_calls, list) else text_or_calls
+    text = head + (engine.fmt.render_calls(text_or_calls) if isinstance(text_or_calls, list) else text_or_calls)
     eos = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else tok.eos_token_id
     return tok.encode(text, add_special_tokens=False) + [eos]
 
 
-def _example(engine, messages, tools, answer, max_len):
-    prompt = engine.prompt_ids(messages, tools, tool_choice="auto")
-    tgt = _encode_answer(engine, answer)
+def _example(engine, messages, tools, answer, max_len, thought: str | None = None):
+    """(ids, n_target) of one example; `thought`: a thinking target's reasoning before the answer (None:
+    a target that does not reason; "" with thinking: the prompt closes an empty block, as
+    `enable_thinking=False` asks)."""
+    kwargs = None if thought is None or thought else {"enable_thinking": False}
+    prompt = engine.prompt_ids(messages, tools, tool_choice="auto", chat_template_kwargs=kwargs)
+    tgt = _encode_answer(engine, answer, f"<think>\n{thought}\n</think>\n\n" if thought else "")
     if len(prompt) + len(tgt) > max_len:
         return None
     return prompt + tgt, len(tgt)
@@ -68,16 +101,28 @@ def _example(engine, messages, tools, answer, max_len):
 
 def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len: int = 1024,
                           answer_frac: float = 0.2, no_tool_frac: float = 0.1, trim: bool = False,
-                          revalued: int = 0, distracted: int = 0) -> tuple[list, dict]:
+                          revalued: int = 0, distracted: int = 0, thinking: bool = False,
+                          no_think_frac: float = 0.2) -> tuple[list, dict]:
     """Examples (ids, n_target) for the target adapter, and counts per kind.
 
     `traces` are records whose "expected" holds the calls to teach (ground truth or teacher calls).
     `trim`: a call example too long for `max_len` keeps its called tools and as many others as fit
     (`augment.trim_tools`). `revalued`: that many extra call examples per record with the values its
     request spells out swapped (`augment.revalue`; records with nothing to swap add none).
+    `thinking`: examples for a target whose chat template reasons in `<think>` blocks
+    (templates/smollm2-think.jinja): a sentence of reasoning (`call_thought`), then the answer; a share
+    `no_think_frac` of them rendered with `enable_thinking=False` (an empty block in the prompt, the
+    answer at once), so that the switch keeps working.
     """
     rng = random.Random(seed)
     aug_rng = random.Random(f"augment-{seed}")  # its own stream: the other kinds stay as without it
+    think_rng = random.Random(f"think-{seed}")
+
+    def thought(text_of):
+        """None without `thinking`; else "" (thinking off) or the sentence `text_of()`."""
+        if not thinking:
+            return None
+        return "" if think_rng.random() < no_think_frac else text_of()
     examples, counts = [], {"call": 0, "answer": 0, "answer_apibank": 0, "no_tool": 0, "too_long": 0}
     if trim:
         counts["call_trimmed"] = 0
@@ -97,7 +142,8 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
             counts[kind] += 1
 
     def call_example(rec, kind):
-        build = lambda r: _example(engine, r["messages"], r["tools"], r["expected"], max_len)  # noqa: E731
+        said = thought(lambda: call_thought(rec["expected"], think_rng))  # `rec` or a trimmed copy: the same calls
+        build = lambda r: _example(engine, r["messages"], r["tools"], r["expected"], max_len, said)  # noqa: E731
         ex = build(rec)
         if ex is None and trim:
             ex = trim_tools(rec, build, aug_rng)
@@ -120,7 +166,8 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
         for i, m in enumerate(msgs):
             if (m.get("role") == "assistant" and not m.get("tool_calls") and m.get("content")
                     and i > 0 and msgs[i - 1].get("role") == "tool"):
-                add("answer_apibank", _example(engine, msgs[:i], rec["tools"], m["content"], max_len))
+                add("answer_apibank", _example(engine, msgs[:i], rec["tools"], m["content"], max_len,
+                                                thought(lambda: ANSWER_THOUGHT)))
     with_calls = [r for r in traces if r["expected"]]
     for rec in rng.sample(with_calls, min(len(with_calls), int(len(with_calls) * answer_frac))):
         calls = [dict(c, id=f"call_{k}") for k, c in enumerate(rec["expected"])]
@@ -131,7 +178,7 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
         msgs += [{"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": json.dumps(r)}
                  for c, r in zip(calls, results)]
         answer = " ".join(_answer_text(c, r) for c, r in zip(calls, results))
-        add("answer", _example(engine, msgs, rec["tools"], answer, max_len))
+        add("answer", _example(engine, msgs, rec["tools"], answer, max_len, thought(lambda: ANSWER_THOUGHT)))
     # Plain text when no offered tool fits: the request with another record's unrelated tools.
     n_none = int(len(traces) * no_tool_frac)
     for rec in rng.sample(traces, min(len(traces), n_none)):
@@ -145,7 +192,7 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
             if not (names & o_names) and not (words & o_words) and other["source"] != rec["source"]:
                 last_user = max(i for i, m in enumerate(rec["messages"]) if m.get("role") == "user")
                 add("no_tool", _example(engine, rec["messages"][:last_user + 1], other["tools"],
-                                        rng.choice(NO_TOOL_REPLIES), max_len))
+                                        rng.choice(NO_TOOL_REPLIES), max_len, thought(lambda: NO_TOOL_THOUGHT)))
                 break
     if not examples:
         raise TrainDataError("the training set is empty: every record was too long or had no calls")
