@@ -61,12 +61,6 @@ class TestChatOpenAIOnOoOSpecServe(ChatModelIntegrationTests):
     def supports_json_mode(self) -> bool:
         return True
 
-    @pytest.mark.xfail(reason="issue #48: in bf16 a warm prefix-cache hit can change the reply (invoke runs cold, "
-                              "stream warm: the stream's JSON then lacks 'setup'); prefill_chunk=256 makes the hit "
-                              "exact but is opt-in until its cost is measured", strict=False)
-    def test_json_mode(self, model) -> None:
-        super().test_json_mode(model)
-
     # A pydantic v1 schema: ChatOpenAI falls back to function calling for it.
     @pytest.mark.xfail(reason=RAMBLES, strict=False)
     def test_structured_output_pydantic_2_v1(self, model: Any) -> None:
