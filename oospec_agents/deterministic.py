@@ -11,7 +11,10 @@ Measured on torch 2.13's CPU kernels (bf16, AVX512-BF16), what a row's result de
 - the linear layers (oneDNN bf16 GEMM): nothing but the row itself, for 1 to 64 rows;
 - scaled-dot-product attention (the CPU flash kernel): the number of keys; the query rows when a
   forward has fewer than 4 of them; and which 512-key block of the kernel a key sits in. Where a
-  key sits inside its block (a tree's ancestors are not contiguous) does not change the result.
+  key sits inside its block (a tree's ancestors are not contiguous) was measured not to change the
+  result; later probes found that it does, rarely (a few row-heads in thousands), so a tree whose
+  accepted path is not contiguous can give a row other bits than `ar` (docs/deterministic.md,
+  "Decode forwards": not fixed yet).
 
 So in this mode every decode forward has:
 
@@ -20,7 +23,10 @@ So in this mode every decode forward has:
   and 0 x NaN reaches every row through the values); nothing attends to it, and its keys, values and
   logits are dropped after the forward;
 - `Shapes.keys` keys: the cache and the forward's rows, then zeros up to a width fixed for the reply
-  at its start (prompt + max_new_tokens + MAX_ROWS, rounded up to 64), masked out;
+  at its start (prompt + max_new_tokens + MAX_ROWS, rounded up to 64), masked out; appended and padded
+  in one copy (`padded`), their attention computed by torch's kernel with `enable_gqa` where the target
+  takes `EXACT_ATTENTION` (`decode_attention()`; transformers' `sdpa` would repeat the key and value
+  heads under a mask): the same bits as transformers' `sdpa`, measured;
 - no node whose key lands in another 512-key block than its position's (where a committed token's
   key sits in an `ar` forward): such a tree is cut back to its first chain (`fit`). It happens only
   when a forward's rows reach past a 512-key boundary.
@@ -45,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 #: query rows of a decode forward are a multiple of this (fewer than 4 rows take other attention kernels)
 ROW_QUANTUM = 8
@@ -129,16 +136,32 @@ def inputs(tree, reach: torch.Tensor, past: int, shapes: Shapes, device,
 
 class _PaddedKeys(DynamicCache):
     """A view of a request's DynamicCache for one forward: it updates the same layers, and hands the
-    attention its keys and values padded with zeros to the reply's key width."""
+    attention its keys and values padded with zeros to the reply's key width. A plain `DynamicLayer`
+    is appended to and padded in one copy: the layer then holds a view of the padded keys' first rows
+    (a new tensor, as `DynamicLayer.update`'s own concatenation makes: nothing is written in place)."""
     width: int
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layer = self.layers[layer_idx] if layer_idx < len(self.layers) else None
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4 and not self.offloading:
+            n = layer.keys.shape[-2] + key_states.shape[-2]
+            if n <= self.width:
+                keys, values = _append_padded(layer.keys, key_states, self.width), \
+                    _append_padded(layer.values, value_states, self.width)
+                layer.keys, layer.values = keys[..., :n, :], values[..., :n, :]
+                return keys, values
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
         pad = self.width - keys.shape[-2]
         if pad > 0:
             keys = torch.nn.functional.pad(keys, (0, 0, 0, pad))
             values = torch.nn.functional.pad(values, (0, 0, 0, pad))
         return keys, values
+
+
+def _append_padded(cached: torch.Tensor, new: torch.Tensor, width: int) -> torch.Tensor:
+    b, h, n, d = cached.shape
+    pad = width - n - new.shape[-2]
+    return torch.cat([cached, new] + ([new.new_zeros(b, h, pad, d)] if pad else []), dim=-2)
 
 
 def padded(cache: DynamicCache, width: int) -> DynamicCache:
@@ -158,7 +181,8 @@ EXACT_MIN_TAIL = 8
 #: the attention function an exact prefill installs on the target (transformers' AttentionInterface)
 EXACT_ATTENTION = "oospec_exact_sdpa"
 
-_exact = threading.local()  # `.on`: this thread's forward is an exact prefill (`exact_attention()`)
+_exact = threading.local()  # `.on`: this thread's forward is an exact prefill (`exact_attention()`);
+# `.decode`: a deterministic decode forward (`decode_attention()`)
 
 
 def exact_prefill_refusal(model, windows) -> str | None:
@@ -181,7 +205,8 @@ def exact_prefill_refusal(model, windows) -> str | None:
 
 def install_exact_attention(model) -> bool:
     """Make the target's attention `EXACT_ATTENTION`: transformers' `sdpa`, unchanged, except inside
-    `exact_attention()` (this thread's prefill forwards), where `_exact_sdpa` computes it. False where
+    `exact_attention()` (this thread's prefill forwards) and `decode_attention()` (its deterministic
+    decode forwards), where `_exact_sdpa` computes it. False where
     the model did not take it (a model that cannot switch its attention)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -204,6 +229,20 @@ def exact_attention():
         _exact.on, _exact.masks = False, {}
 
 
+@contextmanager
+def decode_attention():
+    """Forwards of this thread inside it are deterministic decode forwards (`Verifier._fixed_forward`):
+    `_exact_sdpa` hands their keys (padded to the reply's width) and mask (`inputs`) to torch's kernel as
+    they are, with `enable_gqa`, where transformers' `sdpa` repeats the key and value heads first (it
+    takes grouped-query attention on the CPU only without a mask). The same bits: the kernel reads a
+    query head's key head in place of its copy (measured, docs/deterministic.md)."""
+    _exact.decode = True
+    try:
+        yield
+    finally:
+        _exact.decode = False
+
+
 def _exact_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
     """Attention for a prefill forward whose query rows' results do not depend on the forward (how many
     rows it has, where it starts, how many keys follow): so a cache hit's uncached tail, fed in one
@@ -215,10 +254,20 @@ def _exact_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
     full; a block past a row's keys adds exactly nothing to it), the query rows with copies of the last
     one to a multiple of `ROW_QUANTUM`; a forward from position 0 takes the causal kernel (which skips
     the blocks above the diagonal: the cold prefill costs what it did), a forward after cached keys an
-    explicit mask; the two give the same bits per row (measured; `tests/test_prefix_cache.py`)."""
+    explicit mask; the two give the same bits per row (measured; `tests/test_prefix_cache.py`).
+
+    Inside `decode_attention()` (a deterministic decode forward) it is torch's kernel on the forward's
+    keys and mask as they come, with `enable_gqa`."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     unsupported = {k for k in ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
                    if kwargs.get(k) is not None}
+    if getattr(_exact, "decode", False) and not getattr(_exact, "on", False) and not unsupported \
+            and not kwargs.get("dropout", 0.0) and not args and attention_mask is not None \
+            and attention_mask.shape[-1] == key.shape[2]:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"),
+            enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous(), None
     if not getattr(_exact, "on", False) or unsupported or kwargs.get("dropout", 0.0) or args \
             or query.shape[-1] != value.shape[-1]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)

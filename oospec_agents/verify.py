@@ -8,6 +8,7 @@ same forward, and the drafts hang below the last of them (`Tree.start`), where t
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -131,6 +132,7 @@ class Verifier:
         self.layout = attention_layout(model)
         self.last_forward_s = 0.0  # seconds of the latest forward: the model's call alone
         self.exact_prefill = False  # `prefill` feeds the tail in one forward of canonical attention (`plan_prefill`)
+        self._gqa_decode: bool | None = None  # deterministic decode attention through `decode_attention` (`gqa_decode`)
         if not self.layout.tree:
             log.warning("%s: drafts are verified as a chain, not a tree: %s", type(model).__name__, self.layout.reason)
 
@@ -205,6 +207,16 @@ class Verifier:
                 return logits
             start = end
 
+    def gqa_decode(self) -> bool:
+        """Whether deterministic decode forwards compute attention in `deterministic.decode_attention()`
+        (torch's kernel with `enable_gqa`, no repeated key and value heads): where the target takes the
+        exact attention (bf16 on a CPU that has it, sdpa, full attention: `deterministic.exact_prefill_refusal`;
+        installed here if the prefill did not). Elsewhere through transformers' sdpa."""
+        if self._gqa_decode is None:
+            self._gqa_decode = deterministic.exact_prefill_refusal(self.model, self.layout.windows) is None \
+                and deterministic.install_exact_attention(self.model)
+        return self._gqa_decode
+
     def _fixed_forward(self, tree: Tree, cache, past_len: int, shapes: deterministic.Shapes) -> torch.Tensor:
         """The tree's logits from a forward of fixed shapes: dummy rows after its nodes, keys padded to
         the reply's width; the dummies' keys and values are cropped off the cache after it."""
@@ -213,8 +225,9 @@ class Verifier:
         inp, positions, mask = deterministic.inputs(tree, reach, past_len, shapes, self.device, self.model.dtype)
         kw = {self.cache_kw: deterministic.padded(cache, shapes.keys), "use_cache": True,
               "position_ids": positions, "attention_mask": mask}
+        gqa = deterministic.decode_attention() if self.gqa_decode() else contextlib.nullcontext()
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), gqa:
             logits = self.model(input_ids=inp, **kw).logits[0, :n]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
