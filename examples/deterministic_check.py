@@ -7,11 +7,12 @@ does each mode cost? Side by side in one run, on one loaded target (docs/determi
 Per record, each mode (the order alternates per record, so that a machine's load drifts over both) decodes
 the record with every method. The two engines share one target and one prefix cache, cleared per record:
 the first decode of a record prefills its prompt cold, the five others reuse it. Both modes prefill
-alike (the same chunks of 256, aligned to absolute positions: a hit is the cold prefill bit for bit), so
-a cold prefill's seconds are the prefill cost of either mode, counted for the mode that ran first. `oospec` gets a fixed hint, the record's
+alike (the exact one-forward prefill, the default on a bf16 CPU: a hit is the cold prefill bit for bit),
+so a cold prefill's seconds are the prefill cost of either mode, counted for the mode that ran first. `oospec` gets a fixed hint, the record's
 expected calls in the target's format (the sidecar's best case; a hint changes the draft tree, never the
-tokens). Both modes prefill in chunks of 256 aligned to absolute positions, so a cache hit is the cold
-prefill bit for bit and the replies of a mode differ only through the decode forwards. One JSON line per
+tokens). A cache hit is the cold prefill bit for bit, so the replies of a mode differ only through the
+decode forwards. Then, in deterministic mode, `--concurrency` K requests at once (threads, the methods in
+turn), each checked against the mode's `ar`. One JSON line per
 record goes to `--out` as it is done; the summary is printed at the end (or from `--out` with `--summary`).
 """
 from __future__ import annotations
@@ -34,6 +35,9 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=40)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--concurrency", default="4,8", metavar="K,K",
+                   help="per record, also K requests at once (threads; methods round-robin) in deterministic mode, "
+                        "each checked against its ar; '' for none")
     p.add_argument("--out", default="deterministic-check.jsonl")
     p.add_argument("--summary", action="store_true", help="only summarise --out")
     args = p.parse_args(argv)
@@ -50,10 +54,10 @@ def run(args) -> None:
     from oospec_agents.bench.records import load_records, spread
     sources = set(args.sources.split(","))
     records = spread([r for r in load_records(args.data) if r["source"] in sources], args.limit)
-    normal = Engine.from_pretrained("embedded", sidecar=False, dtype=args.dtype, prefill_chunk=256)
+    normal = Engine.from_pretrained("embedded", sidecar=False, dtype=args.dtype)
     engines = {"normal": normal,
                "deterministic": Engine(normal.target, normal.tokenizer, model_name=normal.model_name,
-                                       prefill_chunk=256, deterministic=True)}
+                                       deterministic=True)}
     engines["deterministic"].prefix_cache = normal.prefix_cache  # the same KV: prefilled alike
     print(f"{len(records)} records; {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {normal.target.dtype}", file=sys.stderr)
@@ -74,11 +78,27 @@ def run(args) -> None:
                                                "forwards": s.target_forwards, "cached": s.cached_prompt_tokens,
                                                "prompt_tokens": s.prompt_tokens,
                                                "wall_s": time.perf_counter() - t0}
+            for k in (int(x) for x in args.concurrency.split(",") if x.strip()):
+                row[f"concurrent/{k}"] = concurrent(engines["deterministic"], rec, hint, k, args.max_new_tokens,
+                                                    row["deterministic/ar"]["tokens"])
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(f"{i + 1}/{len(records)} {rec['id']}: " + ", ".join(
                 f"{m} {'same' if len({tuple(row[f'{m}/{x}']['tokens']) for x in METHODS}) == 1 else 'DIFFER'}"
                 for m in MODES), file=sys.stderr, flush=True)
+
+
+def concurrent(engine, rec: dict, hint: str | None, k: int, max_new_tokens: int, reference: list[int]) -> dict:
+    """`k` requests for `rec` at once from threads (request i with method i mod 3); how many gave `reference`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> list[int]:
+        method = METHODS[i % len(METHODS)]
+        return engine.generate(rec["messages"], rec["tools"], tool_choice="required", max_new_tokens=max_new_tokens,
+                               method=method, hint=hint if method == "oospec" else None).token_ids
+    with ThreadPoolExecutor(k) as pool:
+        got = list(pool.map(one, range(k)))
+    return {"requests": k, "same_as_ar": sum(g == reference for g in got)}
 
 
 def summary(rows: list[dict]) -> str:
@@ -93,7 +113,13 @@ def summary(rows: list[dict]) -> str:
         lines.append(f"| {mode} | {anyd}/{n} ({100 * anyd / max(n, 1):.0f}%) | {differ('ar', 'toolspec')} | "
                      f"{differ('ar', 'oospec')} | {differ('toolspec', 'oospec')} |")
     same = sum(r["normal/ar"]["tokens"] == r["deterministic/ar"]["tokens"] for r in rows)
-    lines += ["", f"deterministic ar == normal ar on {same}/{n} records", "",
+    lines += ["", f"deterministic ar == normal ar on {same}/{n} records"]
+    for k in sorted({int(key.split("/")[1]) for r in rows for key in r if key.startswith("concurrent/")}):
+        runs = [r[f"concurrent/{k}"] for r in rows if f"concurrent/{k}" in r]
+        lines.append(f"deterministic, {k} requests at once (ar, toolspec, oospec in turn): "
+                     f"{sum(x['same_as_ar'] for x in runs)}/{sum(x['requests'] for x in runs)} replies are ar's "
+                     f"({len(runs)} records)")
+    lines += ["",
               "| method | mode | decode s | forwards | new tokens | decode s vs normal |", "|---|---|---|---|---|---|"]
     for method in METHODS:
         base = sum(r[f"normal/{method}"]["decode_s"] for r in rows)

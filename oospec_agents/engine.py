@@ -472,9 +472,11 @@ class Engine:
             drafters.insert(0, self._drafters["hint"])
         if method != "ar" and state.prediction is not None:
             drafters.insert(0, self._drafters["prediction"])
+        # deterministic: a chain (the first draft), whose rows see their keys where `ar`'s row does; a
+        # tree's row whose ancestors have gaps can come out in other bits (docs/deterministic.md)
         nodes = det.max_draft_nodes(self.max_draft_nodes) if self.deterministic else self.max_draft_nodes
         return build_tree(reply.new[-1 - len(forced)], [d for dr in drafters for d in dr.propose(state)],
-                          nodes, chain=not self._verifier.layout.tree, forced=forced)
+                          nodes, chain=not self._verifier.layout.tree or self.deterministic, forced=forced)
 
     def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats, choose: Choice | None):
         """One target forward over the tree; the accepted drafts plus the target's own next token (the

@@ -138,6 +138,28 @@ def test_methods_trees_and_threads_give_the_same_tokens_on_a_tiny_bf16_target(sm
         assert got == [ref] * n
 
 
+def test_the_mode_verifies_a_chain_the_first_draft(smollm2_tokenizer, tiny_bf16, monkeypatch):
+    """A tree's row whose ancestors are not contiguous can come out in other bits (the slow test's xfail),
+    so in this mode a forward verifies the first draft only: a chain. Without the mode, trees."""
+    trees = {}
+    for on in (True, False):
+        engine = engine_on(tiny_bf16, smollm2_tokenizer, prefix_cache_tokens=0, memory_size=0) if on else \
+            Engine(tiny_bf16, smollm2_tokenizer, prefix_cache_tokens=0, memory_size=0)
+        n_prompt = len(engine.prompt_ids(ASK, [WEATHER], tool_choice="required"))
+        ref = engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=30, method="ar").token_ids
+        # two drafts: a flawed one first, the reference second
+        monkeypatch.setitem(engine._drafters, "retrieval", ReferenceDrafter(ref, n_prompt, 2, True))
+        seen = trees[on] = []
+        verify = engine._verifier.verify
+        monkeypatch.setattr(engine._verifier, "verify", lambda tree, *a, **k: seen.append(tree.is_chain) or
+                            verify(tree, *a, **k))
+        assert engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=30,
+                               method="toolspec").token_ids == ref
+        monkeypatch.undo()
+    assert trees[True] and all(trees[True])
+    assert not all(trees[False])
+
+
 # ---------------------------------------------------------------- the embedded target in bf16
 
 #: a train-extra record whose warm reply differed from its cold one in bf16 before prefills were chunked
@@ -145,15 +167,22 @@ def test_methods_trees_and_threads_give_the_same_tokens_on_a_tiny_bf16_target(sm
 EXTRA = ("tooltalk/easy/CreateEvent-easy#0",)
 
 
+GAPPED_TREES_DIFFER = pytest.mark.xfail(
+    reason="why the mode drafts chains only (docs/deterministic.md, 'Decode forwards'): where a key sits in its "
+           "512-key block can change a row's bits; with these keys (reply width 1024) the gapped trees' rows from "
+           "depth 3 differ from ar's", strict=False)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("max_new", [48, pytest.param(260, marks=pytest.mark.xfail(
-    reason="known flaw (docs/deterministic.md, 'Decode forwards'): where a key sits in its 512-key block can "
-           "change a row's bits; with these keys (reply width 1024) the trees' rows from depth 3 differ"))])
-def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_dir, max_new):
+@pytest.mark.parametrize("max_new, spacings", [(48, (1,)), (260, (1,)), (48, (2, 4)),
+                                               pytest.param(260, (2, 4), marks=GAPPED_TREES_DIFFER)])
+def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_dir, max_new, spacings):
     """The embedded target in bf16, 700 tokens of past (past a 512-key block): a position's logits from
-    one-token forwards, from a chain, and from trees whose accepted path is not contiguous are the same
-    bits in deterministic forwards. (In normal forwards they need not be: the printed count says how often not.)
-    With 48 new tokens the reply's keys end in a partial block (832 keys); with 260 in a full one (1024)."""
+    one-token forwards and from a chain (spacing 1: what the mode drafts) are the same bits in deterministic
+    forwards; so are those of trees whose accepted path is not contiguous (spacing 2, 4) with these
+    48-token replies' keys, but not always (the xfail: why the mode does not draft trees). In normal
+    forwards they need not be: the printed count says how often not. With 48 new tokens the reply's keys
+    end in a partial block (832 keys); with 260 in a full one (1024)."""
     from oospec_agents.verify import chain
     engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
     v = engine._verifier
@@ -190,7 +219,7 @@ def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_d
 
     reference, normal = one_by_one(True), one_by_one(False)
     differ = 0
-    for spacing in (1, 2, 4):
+    for spacing in spacings:
         tree, path = tree_of(spacing)
         for fixed in (True, False):
             cache = fresh()
@@ -200,7 +229,8 @@ def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_d
                 assert torch.equal(logits, reference), spacing
             else:
                 differ += int(not torch.equal(logits, normal))
-    print(f"normal (not deterministic) forwards whose path logits differ from one-token forwards: {differ} of 3")
+    print(f"normal (not deterministic) forwards whose path logits differ from one-token forwards: {differ} of "
+          f"{len(spacings)}")
 
 
 @pytest.mark.slow
