@@ -434,11 +434,44 @@ def test_thinking_examples_reason_in_a_block_then_answer(smollm2_tokenizer):
 @pytest.mark.slow
 def test_embedded_adapters_are_small_and_have_metrics():
     from oospec_agents import models
-    for d in (models.EMBEDDED_TARGET_ADAPTER, models.EMBEDDED_SIDECAR_ADAPTER):
+    for d in (models.EMBEDDED_TARGET_ADAPTER, models.EMBEDDED_SIDECAR_ADAPTER, models.EMBEDDED_THINKING_ADAPTER):
         files = list(d.iterdir())
         assert all(f.stat().st_size < 20 * 2**20 for f in files)
         assert {"adapter_config.json", "adapter_model.safetensors", "metrics.json"} <= {f.name for f in files}
         assert "config" in json.loads((d / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_embedded_thinking_target_reasons_then_calls_lossless(tmp_path):
+    """`Engine.from_pretrained("embedded-thinking")` (float32, pinned) writes a `<think>` block first; every
+    method gives greedy `generate`'s tokens under `auto`, and under `required` (the call forced after the
+    block) the masked reference's; `enable_thinking=False` answers without a block."""
+    from oospec_agents import Engine
+    from oospec_agents.formats import Reasoning
+    from oospec_testing import greedy
+    engine = Engine.from_pretrained("embedded-thinking", sidecar=False, dtype=torch.float32)
+    assert engine.reasoning == Reasoning() and engine.model_name.startswith("embedded-thinking")
+    hint = engine.fmt.render_calls([{"name": "get_current_weather", "arguments": {"city": "Paris"}}])
+    for choice in ("auto", "required"):
+        ids = engine.prompt_ids(WEATHER_Q, [WEATHER], tool_choice=choice)
+        if choice == "auto":
+            reference = greedy(engine, ids, 96)
+        else:
+            masked = engine.logits_processor(WEATHER_Q, [WEATHER], tool_choice=choice, strict=False)
+            out = engine.target.generate(torch.tensor([ids]), logits_processor=[masked], do_sample=False,
+                                         max_new_tokens=96, pad_token_id=engine.tokenizer.eos_token_id)
+            reference = out[0, len(ids):].tolist()
+        for method in ("ar", "toolspec", "oospec"):
+            gen = engine.generate(WEATHER_Q, [WEATHER], tool_choice=choice, max_new_tokens=96, method=method,
+                                  hint=hint if method == "oospec" else None)
+            assert gen.token_ids == reference, (choice, method)
+            assert gen.reasoning and gen.text.startswith("<think>\n"), gen.text
+            assert gen.stats.reasoning_forwards < gen.stats.target_forwards
+            if choice == "required":
+                assert [c["name"] for c in gen.tool_calls + gen.invalid_tool_calls] == ["get_current_weather"]
+    off = engine.generate(WEATHER_Q, [WEATHER], max_new_tokens=48, method="toolspec",
+                          chat_template_kwargs={"enable_thinking": False})
+    assert off.reasoning is None and "<think>" not in off.text, off.text
 
 
 @pytest.mark.slow
