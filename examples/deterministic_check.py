@@ -11,8 +11,8 @@ alike (the exact one-forward prefill, the default on a bf16 CPU: a hit is the co
 so a cold prefill's seconds are the prefill cost of either mode, counted for the mode that ran first. `oospec` gets a fixed hint, the record's
 expected calls in the target's format (the sidecar's best case; a hint changes the draft tree, never the
 tokens). A cache hit is the cold prefill bit for bit, so the replies of a mode differ only through the
-decode forwards. Then, in deterministic mode, `--concurrency` K requests at once (threads, the methods in
-turn), each checked against the mode's `ar`. One JSON line per
+decode forwards. Then, in deterministic mode, `--concurrency` K requests at once (threads: one `ar`, then
+`toolspec` and `oospec` in turn), each checked against the mode's `ar`. One JSON line per
 record goes to `--out` as it is done; the summary is printed at the end (or from `--out` with `--summary`).
 """
 from __future__ import annotations
@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--concurrency", default="4,8", metavar="K,K",
-                   help="per record, also K requests at once (threads; methods round-robin) in deterministic mode, "
+                   help="per record, also K requests at once (threads: ar, then toolspec and oospec in turn) in "
+                        "deterministic mode, "
                         "each checked against its ar; '' for none")
     p.add_argument("--out", default="deterministic-check.jsonl")
     p.add_argument("--summary", action="store_true", help="only summarise --out")
@@ -89,11 +90,12 @@ def run(args) -> None:
 
 
 def concurrent(engine, rec: dict, hint: str | None, k: int, max_new_tokens: int, reference: list[int]) -> dict:
-    """`k` requests for `rec` at once from threads (request i with method i mod 3); how many gave `reference`."""
+    """`k` requests for `rec` at once from threads (the first `ar`, then `toolspec` and `oospec` in turn: `ar`
+    decodes a token a forward, and k of them would take k times as long); how many gave `reference`."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(i: int) -> list[int]:
-        method = METHODS[i % len(METHODS)]
+        method = "ar" if i == 0 else ("toolspec", "oospec")[i % 2]
         return engine.generate(rec["messages"], rec["tools"], tool_choice="required", max_new_tokens=max_new_tokens,
                                method=method, hint=hint if method == "oospec" else None).token_ids
     with ThreadPoolExecutor(k) as pool:
@@ -116,7 +118,7 @@ def summary(rows: list[dict]) -> str:
     lines += ["", f"deterministic ar == normal ar on {same}/{n} records"]
     for k in sorted({int(key.split("/")[1]) for r in rows for key in r if key.startswith("concurrent/")}):
         runs = [r[f"concurrent/{k}"] for r in rows if f"concurrent/{k}" in r]
-        lines.append(f"deterministic, {k} requests at once (ar, toolspec, oospec in turn): "
+        lines.append(f"deterministic, {k} requests at once (ar, then toolspec and oospec in turn): "
                      f"{sum(x['same_as_ar'] for x in runs)}/{sum(x['requests'] for x in runs)} replies are ar's "
                      f"({len(runs)} records)")
     lines += ["",
