@@ -233,8 +233,15 @@ def render_prompt(tokenizer, fmt: ToolFormat, messages: list[dict], tools: list[
                   kwargs: dict | None = None) -> str:
     """Prompt text up to and including the assistant generation header. `kwargs`: the request's
     template arguments (`template_kwargs`). An earlier turn's `reasoning_content` goes to templates
-    that read it (Qwen3's; gpt-oss's as `thinking`) and is dropped for the others."""
+    that read it (Qwen3's; gpt-oss's as `thinking`) and is dropped for the others. A harmony target's
+    prompt is openai-harmony's rendering where it is installed (formats/harmony.py,
+    `render_harmony_prompt`), else its chat template's."""
     kwargs = kwargs or {}
+    if fmt.name == "harmony":
+        from .formats.harmony import render_harmony_prompt
+        text = render_harmony_prompt(messages, tools, kwargs, getattr(tokenizer, "chat_template", None))
+        if text is not None:
+            return text
     if native_tools:
         keeps_reasoning = "reasoning_content" in tokenizer.chat_template
         # gpt-oss's template reads an earlier turn's analysis as `thinking` (and keeps it only between a

@@ -15,13 +15,15 @@ each a header, `<|message|>`, a body and its end:
 The text is read here, at the text level, so it works without `openai-harmony`'s vocabulary file (the
 tests check this reader against `openai-harmony`'s own parser where it loads). Harmony's special
 tokens are special tokens of gpt-oss's tokenizer, so the engine keeps them in the reply's text
-(`markers`).
+(`markers`). The prompt is openai-harmony's rendering where it is installed (`render_harmony_prompt`).
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from .base import UNTERMINATED, ToolFormat, _as_dict, unique_completion
 from ..jsonscan import scan_json
@@ -297,3 +299,111 @@ def detect_harmony(chat_template: str | None) -> bool:
     """A template that writes harmony's channels and messages (gpt-oss's)."""
     t = chat_template or ""
     return CHANNEL in t and MESSAGE in t
+
+
+# ---------------------------------------------------------------- the prompt, rendered by openai-harmony
+
+log = logging.getLogger(__name__)
+#: the chat template arguments that openai-harmony's rendering takes (as gpt-oss's template reads them)
+HARMONY_KWARGS = ("reasoning_effort", "model_identity")
+_encoding: list = []   # [openai-harmony's gpt-oss encoding, or None where it cannot be had], filled once
+
+
+def harmony_encoding():
+    """openai-harmony's gpt-oss encoding, loaded once; None (logged once) where `openai_harmony` is not
+    installed or its vocabulary (o200k_base.tiktoken, downloaded on first use or read from
+    `TIKTOKEN_ENCODINGS_BASE`) cannot be loaded: the chat template renders the prompt then."""
+    if not _encoding:
+        try:
+            import openai_harmony
+        except ImportError:
+            log.debug("openai-harmony is not installed: harmony prompts are rendered by the chat template")
+            _encoding.append(None)
+        else:
+            try:
+                _encoding.append(openai_harmony.load_harmony_encoding(
+                    openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS))
+            except Exception as e:  # HarmonyError: e.g. offline, its vocabulary not cached
+                log.warning("openai-harmony cannot load its gpt-oss encoding (%s: %s): harmony prompts are rendered "
+                            "by the chat template", type(e).__name__, e)
+                _encoding.append(None)
+    return _encoding[0]
+
+
+def render_harmony_prompt(messages: list[dict], tools, kwargs: dict, chat_template: str | None = None) -> str | None:
+    """The prompt as openai-harmony renders it (`render_conversation_for_completion`, up to the generation
+    header `<|start|>assistant`), decoded to text for the engine's tokenizer; None where openai-harmony is
+    unavailable (`harmony_encoding`).
+
+    `messages`: normalized (chat.normalize_messages). As gpt-oss's template: the system message holds
+    the model identity, knowledge cutoff, the current date where the model's template writes one
+    (`Current date`, gpt-oss's does; the day's date, as its `strftime_now`) and `Reasoning: <effort>`
+    (medium by default); the first system message is the developer's `# Instructions`, the tools its
+    `functions` namespace (a later system message is a developer message where it stands); an assistant
+    message's `reasoning_content` is an analysis message, kept only before calls that no final answer
+    follows; its content with calls is a commentary preamble, without them the final answer; each call a
+    commentary message to `functions.NAME` (`<|constrain|>json`); a tool's result a message from
+    `functions.NAME` (the call its `tool_call_id` names, else its `name`, else the last call).
+    `kwargs`: the request's template arguments: `reasoning_effort` and `model_identity` only."""
+    enc = harmony_encoding()
+    if enc is None:
+        return None
+    from openai_harmony import (Author, Conversation, DeveloperContent, Message as HMessage, ReasoningEffort, Role,
+                                SystemContent, ToolDescription)
+    from ..errors import TemplateArgumentError
+    for key in kwargs:
+        if key not in HARMONY_KWARGS:
+            raise TemplateArgumentError(f"chat_template_kwargs key {key!r} is not taken where openai-harmony renders "
+                                        f"gpt-oss's prompt (it takes {', '.join(HARMONY_KWARGS)})",
+                                        "chat_template_kwargs")
+    system = SystemContent.new().with_reasoning_effort(
+        {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM,
+         "high": ReasoningEffort.HIGH}[kwargs.get("reasoning_effort", "medium")])
+    if kwargs.get("model_identity") is not None:
+        system = system.with_model_identity(str(kwargs["model_identity"]))
+    if "Current date" in (chat_template or ""):
+        system = system.with_conversation_start_date(datetime.now().strftime("%Y-%m-%d"))
+    out = [HMessage.from_role_and_content(Role.SYSTEM, system)]
+    instructions = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    if instructions or tools:
+        developer = DeveloperContent.new()
+        if instructions:
+            developer = developer.with_instructions(instructions)
+        if tools:
+            developer = developer.with_function_tools(
+                [ToolDescription.new(t.name, t.description, parameters=t.parameters) for t in tools])
+        out.append(HMessage.from_role_and_content(Role.DEVELOPER, developer))
+    names: dict = {}     # tool_call_id -> the call's name
+    last_call = None
+    for i, m in enumerate(messages):
+        role = m["role"]
+        if role == "system":
+            if i:
+                out.append(HMessage.from_role_and_content(Role.DEVELOPER,
+                                                          DeveloperContent.new().with_instructions(m["content"])))
+        elif role == "user":
+            out.append(HMessage.from_role_and_content(Role.USER, m["content"]))
+        elif role == "assistant" and m.get("tool_calls"):
+            final_follows = any(n["role"] == "assistant" and not n.get("tool_calls") for n in messages[i + 1:])
+            if m.get("reasoning_content") and not final_follows:
+                out.append(HMessage.from_role_and_content(Role.ASSISTANT, m["reasoning_content"])
+                           .with_channel("analysis"))
+            if m["content"]:
+                out.append(HMessage.from_role_and_content(Role.ASSISTANT, m["content"]).with_channel("commentary"))
+            for c in m["tool_calls"]:
+                args = json.dumps(c["arguments"], ensure_ascii=False)
+                out.append(HMessage.from_role_and_content(Role.ASSISTANT, args).with_channel("commentary")
+                           .with_recipient("functions." + c["name"]).with_content_type(CONSTRAIN + "json"))
+                names[c.get("id")] = last_call = c["name"]
+        elif role == "assistant":
+            out.append(HMessage.from_role_and_content(Role.ASSISTANT, m["content"]).with_channel("final"))
+        else:  # a tool's result
+            name = names.get(m.get("tool_call_id")) if m.get("tool_call_id") is not None else None
+            name = name or m.get("name") or last_call
+            if name is None:
+                from ..errors import ChatFormatError
+                raise ChatFormatError(f"messages[{i}]: a tool result with no call before it to name its tool")
+            out.append(HMessage.from_author_and_content(Author.new(Role.TOOL, "functions." + name), m["content"])
+                       .with_channel("commentary").with_recipient("assistant"))
+    ids = enc.render_conversation_for_completion(Conversation.from_messages(out), Role.ASSISTANT)
+    return enc.decode(ids)
