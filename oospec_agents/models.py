@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .errors import AdapterError, DeviceError, ModelLoadError
+from .paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,6 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 GEMMA3_CHAT_TEMPLATE = TEMPLATE_DIR / "gemma3.jinja"
 #: SmolLM2's ChatML with Qwen3's `enable_thinking` switch: the thinking target's template
 THINKING_CHAT_TEMPLATE = TEMPLATE_DIR / "smollm2-think.jinja"
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("OOSPEC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "oospec")
-    return Path(root)
 
 
 # --------------------------------------------------------------------------- devices and dtypes

@@ -347,7 +347,7 @@ def _offline_vocabulary():
     import gzip
     import shutil
 
-    from ..models import cache_dir
+    from ..paths import cache_dir
     folder = cache_dir() / "tiktoken"
     target = folder / "o200k_base.tiktoken"
     if not target.is_file():
