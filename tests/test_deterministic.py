@@ -173,6 +173,23 @@ GAPPED_TREES_DIFFER = pytest.mark.xfail(
            "depth 3 differ from ar's", strict=False)
 
 
+def gapped_tree(ids: list[int], past: int, spacing: int, depth: int = 8):
+    """(tree, its path's nodes): `ids[past:past + depth]` at every `spacing`-th node, wrong siblings first
+    between them, so that (spacing > 1) the path is not contiguous in the tree."""
+    from oospec_agents.verify import Tree
+    tokens, parents, depths, path = [ids[past]], [-1], [0], [0]
+    for d in range(1, depth):
+        for k in range(spacing - 1):
+            tokens.append(50 + 10 * d + k)
+            parents.append(path[-1])
+            depths.append(d)
+        path.append(len(tokens))
+        tokens.append(ids[past + d])
+        parents.append(path[-2])
+        depths.append(d)
+    return Tree(tokens, parents, [None] * len(tokens), depths, [{} for _ in tokens]), path
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("max_new, spacings", [(48, (1,)), (260, (1,)), (48, (2, 4)),
                                                pytest.param(260, (2, 4), marks=GAPPED_TREES_DIFFER)])
@@ -202,25 +219,10 @@ def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_d
         return torch.stack([v.forward([t], cache, past + i, shapes=shapes if fixed else None)[0]
                             for i, t in enumerate(ids[past:past + 8])])
 
-    def tree_of(spacing):
-        """(tree, its path's nodes): the 8 tokens at every `spacing`-th node, wrong siblings between."""
-        from oospec_agents.verify import Tree
-        tokens, parents, depths, path = [ids[past]], [-1], [0], [0]
-        for d in range(1, 8):
-            for k in range(spacing - 1):  # wrong siblings first: the path is not contiguous
-                tokens.append(50 + 10 * d + k)
-                parents.append(path[-1])
-                depths.append(d)
-            path.append(len(tokens))
-            tokens.append(ids[past + d])
-            parents.append(path[-2])
-            depths.append(d)
-        return Tree(tokens, parents, [None] * len(tokens), depths, [{} for _ in tokens]), path
-
     reference, normal = one_by_one(True), one_by_one(False)
     differ = 0
     for spacing in spacings:
-        tree, path = tree_of(spacing)
+        tree, path = gapped_tree(ids, past, spacing)
         for fixed in (True, False):
             cache = fresh()
             logits = v.forward(tree.tokens, cache, past, tree if spacing > 1 else chain(tree.tokens),
@@ -242,7 +244,7 @@ def test_in_bf16_decode_attention_gives_the_bits_of_transformers_sdpa(smollm2_di
     tree, at 700 and 1000 tokens of past and reply widths whose last 512-key block is partial and full."""
     from transformers import DynamicCache
 
-    from oospec_agents.verify import Tree, chain
+    from oospec_agents.verify import chain
     engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
     v = engine._verifier
     if not v.gqa_decode():
@@ -259,25 +261,12 @@ def test_in_bf16_decode_attention_gives_the_bits_of_transformers_sdpa(smollm2_di
     torch.manual_seed(2)
     ids = torch.randint(100, 40000, (1100,)).tolist()
 
-    def tree_of(past, spacing, depth=8):
-        tokens, parents, depths, path = [ids[past]], [-1], [0], [0]
-        for d in range(1, depth):
-            for k in range(spacing - 1):
-                tokens.append(50 + 10 * d + k)
-                parents.append(path[-1])
-                depths.append(d)
-            path.append(len(tokens))
-            tokens.append(ids[past + d])
-            parents.append(path[-2])
-            depths.append(d)
-        return Tree(tokens, parents, [None] * len(tokens), depths, [{} for _ in tokens])
-
     checked = 0
     for past in (700, 1000):
         prefix = v.new_cache()
         v.forward(ids[:512], prefix, 0)
         v.forward(ids[512:past], prefix, 512)
-        trees = [chain(ids[past:past + 1]), chain(ids[past:past + 8]), tree_of(past, 2), tree_of(past, 4),
+        trees = [chain(ids[past:past + 1]), chain(ids[past:past + 8]), gapped_tree(ids, past, 2)[0], gapped_tree(ids, past, 4)[0],
                  build_tree(ids[past], [Draft(ids[past + 1:past + 31], "schema"),
                                         Draft(ids[past + 1:past + 11] + list(range(50, 70)), "retrieval")], 48)]
         for shapes in (det.Shapes.for_reply(past, 48), det.Shapes(1536)):
