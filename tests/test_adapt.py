@@ -182,6 +182,24 @@ def test_the_written_adapter_loads_into_an_engine(tiny_sidecar, tiny_log, tmp_pa
         engine.close()
 
 
+def test_requests_longer_than_max_len_are_named_not_silently_dropped(tiny_sidecar, tmp_path, capsys):
+    """A deployment with long prompts (BFCL multi-turn, callnavi: 1.7k-6.5k tokens) would lose most of its
+    log at adapt's default --max-len: adapt says how many requests it leaves out and the --max-len that
+    keeps them, and metrics.json counts them."""
+    log = tmp_path / "calls.jsonl"
+    long = "Weather in Paris? I am asking for a friend who travels a lot. " * 40
+    write_log(log, [(f"Weather in {c}?", weather(c)) for c in CITIES[:5]] + [(long, weather("Paris"))])
+    m = run_adapt(tiny_sidecar, log, tmp_path / "out", "--holdout", "0", "--replay-share", "0", "--max-len", "200")
+    err = capsys.readouterr().err
+    counts = m["examples"]["log"]
+    assert counts["too_long"] == 1 and counts["longest"] > 200 and counts["records"] == 5
+    assert "1 of the log's 6 requests are longer than --max-len 200 tokens and are left out" in err
+    assert f"--max-len {counts['longest']} keeps them all" in err
+    kept = run_adapt(tiny_sidecar, log, tmp_path / "kept", "--holdout", "0", "--replay-share", "0", "--max-len", str(counts["longest"]))
+    assert kept["examples"]["log"]["too_long"] == 0 and kept["examples"]["log"]["records"] == 6
+    assert "are left out" not in capsys.readouterr().err
+
+
 def test_without_replay_data_it_says_what_to_pass(tiny_sidecar, tiny_log, tmp_path, capsys):
     """The tiny init adapter names no training data: adapt asks for --replay or --replay-share 0."""
     base, init = tiny_sidecar

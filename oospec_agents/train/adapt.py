@@ -228,6 +228,10 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
     model, tok = load_base(base, dtype, device)
     log_examples, log_counts = build_sidecar_examples(tok, train, seed=cfg.seed, max_len=max_len,
                                                       max_null_rows=max_null_rows)
+    if log_counts["too_long"]:  # never silently: a long-prompt deployment may lose most of its log here
+        print(f"adapt: warning: {log_counts['too_long']} of the log's {len(train)} requests are longer than "
+              f"--max-len {max_len} tokens and are left out; --max-len {log_counts['longest']} keeps them all",
+              file=sys.stderr)
     sample, replayed, replay_counts, replay_total = [], [], None, 0
     n_replay = round(replay_share * len(log_examples))
     if n_replay:

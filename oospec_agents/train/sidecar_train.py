@@ -30,7 +30,7 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
         raise ValueError(f"max_no_call_share must be in [0, 1), got {max_no_call_share}")
     rng = random.Random(seed)
     examples, counts = [], {"records": 0, "no_call": 0, "function_rows": 0, "slot_rows": 0, "too_long": 0,
-                            "skipped": 0, "no_call_dropped": 0}
+                            "longest": 0, "skipped": 0, "no_call_dropped": 0}
     for rec in traces:
         no_call = _no_call(rec)
         if not rec["expected"] and not no_call:
@@ -43,6 +43,7 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
             log.warning("%s: %s", rec.get("id"), e)
             continue
         ex = pack(tokenizer, prefix, rows, max_null_rows=max_null_rows, rng=rng)
+        counts["longest"] = max(counts["longest"], len(ex))
         if len(ex) > max_len:
             counts["too_long"] += 1
             continue
