@@ -69,6 +69,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="the source's first N records (default: all)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--epochs", type=float, default=2.0, help="oospec adapt --epochs")
+    p.add_argument("--replay-share", type=float, default=None, help="oospec adapt --replay-share (default: adapt's)")
     p.add_argument("--max-steps", type=int, default=None, help="oospec adapt --max-steps (smoke runs)")
     p.add_argument("--min-records", type=int, default=None, help="oospec adapt --min-records (default: adapt's)")
     p.add_argument("--max-len", type=int, default=None,
@@ -138,7 +139,8 @@ def label(first: list[dict], last: list[dict], out: Path, max_new_tokens: int) -
 def adapt_command(out: Path, a) -> list[str]:
     cmd = ["oospec", "adapt", "--log", str(out / "calls.jsonl"), "--out", str(out / "adapter"), "--holdout", "0",
            "--epochs", str(a.epochs), "--resume"]
-    for flag, value in (("--max-steps", a.max_steps), ("--min-records", a.min_records), ("--max-len", a.max_len),
+    for flag, value in (("--replay-share", a.replay_share), ("--max-steps", a.max_steps),
+                        ("--min-records", a.min_records), ("--max-len", a.max_len),
                         ("--threads", a.threads)):
         if value is not None:
             cmd += [flag, str(value)]
