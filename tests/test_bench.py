@@ -261,6 +261,34 @@ def test_sources_sidecar_adapter_and_tree_budget_reach_the_run(monkeypatch, caps
     assert "no record of source(s) ['tooltalk']" in err and "dev.jsonl" in err and "'bfcl_simple'" in err
 
 
+def test_hint_first_wraps_the_sidecar_and_the_report_says_so(monkeypatch):
+    """`--hint-first`: the engine's sidecar is wrapped (the target waits for the wave: every hint in
+    time), results.json's config records it, and the report says the wall clock is no speed figure."""
+    from oospec_agents.bench import runner
+    from oospec_agents.engine import Engine
+    from oospec_agents.sidecar import FixedHint
+    from oospec_agents.sidecar.protocol import HintFirst
+    seen = {}
+
+    class _Engine:
+        sidecar = FixedHint("x")
+
+    def bench(engine, records, config, **kw):
+        seen["sidecar"] = engine.sidecar
+        raise SystemExit(7)
+    monkeypatch.setattr(Engine, "from_pretrained", lambda *a, **kw: _Engine())
+    monkeypatch.setattr(runner, "run_bench", bench)
+    with pytest.raises(SystemExit):
+        main(["bench", "--data", str(DATA / "dev.jsonl"), "--limit", "1", "--methods", "toolspec", "--hint-first"])
+    assert isinstance(seen["sidecar"], HintFirst) and seen["sidecar"].inner.text == "x"
+    records = [{"source": "a", "runs": {"ar": _row(10, 2.0, 10), "oospec": _row(10, 0.5, 3)}}]
+    results = summarize(records, ["ar", "oospec"])
+    _describe_run(results)
+    assert "--hint-first" not in markdown(results)
+    results["config"]["hint_first"] = True
+    assert "**--hint-first**: the target waited for the sidecar's wave" in markdown(results)
+
+
 def _describe_run(results):
     results["env"] = {"target": "t", "target_device_name": "cpu", "dtype": "bfloat16", "torch": "2",
                       "transformers": "5", "torch_threads": 2, "git_commit": None}

@@ -640,6 +640,38 @@ def test_a_sidecar_that_predicts_no_call_is_no_fault_under_auto(tiny_target, cap
     assert gen.stats["sidecar_error"].startswith("sidecar gave no usable call") and not gen.stats["sidecar_declined"]
 
 
+class _PostsAfter(SidecarBase):
+    """TEST DOUBLE: a sidecar whose wave posts `call` as its hint `delay_s` after each submit, from a
+    thread of its own (a wave slower than the reply)."""
+    name = "posts-after"
+
+    def __init__(self, call: dict, delay_s: float):
+        self.call, self.delay_s = call, delay_s
+
+    def submit(self, request):
+        from oospec_agents.sidecar import Ticket
+        ticket = Ticket(request, timeout_s=60.0)
+        threading.Timer(self.delay_s, lambda: ticket.post(payload=encode_payload(self.call))).start()
+        return ticket
+
+
+def test_hint_first_has_the_target_wait_for_the_wave_so_every_hint_is_in_time(tiny_target, tiny_reference):
+    """`oospec bench --hint-first`'s wrapper: the target's first poll finds the slow wave's hint, where
+    without it the reply ends before the hint comes; the tokens are the target's either way."""
+    from oospec_agents.sidecar.protocol import HintFirst
+    model, tok = tiny_target
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    late = Engine(model, tok, _PostsAfter(call, 5.0)).generate(ASK, [WEATHER, TIME], tool_choice="required",
+                                                                max_new_tokens=12)
+    assert late.stats["sidecar_error"].startswith("sidecar hint late")
+    waited = HintFirst(_PostsAfter(call, 0.3))
+    assert waited.name == "posts-after" and waited.describe() == {"hint_first": True}
+    first = Engine(model, tok, waited).generate(ASK, [WEATHER, TIME], tool_choice="required", max_new_tokens=12)
+    assert first.stats["sidecar_error"] is None and first.stats["hint_ready_s"] >= 0.3
+    assert first.stats["hint_bytes"] == len(encode_payload(call))
+    assert late.token_ids == first.token_ids == tiny_reference
+
+
 def test_without_a_sidecar_oospec_is_toolspec(tiny_target):
     a, b = (Engine(*tiny_target).generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=16, method=m)
             for m in ("toolspec", "oospec"))

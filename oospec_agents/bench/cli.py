@@ -57,6 +57,10 @@ def add_parser(sub, name):
                    help="the pay-back rule for a sidecar on the target's CPU: run its wave only when its expected "
                         "seconds are at most SHARE of the expected decode (default: the engine's, "
                         "sidecar/payback.py); 'off' always runs it and still records the estimates")
+    p.add_argument("--hint-first", action="store_true",
+                   help="a measuring aid: the target waits for the sidecar's wave before it decodes, so every hint "
+                        "is in time: target forwards as with a sidecar always in time (its own accelerator), "
+                        "whatever this machine's cores do; oospec's wall clock is then no speed figure")
     p.add_argument("--hint-follow-up", choices=("auto", "on", "off"), default="auto",
                    help="ask the sidecar again, for the function the target writes, when the hint calls another "
                         "(Engine(hint_follow_up=...); auto: only where the sidecar has cores of its own)")
@@ -136,6 +140,11 @@ def run(args):
     engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device if shared else None,
                                     sidecar_device=args.sidecar_device if shared else None, dtype=args.dtype, **payback)
     split_engine = None if shared else _split_engine(engine, args, sidecar, payback)
+    if args.hint_first:
+        from ..sidecar.protocol import HintFirst
+        for e in (engine, split_engine):
+            if e is not None and e.sidecar is not None:
+                e.sidecar = HintFirst(e.sidecar)
     methods = _with_layout(methods, args.layout)
     if "oospec" in methods and sidecar is not False and engine.sidecar is None:
         # Without a sidecar `oospec` decodes as `toolspec`: a bench that compares them would say nothing.
@@ -148,6 +157,7 @@ def run(args):
     results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
                         data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""),
                         split_engine=split_engine)
+    results["config"]["hint_first"] = args.hint_first
     paths = write_all(results, args.out)
     if not args.quiet:
         print(paths["report"].read_text())
