@@ -18,9 +18,9 @@
    adapter, then `--methods oospec --sidecar-adapter OUT/adapter`: target forwards per record, decode
    speedup over ar and hint tokens accepted per record, per group. On shared cores the pay-back rule
    would skip the wave, hence `off`. Then both `oospec` runs again with `--hint-first` (the target waits
-   for the wave, so every hint is in time): on a CPU whose cores the wave shares, a hint often comes
-   after the reply, and the timing hides what the adapter changed; these forwards are a sidecar's on its
-   own accelerator, the figure that carries over to any device.
+   for the wave, so every hint is in time): on a CPU whose cores the wave shares, a hint can come after
+   the reply, and then the timing, not the adapter, sets the forwards; these are a sidecar's on its own
+   accelerator, the figure that carries over to any device.
 5. dev.jsonl (the shipped adapter's sources, gold calls), `--dev-limit` records with one call per
    source: agreement before and after.
 
