@@ -2,11 +2,12 @@
 
     .venv/bin/python examples/adapt_cross.py adapt-out/tooltalk adapt-out/nestful adapt-out/bfcl_multi_turn_base_first
 
-Each argument is an OUT of `examples/adapt_protocol.py` that has run through its agreement step
-(OUT/adapter, OUT/heldout.jsonl, OUT/labels.json, OUT/agreement.json). For every ordered pair (A, B),
+Each argument is an OUT of `examples/adapt_protocol.py` that has run through its labels (OUT/heldout.jsonl,
+OUT/labels.json); one with an adapted sidecar (OUT/adapter) is also measured on the others. For every
+ordered pair (A adapted, B),
 A's adapted sidecar is scored on B's labelled last 40% (the target's greedy calls; no gold) with
 `oospec_agents.train.adapt.agreement`, the figures split by whether A's log holds the called function;
-"before" is the shipped adapter on the same records (B's agreement.json, which scored it there). The
+"before" is the shipped adapter on the same records (B's agreement.json, or scored here). The
 table goes to stdout and, with `--out FILE`, to FILE (markdown) and FILE.json.
 """
 from __future__ import annotations
@@ -34,16 +35,28 @@ def main(argv=None) -> None:
     held = {n: [json.loads(line) for line in (d / "heldout.jsonl").read_text().splitlines()] for n, d in runs.items()}
     logged = {n: set(json.loads((d / "labels.json").read_text())["functions"]) for n, d in runs.items()}
     cpu = torch.device("cpu")
+    before = {}  # the shipped adapter on each B: B's agreement.json, or scored here (a B that was not adapted)
+    for n, d in runs.items():
+        if (d / "agreement.json").is_file():
+            before[n] = json.loads((d / "agreement.json").read_text())["held"]["before"]["overall"]
+    if len(before) < len(runs):
+        model, tok = models.load_model("smollm2", device=cpu, dtype=models.resolve_dtype(None, cpu),
+                                       adapter=models.EMBEDDED_SIDECAR_ADAPTER)
+        for n in runs:
+            if n not in before:
+                before[n] = agreement(model, tok, held[n], set())["overall"]
+        del model
     rows = []
     for src, d in runs.items():
+        if not (d / "adapter" / "adapter_model.safetensors").is_file():
+            continue  # measured on only (callnavi: its requests are too long to adapt on here)
         model, tok = models.load_model("smollm2", device=cpu, dtype=models.resolve_dtype(None, cpu),
                                        adapter=d / "adapter")
         for dst in runs:
             if dst == src:
                 continue
             after = agreement(model, tok, held[dst], logged[src])
-            before = json.loads((runs[dst] / "agreement.json").read_text())["held"]["before"]["overall"]
-            rows.append({"adapted_on": src, "measured_on": dst, "before": before, "after": after})
+            rows.append({"adapted_on": src, "measured_on": dst, "before": before[dst], "after": after})
         del model
     table = markdown(rows)
     print(table)

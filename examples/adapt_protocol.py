@@ -82,6 +82,8 @@ def parser() -> argparse.ArgumentParser:
                         "bfcl_multiple and apibank_l1; the parallel sources expect several calls)")
     p.add_argument("--bench-limit", type=int, default=None, help="bench the first N labelled records (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--no-hint-first", action="store_true",
+                   help="skip the two --hint-first bench runs (on a CPU: most of the bench step's time)")
     p.add_argument("--threads", type=int, default=None, help="torch threads, here and in adapt and bench")
     return p
 
@@ -209,10 +211,11 @@ def bench_commands(out: Path, adapter: Path, a) -> dict[str, list[str]]:
             "after": ["oospec", "bench", "--methods", "oospec", "--out", str(out / "bench-after")] + after + common,
             # every hint in time (the target waits for the wave): the forwards a sidecar on its own
             # accelerator gives, which on a CPU whose cores the wave shares the timing hides
-            "before-hint-first": ["oospec", "bench", "--methods", "oospec", "--hint-first", "--quiet",
-                                  "--out", str(out / "bench-before-hint-first")] + common,
-            "after-hint-first": ["oospec", "bench", "--methods", "oospec", "--hint-first", "--quiet",
-                                 "--out", str(out / "bench-after-hint-first")] + after + common}
+            **({} if a.no_hint_first else {
+                "before-hint-first": ["oospec", "bench", "--methods", "oospec", "--hint-first", "--quiet",
+                                      "--out", str(out / "bench-before-hint-first")] + common,
+                "after-hint-first": ["oospec", "bench", "--methods", "oospec", "--hint-first", "--quiet",
+                                     "--out", str(out / "bench-after-hint-first")] + after + common})}
 
 
 def bench_runs(held: list[dict], functions: set[str], adapter: Path, out: Path, a) -> dict:
@@ -236,8 +239,9 @@ def bench_runs(held: list[dict], functions: set[str], adapter: Path, out: Path, 
         figs = lambda rows, m: aggregate([r["runs"][m] for r in rows], [r["runs"]["ar"] for r in rows])  # noqa: E731
         out_[g] = {"n": len(before), "toolspec": figs(before, "toolspec"), "oospec_before": figs(before, "oospec"),
                    "oospec_after": figs(after, "oospec"),
-                   "oospec_before_hint_first": figs(pick(runs["before-hint-first"]), "oospec"),
-                   "oospec_after_hint_first": figs(pick(runs["after-hint-first"]), "oospec")}
+                   **({} if "before-hint-first" not in runs else {
+                       "oospec_before_hint_first": figs(pick(runs["before-hint-first"]), "oospec"),
+                       "oospec_after_hint_first": figs(pick(runs["after-hint-first"]), "oospec")})}
     return out_
 
 
@@ -282,14 +286,14 @@ def markdown(s: dict) -> str:
                      f"{num(o1['target_forwards'] / t['target_forwards'])} | {num(t['speedup_decode'], '{:.2f}x')}, "
                      f"{num(o0['speedup_decode'], '{:.2f}x')} -> {num(o1['speedup_decode'], '{:.2f}x')} | "
                      f"{num(hint(o0))} -> {num(hint(o1))} |")
-    lines += ["", "### Every hint in time (`--hint-first`: the target waits for the wave, as a sidecar on its own "
-              "accelerator would never make it)", "",
+    lines += ["", "### Every hint in time (`--hint-first`: the target waits for the wave; the forwards of a sidecar "
+              "on its own accelerator)", "",
               "| calls | n | toolspec forwards | oospec forwards before -> after | oospec / toolspec before -> after "
               "| hint tokens accepted / record before -> after |", "|---|---|---|---|---|---|"]
     for g, name in names.items():
         b = s["bench"][g]
-        if not b["n"]:
-            lines.append(f"| {name} | 0 | | | | |")
+        if not b["n"] or "oospec_before_hint_first" not in b:
+            lines.append(f"| {name} | {b['n']} | | | | (not run) |")
             continue
         t, o0, o1 = b["toolspec"], b["oospec_before_hint_first"], b["oospec_after_hint_first"]
         lines.append(f"| {name} | {b['n']} | {num(t['target_forwards'])} | {num(o0['target_forwards'])} -> "
