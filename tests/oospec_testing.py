@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-import time
 
 from oospec_agents import data
 from oospec_agents.events import ReplyEvents, TextDelta, ToolCallDelta
@@ -301,11 +300,8 @@ class InTime(SidecarBase):
         self.name = sidecar.name
 
     def submit(self, request):
-        ticket = self.sidecar.submit(request)
-        deadline = time.perf_counter() + 120
-        while ticket.poll() is None and ticket.error is None and not ticket.declined and time.perf_counter() < deadline:
-            time.sleep(0.002)
-        return ticket
+        from oospec_agents.sidecar.protocol import wait_for_wave  # `oospec bench --hint-first`'s wait
+        return wait_for_wave(self.sidecar.submit(request), 120)
 
 
 class ScriptedTarget:

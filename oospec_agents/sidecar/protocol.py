@@ -187,6 +187,15 @@ class Ticket:
         self.cancel()
 
 
+def wait_for_wave(ticket: HintTicket, timeout_s: float) -> HintTicket:
+    """`ticket` once its wave has answered (a hint, an error or a decline), or after `timeout_s`."""
+    deadline = time.perf_counter() + timeout_s
+    while (ticket.poll() is None and not getattr(ticket, "error", None) and not getattr(ticket, "declined", False)
+           and time.perf_counter() < deadline):
+        time.sleep(0.002)
+    return ticket
+
+
 class HintFirst:
     """A measuring aid (`oospec bench --hint-first`), not a way to serve: `submit` returns only once
     the wrapped sidecar's wave has answered (a hint, an error or a decline; at most `timeout_s`), so the
@@ -199,12 +208,7 @@ class HintFirst:
         self.inner, self.timeout_s = check_sidecar(sidecar), timeout_s
 
     def submit(self, request: HintRequest) -> HintTicket:
-        ticket = self.inner.submit(request)
-        deadline = time.perf_counter() + self.timeout_s
-        while (ticket.poll() is None and not getattr(ticket, "error", None) and not getattr(ticket, "declined", False)
-               and time.perf_counter() < deadline):
-            time.sleep(0.002)
-        return ticket
+        return wait_for_wave(self.inner.submit(request), self.timeout_s)
 
     def describe(self) -> dict:
         return {**self.inner.describe(), "hint_first": True}
