@@ -195,7 +195,8 @@ def test_requests_longer_than_max_len_are_named_not_silently_dropped(tiny_sideca
     assert counts["too_long"] == 1 and counts["longest"] > 200 and counts["records"] == 5
     assert "1 of the log's 6 requests are longer than --max-len 200 tokens and are left out" in err
     assert f"--max-len {counts['longest']} keeps them all" in err
-    kept = run_adapt(tiny_sidecar, log, tmp_path / "kept", "--holdout", "0", "--replay-share", "0", "--max-len", str(counts["longest"]))
+    kept = run_adapt(tiny_sidecar, log, tmp_path / "kept", "--holdout", "0", "--replay-share", "0",
+                     "--max-len", str(counts["longest"]))
     assert kept["examples"]["log"]["too_long"] == 0 and kept["examples"]["log"]["records"] == 6
     assert "are left out" not in capsys.readouterr().err
 
