@@ -46,6 +46,28 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True)
+class CallPredicted:
+    """The sidecar's predicted call(s), in the round its hint is first read (and again when a follow-up
+    wave replaces it): `calls` as `{"name", "arguments": dict}`. A prediction, never a verified call:
+    the target has not written it, and may write another. `confidence`: the wave's calibrated
+    probability that the whole call is exact, or None where the sidecar gives none. Consumers that
+    start work from it (speculative.py) must drop that work when the verified call differs."""
+    calls: list
+    confidence: float | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallReady:
+    """A verified call whose arguments' JSON has closed, in the round that commits its last argument
+    token, before the reply ends: `arguments` parsed (a dict). One per entry of
+    `Generation.tool_calls`, with the same `id`, `name` and `arguments`, in the same order."""
+    index: int
+    id: str
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
 class LogprobsDelta:
     """With `logprobs` asked for: the committed tokens' log-probabilities, in OpenAI's shape (`{"token",
     "logprob", "bytes", "top_logprobs"}` each), in the round that commits them. Joined, they are
