@@ -31,7 +31,7 @@ from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDraft
 from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
 from .errors import AdapterError, ContextLengthError, OoOSpecError, PredictionError
-from .events import LogprobsDelta, ReasoningDelta, ReplyEvents, TextDelta, ToolCallDelta
+from .events import CallPredicted, LogprobsDelta, ReasoningDelta, ReplyEvents, TextDelta, ToolCallDelta, ToolCallReady
 from .formats import Reasoning, ToolFormat, detect_format, detect_reasoning
 from .formats.base import ENDED_INSIDE, UNTERMINATED
 from .gcheap import freeze_gc_heap
@@ -82,7 +82,7 @@ class Generation:
     reasoning: str | None = None    # the reasoning block's text; None when the reply has none
 
 
-Event = Union[ReasoningDelta, TextDelta, ToolCallDelta, LogprobsDelta, Generation]
+Event = Union[ReasoningDelta, TextDelta, ToolCallDelta, ToolCallReady, CallPredicted, LogprobsDelta, Generation]
 
 
 @dataclass
@@ -323,7 +323,9 @@ class Engine:
                seed: int | None = None, logprobs: bool | int | None = None, chat_template_kwargs=None,
                reasoning_effort=None) -> Iterator[Event]:
         """Yield `ReasoningDelta`s, `TextDelta`s and `ToolCallDelta`s in the round that commits their
-        tokens, then the final `Generation`. Close the iterator (`contextlib.closing`) to abandon a reply
+        tokens, a `ToolCallReady` in the round a call's arguments close (one per `Generation.tool_calls`
+        entry), a `CallPredicted` in the round the sidecar's hint is first read (a prediction, never a
+        verified call: `oospec` only), then the final `Generation`. A consumer ignores the events it does not use. Close the iterator (`contextlib.closing`) to abandon a reply
         early; or set `cancel` from any thread: the reply ends, with no Generation, after the round in
         progress (whether or not that round had an event to yield)."""
         if method not in METHODS:
@@ -426,6 +428,9 @@ class Engine:
                 if cancel is not None and cancel.is_set():
                     return  # abandoned: the finally below stops the sidecar
                 tree = self._draft(method, reply, hints, forced)
+                if reply.predicted is not None:  # the hint read this round: what the sidecar predicts
+                    yield reply.predicted
+                    reply.predicted = None
                 pending, logits = self._verify(tree, cache, reply, stats, choose)
             self._sync()
             stats.decode_s = time.perf_counter() - t1
@@ -441,6 +446,7 @@ class Engine:
         if state.prediction is not None:
             stats.prediction_matched = matched_tokens(state.prediction.tokens, reply.new)
         gen = self._finish(req, reply, stats, ids)
+        yield from reply.events.ready_for(gen.tool_calls)  # a call read only at the end (rounds sent the rest)
         if self.call_log is not None and gen.tool_calls and not gen.invalid_tool_calls and not gen.tool_call_problems:
             self.call_log.record(req.messages, [t.to_openai() for t in req.tools], gen.tool_calls,
                                  model=self.model_name, method=method, hint=state.hint,
@@ -467,6 +473,7 @@ class Engine:
         if hints is not None and answer is not None and (hint := hints.poll(answer)) is not None:
             state.hint = hint
             state.pool.append(self.tokenizer.encode(hint, add_special_tokens=False))
+            reply.predicted = _predicted(self.fmt, hint)
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
         if state.hint:
             drafters.insert(0, self._drafters["hint"])
@@ -560,6 +567,18 @@ def _wave_estimate(sidecar: Sidecar, request: HintRequest) -> float | None:
         return None
 
 
+def _predicted(fmt: ToolFormat, hint: str) -> CallPredicted | None:
+    """The calls a hint's text names, as `CallPredicted` (None where it names none that reads as a call)."""
+    try:
+        _, parsed = fmt.parse(hint)
+    except Exception as e:  # a hint that does not parse is no prediction; the target decodes on
+        log.debug("hint not read as calls: %s", e)
+        return None
+    calls = [{"name": c["name"], "arguments": c["arguments"]} for c in parsed
+             if "error" not in c and isinstance(c.get("name"), str) and isinstance(c.get("arguments"), dict)]
+    return CallPredicted(calls) if calls else None
+
+
 def _record(stats: DecodeStats, out: Outcome) -> None:
     """What the sidecar did for the reply, into its stats."""
     stats.sidecar_error, stats.sidecar_declined, stats.hint_follow_ups = out.error, out.declined, out.follow_ups
@@ -606,6 +625,7 @@ class _Reply:
         self.logprobs: list[dict] = []  # OpenAI's entry per committed token, when asked for
         self.finish: str | None = None  # "stop" | "length" once the reply is over
         self.shapes: det.Shapes | None = None  # deterministic mode: the shapes of its decode forwards
+        self.predicted: CallPredicted | None = None  # a hint read in this round, not yet yielded
 
     @property
     def text(self) -> str:

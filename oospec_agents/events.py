@@ -20,6 +20,7 @@ its `invalid_tool_calls` entry.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -86,6 +87,7 @@ class ReplyEvents:
         self.thought = ""                  # reasoning sent so far
         self.content = ""                  # content sent so far
         self.calls: list[dict] = []        # per call: {"announced", "sent": args text sent, "done"}
+        self.ready: dict[str, ToolCallReady] = {}  # the ToolCallReady sent, by call id
 
     def read(self, text: str, final: bool = False) -> tuple[str | None, str | None]:
         """(reasoning, answer) of `text`: `Reasoning.split`, or (None, text) for a template that does not reason."""
@@ -133,6 +135,24 @@ class ReplyEvents:
             events.append(ToolCallDelta(index, None, None, args[len(state["sent"]):]))
             state["sent"] = args
         state["done"] = state["announced"] and so_far.args_end is not None and state["sent"] == args
+        if state["done"] and so_far.name is not None:  # the arguments are final: the call is ready to run
+            events += self._ready(ToolCallReady(index, self._call_id(index), so_far.name, _json_object(args)))
+        return events
+
+    def _ready(self, event: ToolCallReady) -> list[ToolCallReady]:
+        if event.arguments is None or event.id in self.ready:
+            return []
+        self.ready[event.id] = event
+        return [event]
+
+    def ready_for(self, tool_calls: list[dict]) -> list[ToolCallReady]:
+        """The `ToolCallReady`s of a finished reply's `tool_calls` that the rounds did not send (a call
+        whose arguments were read only at the end, in a format the scanner does not read as JSON), so
+        that each entry of `Generation.tool_calls` has had exactly one, before the `Generation`."""
+        events = []
+        for i, call in enumerate(tool_calls):
+            index = int(call["id"].rsplit("_", 1)[1]) if call["id"].rsplit("_", 1)[-1].isdigit() else i
+            events += self._ready(ToolCallReady(index, call["id"], call["name"], call["arguments"]))
         return events
 
     @staticmethod
@@ -155,3 +175,12 @@ class ReplyEvents:
             return parsed
         return [dict(c, arguments=a) if "error" in c else c for c, a in zip(parsed, streamed)]
 
+
+
+def _json_object(text: str) -> dict | None:
+    """`text` parsed when it is a JSON object, else None (such a call is no runnable call)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

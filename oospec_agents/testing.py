@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from .engine import Engine, Event, Generation
-from .events import LogprobsDelta, ReplyEvents
+from .events import CallPredicted, LogprobsDelta, ReplyEvents
 from .formats import HermesFormat, Reasoning
 from .sampling import Sampling, check_logprobs
 from .stats import DecodeStats
@@ -66,7 +66,8 @@ CALL_REPLIES = {
 
 class ScriptedEngine(Engine):
     def __init__(self, *replies: str, step: int = 4, model_name: str = "scripted-test-double",
-                 reasoning: Reasoning | None = None):
+                 reasoning: Reasoning | None = None, predictions: dict[int, list[dict]] | None = None,
+                 predict_round: int = 1):
         # no super().__init__: there is no model to load
         self.fmt = HermesFormat()
         self.reasoning = reasoning  # how replies reason (None: they do not)
@@ -76,6 +77,11 @@ class ScriptedEngine(Engine):
         self.replies = list(replies)
         self.step = step
         self.requests: list[dict] = []
+        # reply k (in the order replayed) -> the calls its `CallPredicted` names, sent in round `predict_round`
+        # (a method other than "oospec" gets none, as the engine's: only oospec runs the sidecar)
+        self.predictions = dict(predictions or {})
+        self.predict_round = predict_round
+        self._replayed = 0
 
     def prepare(self, messages, tools=None, tool_choice="auto", max_new_tokens: int = 256, stop=None):
         from .chat import normalize_messages
@@ -100,14 +106,21 @@ class ScriptedEngine(Engine):
         text = self.replies.pop(0)
         cuts = [i for s in stop or [] if (i := text.find(s)) >= 0]
         text = text[:min(cuts)] if cuts else text
-        return self._replay(text, offered, method, top_logprobs)
+        predicted = self.predictions.get(self._replayed) if method == "oospec" else None
+        self._replayed += 1
+        return self._replay(text, offered, method, top_logprobs, predicted)
 
-    def _replay(self, text: str, offered, method: str, top_logprobs: int | None = None) -> Iterator[Event]:
+    def _replay(self, text: str, offered, method: str, top_logprobs: int | None = None,
+                predicted: list[dict] | None = None) -> Iterator[Event]:
         events = ReplyEvents(self.fmt, lambda i: f"call_scripted_{i}", self.reasoning)
         n = max(1, len(text) // self.step)
         pieces = [text[i * self.step:(i + 1) * self.step] for i in range(n - 1)] + [text[(n - 1) * self.step:]]
         scored = [] if top_logprobs is None else [_entry(piece, top_logprobs) for piece in pieces]
+        if predicted is not None and self.predict_round == 0:
+            yield CallPredicted(predicted)
         for round_, end in enumerate(range(self.step, len(text), self.step)):
+            if predicted is not None and round_ + 1 == self.predict_round:
+                yield CallPredicted(predicted)
             yield from events.feed(text[:end])
             if round_ < n - 1 and scored:
                 yield LogprobsDelta([scored[round_]])
@@ -117,6 +130,7 @@ class ScriptedEngine(Engine):
         thought, answer = events.read(text, final=True)
         content, parsed = self.fmt.parse(answer)
         calls, invalid, problems = check_calls(events.settle(answer, parsed), offered, id_prefix="call_scripted")
+        yield from events.ready_for(calls)
         stats = DecodeStats(method, prompt_tokens=11, new_tokens=n, target_forwards=3,
                             accepted_by_source={"schema": 5, "retrieval": 0, "hint": 2}, hint_bytes=40)
         yield Generation(text=text, token_ids=list(range(n)), tool_calls=calls, invalid_tool_calls=invalid,

@@ -204,6 +204,8 @@ def _apply(completion: Completion, gens: list, item, state: _State, t0: float) -
         return reply.hold(reply.text(item.text) if isinstance(item, TextDelta) else reply.reason(item.text))
     if isinstance(item, LogprobsDelta):
         return reply.logprobs(item)
+    if not isinstance(item, Generation):  # CallPredicted, ToolCallReady: nothing a stock client sees
+        return []
     gens.append(item)  # the choice's Generation
     return reply.release() + [reply.last_chunk(item)]
 

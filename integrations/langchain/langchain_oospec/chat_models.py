@@ -359,8 +359,9 @@ class ChatOoOSpec(BaseChatModel):
                 elif isinstance(event, LogprobsDelta):
                     yield ChatGenerationChunk(message=AIMessageChunk(content=""),
                                               generation_info={"logprobs": {"content": event.content}})
-                else:  # the Generation, always the last event
+                elif isinstance(event, Generation):  # always the last event
                     yield _last_chunk(event, engine.model_name, parallel)
+                # other events (CallPredicted, ToolCallReady) change nothing in the message
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, ChatRequest]:
         """The engine for this call and what to ask of it."""

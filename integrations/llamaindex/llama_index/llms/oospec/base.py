@@ -41,7 +41,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
-from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta
+from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
 from oospec_agents.engine import Event
 from oospec_agents.frontend import (CallsSoFar, ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate,
                                     check_seed, openai_logprobs)
@@ -267,6 +267,8 @@ class OoOSpec(FunctionCallingLLM):
                 if isinstance(event, Generation):
                     yield self._final(event, parallel, delta="")
                     return
+                if not isinstance(event, (ReasoningDelta, TextDelta, LogprobsDelta, ToolCallDelta)):
+                    continue  # CallPredicted, ToolCallReady: nothing the message shows
                 delta, extra = "", {}
                 if isinstance(event, ReasoningDelta):
                     thought, extra = thought + event.text, {"thinking_delta": event.text}
@@ -274,7 +276,7 @@ class OoOSpec(FunctionCallingLLM):
                     content, delta = content + event.text, event.text
                 elif isinstance(event, LogprobsDelta):
                     scored += event.content
-                else:
+                elif isinstance(event, ToolCallDelta):
                     call = calls.feed(event)
                     call["kwargs"] = _partial_kwargs(call["arguments"], call.get("kwargs", {}))
                 so_far = [dict(c, arguments=c["kwargs"]) for c in calls.calls]
