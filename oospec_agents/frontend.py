@@ -64,6 +64,8 @@ class ChatRequest:
     # Reasoning targets (docs/reasoning.md): arguments of the chat template, checked by the engine
     chat_template_kwargs: dict | None = None   # e.g. {"enable_thinking": False}
     reasoning_effort: str | None = None        # "low" | "medium" | "high", for templates that read it
+    # Speculative tools (#55): {tool name: expected seconds or None}, for the engine's pay-back rule
+    speculative_tools: dict | None = None
 
     def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
         """The engine's event stream for this request (bad input raises here, eagerly: a bad sampling
@@ -71,7 +73,8 @@ class ChatRequest:
         `TemplateArgumentError`); setting `cancel` ends it after the round in progress. With `logprobs`,
         the stream has `LogprobsDelta`s too; where the target reasons, `ReasoningDelta`s."""
         check_seed(self.seed)
-        optional = ("response_format", "prediction", "chat_template_kwargs", "reasoning_effort") + _SAMPLING
+        optional = ("response_format", "prediction", "chat_template_kwargs", "reasoning_effort",
+                    "speculative_tools") + _SAMPLING
         extra = {k: v for k in optional if (v := getattr(self, k)) is not None}
         return engine.stream(self.messages, self.tools, tool_choice=self.tool_choice or "auto",
                              max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop, cancel=cancel,
