@@ -1,0 +1,361 @@
+"""The speculative tools runner: read-only tools start from a prediction, the verified call claims them.
+
+No model: fake tools whose order is fixed by `threading.Event`s, never by sleeps. What each test
+pins down is the runner's contract (oospec_agents/speculative.py): an identical verified call gets
+the run's result and the tool body runs once; anything else runs normally and the run is dropped;
+a tool not given to the runner is never started by it.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from oospec_agents import CallPredicted, TextDelta, ToolCallReady
+from oospec_agents.speculative import SpeculativeTools, call_key
+
+PARIS = {"city": "Paris", "unit": "celsius"}
+
+
+class Tool:
+    """A fake sync tool: counts its calls, records their arguments, optionally waits for `release`
+    (set by the test) and raises `error`. `entered` is set when a call has begun."""
+
+    def __init__(self, result="sunny", error: Exception | None = None, gated: bool = False):
+        self.result, self.error = result, error
+        self.calls: list[dict] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        if not gated:
+            self.release.set()
+
+    def __call__(self, arguments: dict):
+        self.calls.append(arguments)
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the tool"
+        if self.error is not None:
+            raise self.error
+        return f"{self.result}:{arguments.get('city', '')}"
+
+
+class AsyncTool(Tool):
+    """The async twin of `Tool`: awaits its release on the loop it runs on."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.cancelled = threading.Event()
+
+    async def __call__(self, arguments: dict):
+        self.calls.append(arguments)
+        self.entered.set()
+        try:
+            while not self.release.is_set():
+                await asyncio.sleep(0.005)  # poll: the release comes from another thread
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        if self.error is not None:
+            raise self.error
+        return f"{self.result}:{arguments.get('city', '')}"
+
+
+def normal(tool, arguments):
+    """The agent's normal execution of a call, as `run`'s fallback."""
+    return lambda: tool(arguments)
+
+
+@pytest.fixture
+def weather():
+    return Tool()
+
+
+def test_call_key_is_the_name_and_canonical_json():
+    assert call_key("f", {"b": 1, "a": [1, {"y": "é"}]}) == ("f", '{"a":[1,{"y":"é"}],"b":1}')
+    assert call_key("f", '{"b": 1, "a": [1, {"y": "\\u00e9"}]}') == call_key("f", {"a": [1, {"y": "é"}], "b": 1})
+    with pytest.raises(ValueError, match="not JSON"):
+        call_key("f", "{nope")
+    with pytest.raises(ValueError, match="JSON object"):
+        call_key("f", [1, 2])
+    with pytest.raises(ValueError, match="non-empty string"):
+        call_key("", {})
+    with pytest.raises(ValueError, match="serialisable"):
+        call_key("f", {"x": object()})
+
+
+def test_a_hit_hands_the_run_over_and_the_tool_body_runs_once(weather):
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        assert runner.predicted([{"name": "get_weather", "arguments": PARIS}]) == 1
+        assert weather.entered.wait(10)
+        assert runner.settle([{"name": "get_weather", "arguments": dict(reversed(PARIS.items()))}]) == 0
+        fallback = Tool()
+        assert runner.run("get_weather", '{"unit": "celsius", "city": "Paris"}', normal(fallback, PARIS)) == "sunny:Paris"
+        assert weather.calls == [PARIS] and fallback.calls == []
+        stats = runner.stats
+        assert (stats["predictions"], stats["started"], stats["hits"], stats["wasted"]) == (1, 1, 1, 0)
+        assert runner.expected_latency()["get_weather"] is not None
+
+
+def test_a_miss_runs_normally_and_settle_drops_the_run_as_wasted(weather):
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        runner.predicted([{"name": "search", "arguments": {"q": "Paris"}}])
+        assert runner.stats["not_speculative"] == 1 and runner.stats["started"] == 0
+        runner.predicted([{"name": "get_weather", "arguments": PARIS}])
+        assert weather.entered.wait(10)
+        verified = {"name": "get_time", "arguments": {"tz": "Europe/Paris"}}
+        assert runner.settle([verified]) == 1
+        clock = Tool("noon")
+        assert runner.run("get_time", verified["arguments"], normal(clock, verified["arguments"])) == "noon:"
+        assert clock.calls == [verified["arguments"]]
+        stats = runner.stats
+        assert (stats["predictions"], stats["started"], stats["hits"], stats["wasted"]) == (2, 1, 0, 1)
+
+
+def test_right_name_wrong_arguments_runs_the_verified_call_normally():
+    weather = Tool(gated=True)
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        runner.predicted([{"name": "get_weather", "arguments": {"city": "Paris", "unit": "fahrenheit"}}])
+        assert weather.entered.wait(10)
+        assert runner.settle([{"name": "get_weather", "arguments": PARIS}]) == 1
+        weather.release.set()  # the dropped run was already running: it finishes, unseen
+        assert runner.run("get_weather", PARIS, normal(weather, PARIS)) == "sunny:Paris"
+        assert weather.calls == [{"city": "Paris", "unit": "fahrenheit"}, PARIS]
+        assert (runner.stats["hits"], runner.stats["wasted"], runner.stats["cancelled"]) == (0, 1, 0)
+
+
+def test_a_claimed_run_raises_the_tools_own_exception():
+    error = LookupError("no such city")
+    weather = Tool(error=error)
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        runner.predicted([{"name": "get_weather", "arguments": PARIS}])
+        runner.settle([{"name": "get_weather", "arguments": PARIS}])
+        with pytest.raises(LookupError) as raised:
+            runner.run("get_weather", PARIS, normal(Tool(), PARIS))
+        assert raised.value is error
+        assert len(weather.calls) == 1 and runner.stats["hits"] == 1 and runner.stats["errors_discarded"] == 0
+
+
+def test_an_unclaimed_runs_error_is_discarded_and_counted():
+    finished_error = Tool(error=LookupError("done before settle"))
+    running_error = Tool(error=LookupError("raises after settle"), gated=True)
+    with SpeculativeTools({"a": finished_error, "b": running_error}) as runner:
+        runner.predicted([{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}])
+        assert running_error.entered.wait(10)
+        done = threading.Event()
+        runner._runs[call_key("a", {})].future.add_done_callback(lambda _: done.set())
+        assert done.wait(10)
+        assert runner.settle([]) == 2
+        assert runner.stats["errors_discarded"] == 1
+        failed = threading.Event()
+        runner._everything.copy().pop().future.add_done_callback(lambda _: failed.set())
+        running_error.release.set()
+        assert failed.wait(10)
+        assert runner.stats["errors_discarded"] == 2 and runner.stats["wasted"] == 2
+
+
+def test_a_tool_not_marked_speculative_is_never_started_early():
+    pay = Tool("paid")
+    weather = Tool()
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        call = {"name": "send_payment", "arguments": {"to": "bob", "amount": 5}}
+        assert runner.predicted([call]) == 0
+        assert runner.ready("send_payment", call["arguments"]) is False
+        runner.on_event(CallPredicted([call], confidence=0.99))
+        runner.on_event(ToolCallReady(0, "call_0", "send_payment", call["arguments"]))
+        runner.settle([call])
+        assert pay.calls == []  # nothing ran it but the agent, below
+        assert runner.run("send_payment", call["arguments"], normal(pay, call["arguments"])) == "paid:"
+        assert pay.calls == [call["arguments"]]
+        assert runner.stats["started"] == runner.stats["ready_started"] == 0
+        assert runner.stats["not_speculative"] == 4
+        assert set(runner.expected_latency()) == {"get_weather"}
+
+
+def test_two_parallel_calls_run_at_once_and_are_both_claimed():
+    weather, clock = Tool(gated=True), Tool("noon", gated=True)
+    calls = [{"name": "get_weather", "arguments": PARIS}, {"name": "get_time", "arguments": {"tz": "UTC"}}]
+    with SpeculativeTools({"get_weather": weather, "get_time": clock}) as runner:
+        assert runner.predicted(calls) == 2
+        assert weather.entered.wait(10) and clock.entered.wait(10)  # both running before either returns
+        runner.settle(calls)
+        weather.release.set()
+        clock.release.set()
+        results = {}
+        threads = [threading.Thread(target=lambda c=c: results.__setitem__(
+            c["name"], runner.run(c["name"], c["arguments"], lambda: pytest.fail("ran twice"))))
+            for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == {"get_weather": "sunny:Paris", "get_time": "noon:"}
+        assert runner.stats["hits"] == 2 and len(weather.calls) == len(clock.calls) == 1
+
+
+def test_a_queued_run_is_cancelled_before_its_body_runs():
+    blocker, queued = Tool(gated=True), Tool()
+    with SpeculativeTools({"slow": blocker, "fast": queued}, max_in_flight=1) as runner:
+        runner.predicted([{"name": "slow", "arguments": {}}])
+        assert blocker.entered.wait(10)
+        runner.settle([])  # the running sync body cannot be stopped: its thread stays busy
+        assert runner.predicted([{"name": "fast", "arguments": {}}]) == 1  # queued behind it
+        assert runner.settle([]) == 1
+        blocker.release.set()
+        assert queued.calls == []
+        assert runner.stats["cancelled"] == 1 and runner.stats["wasted"] == 2
+
+
+def test_an_async_run_is_cancelled_by_settle():
+    search = AsyncTool(gated=True)
+    with SpeculativeTools({"search": search}) as runner:
+        runner.predicted([{"name": "search", "arguments": {"q": "x"}}])
+        assert search.entered.wait(10)
+        assert runner.settle([]) == 1
+        assert search.cancelled.wait(10)
+        assert runner.stats["cancelled"] == 1 and runner.stats["wasted"] == 1
+
+
+def test_an_async_tool_is_claimed_from_another_loop_and_from_a_sync_caller():
+    search = AsyncTool()
+    with SpeculativeTools({"search": search}) as runner:
+        runner.predicted([{"name": "search", "arguments": {"city": "Rome"}},
+                          {"name": "search", "arguments": {"city": "Oslo"}}])
+        runner.settle([{"name": "search", "arguments": {"city": "Rome"}},
+                       {"name": "search", "arguments": {"city": "Oslo"}}])
+
+        async def agent():
+            async def never():
+                pytest.fail("ran twice")
+            return await runner.arun("search", {"city": "Rome"}, never)
+
+        assert asyncio.run(agent()) == "sunny:Rome"                      # the caller's loop is not the runner's
+        assert runner.run("search", {"city": "Oslo"}, lambda: pytest.fail("ran twice")) == "sunny:Oslo"
+        assert len(search.calls) == 2 and runner.stats["hits"] == 2
+
+
+def test_arun_claims_a_sync_run_and_runs_a_miss_normally():
+    weather = Tool()
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        runner.predicted([{"name": "get_weather", "arguments": PARIS}])
+
+        async def agent():
+            hit = await runner.arun("get_weather", PARIS, lambda: pytest.fail("ran twice"))
+
+            async def fetch():
+                return "normal"
+            miss = await runner.arun("get_weather", {"city": "Rome"}, fetch)
+            return hit, miss
+
+        assert asyncio.run(agent()) == ("sunny:Paris", "normal")
+        assert runner.stats["hits"] == 1 and len(runner.expected_latency()) == 1
+
+
+def test_the_in_flight_bound_skips_and_counts_the_rest():
+    tools = {name: Tool(gated=True) for name in "abc"}
+    with SpeculativeTools(tools, max_in_flight=2) as runner:
+        assert runner.predicted([{"name": n, "arguments": {}} for n in "abc"]) == 2
+        assert runner.stats["skipped_in_flight"] == 1
+        assert runner.ready("c", {}) is False and runner.stats["skipped_in_flight"] == 2
+        for tool in tools.values():
+            tool.release.set()
+        assert tools["c"].calls == []
+
+
+def test_identical_predictions_start_once():
+    weather = Tool(gated=True)
+    call = {"name": "get_weather", "arguments": PARIS}
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        assert runner.predicted([call, dict(call)]) == 1
+        assert runner.predicted([call]) == 0          # a follow-up wave repeating it
+        assert runner.ready("get_weather", PARIS) is False
+        weather.release.set()
+        runner.settle([call])
+        assert runner.run("get_weather", PARIS, lambda: pytest.fail("ran twice")) == "sunny:Paris"
+        assert len(weather.calls) == 1
+        assert (runner.stats["predictions"], runner.stats["started"], runner.stats["hits"]) == (1, 1, 1)
+
+
+def test_two_identical_verified_calls_one_claims_the_other_runs_normally(weather):
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        runner.predicted([{"name": "get_weather", "arguments": PARIS}])
+        runner.settle([{"name": "get_weather", "arguments": PARIS}] * 2)
+        assert runner.run("get_weather", PARIS, lambda: pytest.fail("ran twice")) == "sunny:Paris"
+        assert runner.run("get_weather", PARIS, lambda: "normal") == "normal"
+        assert len(weather.calls) == 1 and runner.stats["hits"] == 1
+
+
+def test_min_confidence_starts_nothing_below_it_or_without_one(weather):
+    call = {"name": "get_weather", "arguments": PARIS}
+    with SpeculativeTools({"get_weather": weather}, min_confidence=0.5) as runner:
+        assert runner.predicted([call], confidence=0.4) == 0
+        assert runner.predicted([call]) == 0
+        assert runner.stats["skipped_confidence"] == 2 and weather.calls == []
+        assert runner.predicted([call], confidence=0.5) == 1
+
+
+def test_ready_starts_a_verified_call_and_counts_its_hit(weather):
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        runner.on_event(TextDelta("Let me check."))
+        runner.on_event(ToolCallReady(0, "call_0", "get_weather", PARIS))
+        runner.settle([{"id": "call_0", "name": "get_weather", "arguments": PARIS}])
+        assert runner.run("get_weather", PARIS, lambda: pytest.fail("ran twice")) == "sunny:Paris"
+        stats = runner.stats
+        assert (stats["ready_started"], stats["ready_hits"], stats["started"], stats["hits"]) == (1, 1, 0, 0)
+
+
+def test_on_event_takes_a_prediction_then_its_ready_call_as_one_run(weather):
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        runner.on_event(CallPredicted([{"name": "get_weather", "arguments": PARIS}], confidence=0.9))
+        runner.on_event(ToolCallReady(0, "call_0", "get_weather", PARIS))
+        runner.settle([{"name": "get_weather", "arguments": PARIS}])
+        runner.run("get_weather", PARIS, lambda: pytest.fail("ran twice"))
+        assert len(weather.calls) == 1
+        assert (runner.stats["started"], runner.stats["ready_started"], runner.stats["hits"]) == (1, 0, 1)
+
+
+def test_a_run_left_unclaimed_does_not_outlive_the_next_step(weather):
+    call = {"name": "get_weather", "arguments": PARIS}
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        runner.predicted([call])
+        runner.settle([call])     # the agent never ran it (a middleware stopped it, say)
+        assert runner.settle([call]) == 1
+        assert runner.run("get_weather", PARIS, lambda: "fresh") == "fresh"
+
+
+def test_expected_latency_is_none_before_any_run_then_a_mean(weather):
+    with SpeculativeTools({"get_weather": weather, "search": AsyncTool()}) as runner:
+        assert runner.expected_latency() == {"get_weather": None, "search": None}
+        runner.run("get_weather", PARIS, normal(weather, PARIS))  # a normal execution is measured too
+        latency = runner.expected_latency()
+        assert latency["get_weather"] >= 0.0 and latency["search"] is None
+
+
+def test_close_cancels_runs_and_later_calls_run_normally():
+    search = AsyncTool(gated=True)
+    runner = SpeculativeTools({"search": search})
+    runner.predicted([{"name": "search", "arguments": {}}])
+    assert search.entered.wait(10)
+    runner.close()
+    assert search.cancelled.is_set()  # close waits for the loop to finish its tasks
+    assert runner.predicted([{"name": "search", "arguments": {}}]) == 0
+    assert runner.run("search", {}, lambda: "normal") == "normal"
+    runner.close()  # idempotent
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"tools": ["get_weather"]}, "must map"),
+    ({"tools": {"get_weather": "not a function"}}, "not callable"),
+    ({"tools": {}, "max_in_flight": 0}, "max_in_flight"),
+    ({"tools": {}, "min_confidence": 1.5}, "min_confidence"),
+])
+def test_bad_settings_are_named(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        SpeculativeTools(**kwargs)
+
+
+def test_a_malformed_prediction_is_named(weather):
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        with pytest.raises(ValueError, match="'name', 'arguments'"):
+            runner.predicted(["get_weather"])
+        with pytest.raises(TypeError, match="must be a list"):
+            runner.predicted({"name": "get_weather"})
