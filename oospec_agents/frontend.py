@@ -2,8 +2,9 @@
 
 - `ChatRequest`: one typed request, checked by the engine, instead of `**request` dicts; its sampling
   settings, and `for_choice` (choice i of n: its own seed).
-- `choice_count`, `openai_logprobs`, `check_seed`: the sampling rules the engine does not own (how
-  many choices, OpenAI's `logprobs`/`top_logprobs` pair, a seed's range), one place for every front-end.
+- `choice_count`, `openai_logprobs`, `check_seed`, `check_penalties`: the sampling rules the engine
+  does not own (how many choices, OpenAI's `logprobs`/`top_logprobs` pair, a seed's range, penalties
+  and `logit_bias`), one place for every front-end; `sampling.Sampling` checks the rest.
 - `LazyEngine`: engine selection, loaded on first use and shared between chat-model objects.
 - `Bridge`: the one sync-to-async bridge for the engine's blocking event stream; `aiterate` runs it on
   the loop's executor, the server's scheduler (serve/scheduler.py) on its queue's worker.
@@ -111,9 +112,9 @@ class ChatRequest:
             return _last(events)
 
 
-def _refused(param: str, message: str) -> SamplingError:
+def _refused(param: str, message: str, code: str | None = None) -> SamplingError:
     error = SamplingError(message)
-    error.param = param
+    error.param, error.code = param, code
     return error
 
 
@@ -134,6 +135,34 @@ def check_seed(seed: Any) -> None:
     low, high = SEED_RANGE
     if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
         raise _refused("seed", f"seed must be an integer from {low} to {high}, got {seed!r}")
+
+
+#: the penalties a request may carry: (the value that leaves the target's distribution as it is, the
+#: documented range). OpenAI's two take -2 to 2; vLLM's `repetition_penalty` any number above 0.
+PENALTIES = {"presence_penalty": (0, (-2, 2)), "frequency_penalty": (0, (-2, 2)),
+             "repetition_penalty": (1, (0, None))}
+
+
+def check_penalties(penalties: dict[str, Any], logit_bias: Any = None) -> None:
+    """The penalties (`PENALTIES`: name -> value, None for unset) and `logit_bias` as every front-end
+    refuses them. A value outside its documented range is a `SamplingError` stating the range; any
+    other than the neutral one, and a non-empty `logit_bias`, is not served (its `code` is
+    "unsupported_parameter"): each token's draw would depend on the tree node's own path, or on a bias
+    the verification does not apply, and sampling keeps the target's own distribution."""
+    for name, value in penalties.items():
+        if value is None:
+            continue
+        neutral, (low, high) = PENALTIES[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                low < value if high is None else low <= value <= high):
+            where = f"above {low}" if high is None else f"from {low} to {high}"
+            raise _refused(name, f"{name} must be a number {where}, got {value!r} (and only {neutral} is served)")
+        if value != neutral:
+            raise _refused(name, f"{name}={value!r} is not served: sampling keeps the target's own distribution, "
+                                 f"so {name} must be absent or {neutral}", "unsupported_parameter")
+    if logit_bias:
+        raise _refused("logit_bias", "logit_bias is not served: sampling keeps the target's own distribution, so "
+                                     "logit_bias must be absent or empty", "unsupported_parameter")
 
 
 def openai_logprobs(logprobs: Any, top_logprobs: Any) -> bool | int | None:

@@ -32,9 +32,17 @@ from transformers import LogitsProcessorList, MinPLogitsWarper, TemperatureLogit
 from .errors import SamplingError
 
 
+#: OpenAI's range of `temperature`: a value beyond it is an error naming it, as OpenAI's 400 is
+TEMPERATURE_RANGE = (0, 2)
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """A request's sampling settings. Temperature None or 0 is greedy decoding (the others are then unused)."""
+    """A request's sampling settings. Temperature None or 0 is greedy decoding (the others are then unused).
+
+    The one check of their ranges, for the engine and every front-end: `temperature` 0 to 2 and `top_p`
+    in (0, 1] (OpenAI's ranges), vLLM's `top_k` >= 0 and `min_p` in [0, 1], a 64-bit `seed`; a value out
+    of range is a `SamplingError` whose `param` names the field and whose message states the range."""
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -42,9 +50,11 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self):
-        _number("temperature", self.temperature, lambda v: v >= 0, ">= 0")
+        low, high = TEMPERATURE_RANGE
+        _number("temperature", self.temperature, lambda v: low <= v <= high,
+                f"from {low} to {high} (OpenAI's range; 0 decodes greedily)")
         _number("top_p", self.top_p, lambda v: 0 < v <= 1, "in (0, 1]")
-        _number("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]")
+        _number("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1] (vLLM's range; 0: no min-p)")
         for name, value in (("top_k", self.top_k), ("seed", self.seed)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise _error(name, f"{name} must be an integer, got {value!r}")

@@ -31,7 +31,8 @@ from .tools import check_calls
 #: Sampling settings every front-end refuses before decoding: (the field its error names, the settings,
 #: a regex of its message). Each front-end's tests add what only it takes (`n`, penalties, ...).
 BAD_SAMPLING = [
-    ("temperature", {"temperature": -0.1}, "temperature must be a number >= 0, got -0.1"),
+    ("temperature", {"temperature": -0.1}, r"temperature must be a number from 0 to 2 \(OpenAI's range.*, got -0.1"),
+    ("temperature", {"temperature": 5}, r"temperature must be a number from 0 to 2 \(OpenAI's range.*, got 5"),
     ("top_p", {"top_p": 0}, r"top_p must be a number in \(0, 1\]"),
     ("top_k", {"top_k": -3}, "top_k must be >= 0"),
     ("min_p", {"min_p": 1.5}, r"min_p must be a number in \[0, 1\]"),

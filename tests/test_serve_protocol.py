@@ -307,7 +307,7 @@ BAD_REQUESTS = {
     "bad role": ({"messages": [{"role": "robot", "content": "hi"}]}, "'robot'"),
     "no messages": ({"messages": []}, "messages"),
     "over context": ({"messages": [{"role": "user", "content": "word " * 3000}]}, "context window"),
-    "temperature": ({"temperature": -0.7}, "temperature must be a number >= 0, got -0.7"),
+    "temperature": ({"temperature": -0.7}, "temperature must be a number from 0 to 2"),
     "top_p": ({"top_p": 1.5}, "top_p must be a number in (0, 1], got 1.5"),
     "n": ({"n": 9}, "n must be an integer from 1 to 8"),
     "frequency_penalty": ({"frequency_penalty": 0.5}, "frequency_penalty=0.5 is not served"),

@@ -26,7 +26,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS
-from ..frontend import CallsSoFar, ParallelToolCalls, Usage, call_problems, choice_count, openai_logprobs
+from ..errors import SamplingError
+from ..frontend import PENALTIES, CallsSoFar, ParallelToolCalls, Usage, call_problems, check_penalties, choice_count, \
+    openai_logprobs
 
 #: stats not worth a line in every response
 _HIDDEN_STATS = ("margins", "sidecar_profile", "rounds")
@@ -84,19 +86,14 @@ class RequestError(ValueError):
 
 
 def refuse_sampling(req: ChatCompletionRequest) -> None:
-    """What sampling is not served is a 400 naming it: penalties other than neutral, and `logit_bias`
-    (each token's draw would depend on the tree node's own path, or on a bias the verification does
-    not apply). `n` out of range is a 400 too; the engine checks the rest (`ChatRequest.stream`)."""
-    neutral = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
-    for field, value in neutral.items():
-        got = getattr(req, field)
-        if got is not None and got != value:
-            raise RequestError(f"{field}={got!r} is not served: sampling keeps the target's own distribution, "
-                               f"so {field} must be absent or {value}", field, "unsupported_parameter")
-    if req.logit_bias:
-        raise RequestError("logit_bias is not served: sampling keeps the target's own distribution, so logit_bias "
-                           "must be absent or empty", "logit_bias", "unsupported_parameter")
-    choice_count(req.n)
+    """What sampling is not served, or is out of its range, is a 400 naming it: penalties other than
+    neutral, and `logit_bias` (`frontend.check_penalties`, every front-end's rule), and `n` outside
+    1-8 (`frontend.choice_count`); the engine checks the rest (`ChatRequest.stream`, `sampling.Sampling`)."""
+    try:
+        check_penalties({name: getattr(req, name) for name in PENALTIES}, req.logit_bias)
+        choice_count(req.n)
+    except SamplingError as e:
+        raise RequestError(str(e), e.param, getattr(e, "code", None)) from None
 
 
 def sampling(req: ChatCompletionRequest) -> dict:

@@ -33,7 +33,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.frontend import (ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate, call_problems,
-                                    check_seed, choice_count, openai_logprobs)
+                                    check_penalties, check_seed, choice_count, openai_logprobs)
 from oospec_agents.sampling import Sampling
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
@@ -41,8 +41,8 @@ from ._messages import to_openai_messages
 
 #: the sampling settings, as ChatOpenAI names them: fields, and keyword arguments of a single call
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "top_logprobs")
-#: ChatOpenAI's settings that are not served, with the neutral value each may take
-_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0}
+#: ChatOpenAI's penalties: not served, so only the neutral value is taken (`frontend.check_penalties`)
+_NEUTRAL = ("frequency_penalty", "presence_penalty")
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "response_format", "prediction",
                 "parallel_tool_calls", "logit_bias", "chat_template_kwargs", "reasoning_effort", *_SAMPLING,
@@ -388,15 +388,9 @@ class ChatOoOSpec(BaseChatModel):
     def _sampling(self, kwargs: dict) -> dict:
         """The sampling settings of a call (its keyword arguments over the fields), checked: the
         ChatRequest's, and `n`. A bad value is a ValueError naming the field (the engine's
-        `SamplingError`); a penalty or `logit_bias` that is not neutral is a ValueError naming it."""
+        `SamplingError`); a penalty or `logit_bias` that is not neutral too (`frontend.check_penalties`)."""
         get = lambda name: kwargs.get(name, getattr(self, name))  # noqa: E731
-        for name, neutral in _NEUTRAL.items():
-            if get(name) not in (None, neutral):
-                raise ValueError(f"{name}={get(name)!r} is not served: sampling keeps the target's own "
-                                 f"distribution, so use {name}={neutral} or leave it unset")
-        if get("logit_bias"):
-            raise ValueError("logit_bias is not served: sampling keeps the target's own distribution, so leave "
-                             "it unset or empty")
+        check_penalties({name: get(name) for name in _NEUTRAL}, get("logit_bias"))
         settings = {name: get(name) for name in ("temperature", "top_p", "top_k", "min_p", "seed")}
         Sampling(**settings)
         check_seed(settings["seed"])

@@ -24,6 +24,7 @@ import atexit
 import itertools
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -42,6 +43,16 @@ from ..runtime import WaveHost, WorkerSpec, adapter_loaded, from_plain, load_ada
 ESTIMATE_WAIT_S = 0.5
 #: how long `load_adapter()` waits for the worker to load the model with its new adapter
 ADAPTER_WAIT_S = 300.0
+#: the exit code of a worker that was asked to start a worker of its own while it re-imported its
+#: parent's main module ("spawn"): a script that builds the engine at its top level
+BOOTSTRAP_EXIT = 78
+#: what that means, and the fix: in the worker's stderr, and in the parent's error
+BOOTSTRAP_HELP = (
+    "the sidecar worker is a fresh Python process ('spawn'), which first re-imports this program's main module "
+    "{main}, and that module builds the engine again at its top level (Python's own message is the RuntimeError "
+    "about 'the bootstrapping phase'). Put the code that builds the engine under "
+    "`if __name__ == \"__main__\":` (or in a function called from there), or keep the sidecar in a thread of "
+    "this process: sidecar_placement=\"thread\" and a sidecar_device without a core set of its own.")
 
 
 class ProcessSidecar(SidecarBase):
@@ -205,6 +216,7 @@ class _Worker:
     """One worker process, its pipe, and the parent's reader thread that posts its answers."""
 
     def __init__(self, spec: WorkerSpec):
+        _refuse_bootstrapping()
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=_serve, args=(child_conn, spec), name="oospec-sidecar", daemon=True)
@@ -258,6 +270,8 @@ class _Worker:
         code = self.process.exitcode
         if code is None:
             return "its pipe closed"
+        if code == BOOTSTRAP_EXIT:
+            return f"exit code {code}: " + BOOTSTRAP_HELP.format(main=_main_path())
         return f"exit code {code}" + (f" (signal {-code})" if code < 0 else "")
 
     def kill(self) -> None:
@@ -317,6 +331,24 @@ class _Worker:
         for ticket in list(self.tickets.values()):
             ticket.post(error=error)
         self.tickets.clear()
+
+
+def _main_path() -> str:
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return repr(path) if path else "(the script)"
+
+
+def _refuse_bootstrapping() -> None:
+    """In a worker that is still re-importing its parent's main module, starting a worker is the
+    script building the engine at its top level: each worker would start another. Python's
+    multiprocessing raises its 'bootstrapping phase' RuntimeError, which the parent would only see as
+    "exit code 1"; instead, say what happened on stderr and exit with `BOOTSTRAP_EXIT`, which the
+    parent's error explains (`_Worker.end_reason`)."""
+    if not getattr(mp.current_process(), "_inheriting", False):
+        return
+    sys.stderr.write("oospec: " + BOOTSTRAP_HELP.format(main=_main_path()) + "\n")
+    sys.stderr.flush()
+    raise SystemExit(BOOTSTRAP_EXIT)
 
 
 #: workers not yet ended: stopped at interpreter exit
