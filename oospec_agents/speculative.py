@@ -126,6 +126,8 @@ class SpeculativeTools:
         not counted again, and a call with a live run is not started twice."""
         if not isinstance(calls, (list, tuple)):
             raise TypeError(f"predicted calls must be a list of {{'name', 'arguments'}} dicts, got {calls!r}")
+        if confidence is not None and (isinstance(confidence, bool) or not isinstance(confidence, (int, float))):
+            raise TypeError(f"a prediction's confidence must be a number or None, got {confidence!r}")
         keys = [_key_of(call) for call in calls]
         with self._lock:
             self._stats["predictions"] += len(set(keys) - self._predicted_keys)
@@ -275,7 +277,19 @@ class SpeculativeTools:
 
     def _run_sync(self, run: _Run, arguments: dict) -> Any:
         run.began = True
-        return self._timed(run.key[0], lambda: self._tools[run.key[0]](arguments))
+        return self._timed(run.key[0], lambda: self._awaited(self._tools[run.key[0]](arguments)))
+
+    def _awaited(self, result: Any) -> Any:
+        """A plain callable that returns an awaitable (`lambda a: tool.ainvoke(a)`) is an async tool
+        in disguise: its awaitable runs on the runner's loop, this pool thread waiting for it."""
+        if not inspect.isawaitable(result):
+            return result
+        with self._lock:
+            if self._closed:  # close() stopped the loop: the run is dropped, its result unseen
+                getattr(result, "close", lambda: None)()
+                raise RuntimeError("the speculative tools runner was closed before this run's awaitable ran")
+            loop = self._event_loop()
+        return asyncio.run_coroutine_threadsafe(_awaiting(result), loop).result()
 
     async def _run_async(self, run: _Run, arguments: dict) -> Any:
         run.began = True
@@ -357,6 +371,10 @@ def _key_of(call) -> tuple[str, str]:
     if not isinstance(call, Mapping) or "name" not in call:
         raise ValueError(f"a call must be a {{'name', 'arguments'}} dict, got {call!r}")
     return call_key(call["name"], call.get("arguments", {}))
+
+
+async def _awaiting(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable  # run_coroutine_threadsafe takes coroutines only, not every awaitable
 
 
 def _raised(future: concurrent.futures.Future) -> bool:

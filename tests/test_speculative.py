@@ -8,6 +8,7 @@ a tool not given to the runner is never started by it.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -359,3 +360,107 @@ def test_a_malformed_prediction_is_named(weather):
             runner.predicted(["get_weather"])
         with pytest.raises(TypeError, match="must be a list"):
             runner.predicted({"name": "get_weather"})
+
+
+# -- an agent loop around the engine's stream: the runner in its place ---------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def _call_text(name: str, arguments: dict) -> str:
+    return '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (name, json.dumps(arguments))
+
+
+def agent(engine, tools: dict, offered: list, ask: str, runner: SpeculativeTools | None = None,
+          method: str = "oospec", max_steps: int = 4, **kw) -> tuple[list[dict], list[dict]]:
+    """A minimal tool-calling agent: stream a reply, run its calls, loop until a reply without calls.
+    With `runner`, every event goes through it, the step is settled, and each call runs through
+    `runner.run`. Returns the transcript and, per step, the runner's stats when the reply ended."""
+    transcript = [{"role": "user", "content": ask}]
+    at_reply_end = []
+    for _ in range(max_steps):
+        for event in engine.stream(transcript, offered, method=method, speculative_tools=(
+                runner.expected_latency() if runner is not None else None), **kw):
+            if runner is not None:
+                runner.on_event(event)
+        gen = event
+        if runner is not None:
+            at_reply_end.append(runner.stats)
+            runner.settle(gen.tool_calls)
+        transcript.append({"role": "assistant", "content": gen.content, "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+            for c in gen.tool_calls]})
+        if not gen.tool_calls:
+            break
+        for c in gen.tool_calls:
+            execute = (lambda c=c: tools[c["name"]](c["arguments"]))
+            result = execute() if runner is None else runner.run(c["name"], c["arguments"], execute)
+            transcript.append({"role": "tool", "tool_call_id": c["id"], "content": result})
+    return transcript, at_reply_end
+
+
+def test_an_agent_loop_with_the_runner_hits_misses_and_never_starts_an_unmarked_tool():
+    from oospec_agents.testing import BOOK_TABLE, ScriptedEngine
+    booking = {"restaurant": "Da Michele", "people": 2, "time": "20:00"}
+    replies = [_call_text("get_weather", {"city": "Paris"}),
+               "Checking both." + _call_text("get_weather", {"city": "Rome"}) + "\n" + _call_text("book_table", booking),
+               "Sunny in Paris and Rome; table booked."]
+    predictions = {0: [{"name": "get_weather", "arguments": {"city": "Paris"}}],                 # right
+                   1: [{"name": "get_weather", "arguments": {"city": "Milan"}},                  # wrong arguments
+                       {"name": "book_table", "arguments": booking}]}                            # not speculative
+    offered = [WEATHER_TOOL, BOOK_TABLE]
+
+    plain_tools = {"get_weather": Tool(), "book_table": Tool("booked")}
+    expected, _ = agent(ScriptedEngine(*replies), plain_tools, offered, "Weather, then book.", method="toolspec")
+
+    weather, book = Tool(), Tool("booked")
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        got, at_reply_end = agent(ScriptedEngine(*replies, predictions=predictions, step=8),
+                                  {"get_weather": weather, "book_table": book}, offered, "Weather, then book.", runner)
+        stats = runner.stats
+    assert got == expected                                   # the runner changes nothing the agent sees
+    assert [s["started"] for s in at_reply_end] == [1, 2, 2]  # started from the prediction, before the reply ended
+    assert (stats["predictions"], stats["started"], stats["hits"], stats["wasted"]) == (3, 2, 1, 1)
+    assert stats["ready_started"] == 1 and stats["ready_hits"] == 1  # Rome started when its JSON closed
+    assert stats["not_speculative"] == 2                      # book_table: predicted and ready, never started
+    assert book.calls == [booking]                            # run by the agent, once
+    assert sorted(c["city"] for c in weather.calls) == ["Milan", "Paris", "Rome"]  # Milan: the wasted run
+
+
+@pytest.mark.slow
+def test_the_embedded_model_s_prediction_starts_the_tool_and_the_transcript_is_unchanged(embedded_fp32):
+    """The real engine's events drive the runner: the sidecar's prediction (injected as the hint, so the
+    test does not hang on a sidecar's accuracy) starts the tool before the reply ends, the verified
+    call claims it, and the transcript is the one the plain agent gets without the runner."""
+    ask = "What's the weather in Paris?"
+    plain, _ = agent(embedded_fp32, {"get_weather": Tool()}, [WEATHER_TOOL], ask, method="toolspec",
+                     max_steps=1, max_new_tokens=48)
+    written = plain[1]["tool_calls"]
+    assert len(written) == 1, plain  # the embedded model calls the weather tool here
+    call = {"name": written[0]["function"]["name"], "arguments": json.loads(written[0]["function"]["arguments"])}
+
+    weather = Tool()
+    with SpeculativeTools({"get_weather": weather}) as runner:
+        got, at_reply_end = agent(embedded_fp32, {"get_weather": weather}, [WEATHER_TOOL], ask, runner,
+                                  max_steps=1, max_new_tokens=48, hint=_call_text(call["name"], call["arguments"]))
+        stats = runner.stats
+    assert _without_ids(got) == _without_ids(plain)
+    assert at_reply_end[0]["started"] == 1 and (stats["hits"], stats["wasted"]) == (1, 0)
+    assert weather.calls == [call["arguments"]]
+
+
+def _without_ids(transcript: list[dict]) -> list[dict]:
+    """The transcript without its call ids: each reply draws fresh ones."""
+    return [{k: v for k, v in m.items() if k != "tool_call_id"}
+            | ({"tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]} if "tool_calls" in m else {})
+            for m in transcript]
+
+
+def test_a_plain_callable_returning_an_awaitable_is_awaited_on_the_runners_loop():
+    search = AsyncTool()
+    with SpeculativeTools({"search": lambda arguments: search(arguments)}) as runner:
+        runner.predicted([{"name": "search", "arguments": {"city": "Oslo"}}])
+        assert runner.run("search", {"city": "Oslo"}, lambda: pytest.fail("ran twice")) == "sunny:Oslo"
+        with pytest.raises(TypeError, match="confidence"):
+            runner.predicted([], confidence="high")
