@@ -148,8 +148,8 @@ class SpeculativeTools:
     def settle(self, verified_calls: list[dict]) -> int:
         """The model step is over and `verified_calls` (`{"name", "arguments"}`) are what the target
         wrote: drop every unclaimed run identical to none of them (cancelled where it can be: a queued
-        thread job, an async task; a sync function already running finishes and its result is
-        discarded), and any run left unclaimed since the previous step. Returns how many were dropped."""
+        thread job, an async task; a sync function already running finishes, keeping its pool thread
+        until it returns, and its result is discarded), and any run left unclaimed since the previous step. Returns how many were dropped."""
         verified = {_key_of(call) for call in verified_calls}
         with self._lock:
             doomed = [run for key, run in self._runs.items() if key not in verified or run.settled]
