@@ -149,3 +149,51 @@ def test_the_same_script_with_the_guard_builds_its_engine(tmp_path, tiny_dir):
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert out.returncode == 0 and "built" in out.stdout, out.stderr[-3000:]
 
+
+
+# ---------------------------------------------------------------- what a seed promises (docs/engine.md)
+
+WEATHER = {"type": "function", "function": {"name": "get_current_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+RIGHT = '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+WRONG = '<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Quito"}}\n</tool_call>'
+
+
+def _sampled(engine: Engine, method: str = "toolspec", hint: str | None = None, seed: int = 7):
+    return engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=24, method=method, hint=hint,
+                           temperature=0.9, top_p=0.95, seed=seed)
+
+
+def test_a_seed_gives_the_same_reply_for_the_same_request_and_engine_state(smollm2_tokenizer):
+    engine = Engine(tiny_model("llama", smollm2_tokenizer, seed=5), smollm2_tokenizer)
+    first = _sampled(engine).token_ids
+    engine.clear_call_memory()
+    engine.clear_prefix_cache()
+    assert _sampled(engine).token_ids == first and len(first) == 24
+    assert _sampled(engine, seed=8).token_ids != first  # the seed picks the draws
+
+
+def test_the_call_memory_drafts_a_repeated_request(smollm2_tokenizer):
+    """The engine's state reaches the forwards: a repeated request is drafted from the call memory,
+    so its forwards verify other trees (what can change a bf16 reply without deterministic mode)."""
+    engine = Engine(tiny_model("llama", smollm2_tokenizer, seed=5), smollm2_tokenizer)
+    cold = engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=24, method="toolspec")
+    warm = engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=24, method="toolspec")
+    assert warm.token_ids == cold.token_ids  # float32 here: the same tokens ...
+    assert warm.stats.accepted_by_source["retrieval"] > cold.stats.accepted_by_source["retrieval"]  # ... other trees
+    assert warm.stats.target_forwards < cold.stats.target_forwards
+
+
+def test_deterministic_mode_keeps_a_seeded_bf16_reply_whatever_the_call_memory_and_method(smollm2_tokenizer):
+    engine = Engine(tiny_model("llama", smollm2_tokenizer, seed=3).to(torch.bfloat16), smollm2_tokenizer,
+                    deterministic=True)
+    engine.clear_call_memory()
+    reference = _sampled(engine, "ar").token_ids  # one token a forward, nothing drafted; now in the call memory
+    assert len(reference) == 24
+    for method, hint in (("toolspec", None), ("oospec", RIGHT), ("oospec", WRONG), ("ar", None)):
+        full = _sampled(engine, method, hint)
+        assert full.token_ids == reference, (method, hint)
+        if method == "toolspec":
+            assert full.stats.accepted_by_source["retrieval"] > 0  # drafted from the call memory
+        engine.clear_call_memory()
+        assert _sampled(engine, method, hint).token_ids == reference, (method, hint)  # an empty one
