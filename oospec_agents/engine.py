@@ -99,6 +99,7 @@ class Prepared:
     sampling: Sampling = field(default_factory=Sampling)  # greedy unless it has a temperature
     top_logprobs: int | None = None  # logprobs asked for: alternatives per token (None: none asked)
     reasoning: Reasoning | None = None  # how the reply reasons (formats/reasoning.py); None: it does not
+    tool_s: float | None = None     # the mean expected seconds of the speculative tools on offer (None: none known)
 
 
 class Engine:
@@ -321,11 +322,14 @@ class Engine:
                strict: bool = False, response_format=None, prediction=None, temperature: float | None = None,
                top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
                seed: int | None = None, logprobs: bool | int | None = None, chat_template_kwargs=None,
-               reasoning_effort=None) -> Iterator[Event]:
+               reasoning_effort=None, speculative_tools: dict | None = None) -> Iterator[Event]:
         """Yield `ReasoningDelta`s, `TextDelta`s and `ToolCallDelta`s in the round that commits their
         tokens, a `ToolCallReady` in the round a call's arguments close (one per `Generation.tool_calls`
         entry), a `CallPredicted` in the round the sidecar's hint is first read (a prediction, never a
-        verified call: `oospec` only), then the final `Generation`. A consumer ignores the events it does not use. Close the iterator (`contextlib.closing`) to abandon a reply
+        verified call: `oospec` only), then the final `Generation`. A consumer ignores the events it does not use.
+        `speculative_tools` (`{name: expected seconds or None}`): the tools an agent starts early from the
+        prediction (speculative.py); a sidecar on the target's cores then runs its wave where the tool time
+        it can hide pays for it (sidecar/payback.py). Close the iterator (`contextlib.closing`) to abandon a reply
         early; or set `cancel` from any thread: the reply ends, with no Generation, after the round in
         progress (whether or not that round had an event to yield)."""
         if method not in METHODS:
@@ -334,6 +338,7 @@ class Engine:
                            response_format, chat_template_kwargs, reasoning_effort)
         req.sampling = Sampling(temperature, top_p, top_k, min_p, seed)
         req.top_logprobs = check_logprobs(logprobs)
+        req.tool_s = _tool_seconds(speculative_tools, req.tools)
         return self._locked(self._decode(req, method, hint, record_margins, cancel, self._prediction_ids(prediction)))
 
     def clear_prefix_cache(self) -> None:
@@ -447,6 +452,11 @@ class Engine:
             stats.prediction_matched = matched_tokens(state.prediction.tokens, reply.new)
         gen = self._finish(req, reply, stats, ids)
         yield from reply.events.ready_for(gen.tool_calls)  # a call read only at the end (rounds sent the rest)
+        if hints is not None:  # the wave ran: was its prediction exactly a call the target wrote?
+            stats.prediction_exact = any({"name": c["name"], "arguments": c["arguments"]} in reply.predictions
+                                         for c in gen.tool_calls)
+            if self.payback is not None and hint_text is None:
+                self.payback.observe_prediction(stats.prediction_exact)
         if self.call_log is not None and gen.tool_calls and not gen.invalid_tool_calls and not gen.tool_call_problems:
             self.call_log.record(req.messages, [t.to_openai() for t in req.tools], gen.tool_calls,
                                  model=self.model_name, method=method, hint=state.hint,
@@ -474,6 +484,8 @@ class Engine:
             state.hint = hint
             state.pool.append(self.tokenizer.encode(hint, add_special_tokens=False))
             reply.predicted = _predicted(self.fmt, hint)
+            if reply.predicted is not None:
+                reply.predictions += reply.predicted.calls
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
         if state.hint:
             drafters.insert(0, self._drafters["hint"])
@@ -519,7 +531,9 @@ class Engine:
             stats.wave_estimate_s = _wave_estimate(sidecar, request)
             stats.call_estimate_s = self.payback.call_s(len(req.prompt_ids) - self.prefix_cache.peek(req.prompt_ids))
             stats.decode_estimate_s = self.payback.decode_s()
-            stats.sidecar_skipped = self.payback.verdict(stats.wave_estimate_s, stats.decode_estimate_s)
+            hidden = self.payback.hidden_s(req.tool_s, stats.call_estimate_s)
+            stats.hidden_estimate_s = hidden if req.tool_s else None
+            stats.sidecar_skipped = self.payback.verdict(stats.wave_estimate_s, stats.decode_estimate_s, hidden)
             if stats.sidecar_skipped:
                 return None
         follow_up = hint_text is None and follows_up(self.hint_follow_up, shares)
@@ -565,6 +579,23 @@ def _wave_estimate(sidecar: Sidecar, request: HintRequest) -> float | None:
     except Exception as e:  # an estimate that fails is no estimate: the wave runs
         log.debug("sidecar estimate failed: %s", e)
         return None
+
+
+def _tool_seconds(speculative_tools, tools: list[Tool]) -> float | None:
+    """The mean expected seconds of the speculative tools on offer in this request (names not offered
+    play no part: the target cannot call them); None where none is offered or none has a latency yet."""
+    if speculative_tools is None:
+        return None
+    if not isinstance(speculative_tools, dict):
+        raise OoOSpecError(f"speculative_tools must be a dict of tool name -> expected seconds (or None), "
+                           f"got {type(speculative_tools).__name__}")
+    for name, seconds in speculative_tools.items():
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not seconds >= 0):
+            raise OoOSpecError(f"speculative_tools[{name!r}] must be expected seconds >= 0 or None, got {seconds!r}")
+    offered = {t.name for t in tools}
+    known = [float(v) for k, v in speculative_tools.items() if k in offered and v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _predicted(fmt: ToolFormat, hint: str) -> CallPredicted | None:
@@ -626,6 +657,7 @@ class _Reply:
         self.finish: str | None = None  # "stop" | "length" once the reply is over
         self.shapes: det.Shapes | None = None  # deterministic mode: the shapes of its decode forwards
         self.predicted: CallPredicted | None = None  # a hint read in this round, not yet yielded
+        self.predictions: list[dict] = []  # every call the reply's hints predicted
 
     @property
     def text(self) -> str:

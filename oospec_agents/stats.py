@@ -37,6 +37,8 @@ class DecodeStats(Mapping):
     wave_estimate_s: float | None = None  # the pay-back rule's estimates, when it judged this request
     call_estimate_s: float | None = None   # the whole call (prefill + decode), for reports
     decode_estimate_s: float | None = None  # the decode a hint could shorten: the rule weighs the wave against it
+    hidden_estimate_s: float | None = None  # speculative tools on offer: the tool time the rule expects the wave to hide
+    prediction_exact: bool | None = None  # a hint was read: whether a call it predicted is exactly one the target wrote
     sidecar_profile: dict | None = None
     sidecar_cached_prompt_tokens: int | None = None  # of the wave's shared prefix, when its hint arrived
     #: one (tree nodes, accepted drafts, context tokens before the forward) per verify forward: the

@@ -215,15 +215,25 @@ def check_events(engine, prefix: str, events, committed) -> None:
       join to its arguments (valid: `json.loads` equals them; invalid: the raw string);
     - nothing is sent later than the round that committed it: after round r, each call's fragments
       cover its arguments as far as the committed text reaches (less an unfinished escape), and its
-      name arrives in the round that commits the name's closing quote.
+      name arrives in the round that commits the name's closing quote;
+    - one `ToolCallReady` per entry of `Generation.tool_calls`, in order, with its id, name and
+      arguments, after the call's last fragment, in the round that commits the arguments' end;
+    - `CallPredicted` only from `oospec`, each call a `{"name", "arguments": dict}`.
     """
     import json
 
-    from oospec_agents import Generation, ReasoningDelta, TextDelta, ToolCallDelta
+    from oospec_agents import CallPredicted, Generation, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallReady
     gen = events[-1][1]
     assert isinstance(gen, Generation)
     body = [(r, e) for r, e in events[:-1]]
-    assert all(isinstance(e, (ReasoningDelta, TextDelta, ToolCallDelta)) for _, e in body)
+    assert all(isinstance(e, (ReasoningDelta, TextDelta, ToolCallDelta, ToolCallReady, CallPredicted)) for _, e in body)
+    ready = [(k, r, e) for k, (r, e) in enumerate(body) if isinstance(e, ToolCallReady)]
+    assert [(e.id, e.name, e.arguments) for _, _, e in ready] == [(c["id"], c["name"], c["arguments"])
+                                                                  for c in gen.tool_calls]
+    for _, e in body:
+        if isinstance(e, CallPredicted):
+            assert gen.stats.method == "oospec"
+            assert all(set(c) == {"name", "arguments"} and isinstance(c["arguments"], dict) for c in e.calls)
     thought = [e.text for _, e in body if isinstance(e, ReasoningDelta)]
     assert ("".join(thought) if thought or gen.reasoning is not None else None) == gen.reasoning
     assert "".join(e.text for _, e in body if isinstance(e, TextDelta)) == gen.content
@@ -250,6 +260,11 @@ def check_events(engine, prefix: str, events, committed) -> None:
             continue
         pos = start + len(joined)
         assert r_name == next(r for r, t in enumerate(texts, 1) if len(t) >= name_end), "name sent late"
+        if isinstance(call["arguments"], dict):  # a tool call: ready once its arguments have closed
+            (k_ready, r_ready, _), = [(k, r, e) for k, r, e in ready if e.id == call["id"]]
+            last_fragment = max(k for k, (_, e) in enumerate(body) if isinstance(e, ToolCallDelta) and e.index == i)
+            assert k_ready > last_fragment
+            assert r_ready == next(r for r, t in enumerate(texts, 1) if len(t) >= pos), "ready sent late or early"
         for r, text in enumerate(texts, 1):
             sent = "".join(e.arguments for rr, e in rest if rr <= r)
             due = min(len(joined), max(0, len(text) - start))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from oospec_testing import check_events, greedy, joined, replay, tiny_model, trace_stream
-from oospec_agents import Engine, TextDelta, ToolCallDelta
+from oospec_agents import CallPredicted, Engine, TextDelta, ToolCallDelta, ToolCallReady
 from oospec_agents.events import ReplyEvents, read_call
 from oospec_agents.formats import HermesFormat, Llama3JsonFormat
 
@@ -151,3 +151,44 @@ def test_a_reply_with_text_two_calls_and_a_stop_string(parrot, method):
     assert not any("STOP" in t or "<" in t for t in texts)
     if method == "oospec":
         assert gen.stats.accepted_by_source["hint"] > 0
+
+
+# ---------------------------------------------------------------- speculative tools' events (#55)
+
+@pytest.mark.parametrize("method", ["toolspec", "oospec"])
+def test_a_call_is_ready_to_run_before_the_reply_ends(parrot, method):
+    """`ToolCallReady` comes in the round a call's arguments close: the first of two parallel calls
+    is ready before the second is announced, each before the Generation, with its parsed arguments."""
+    events, _ = trace_stream(parrot, ASK, TOOLS, max_new_tokens=80, method=method, stop=["STOP"])
+    gen = events[-1][1]
+    ready = [(k, r, e) for k, (r, e) in enumerate(events) if isinstance(e, ToolCallReady)]
+    assert [e for _, _, e in ready] == [ToolCallReady(i, c["id"], c["name"], c["arguments"])
+                                        for i, c in enumerate(gen.tool_calls)]
+    second = next(k for k, (_, e) in enumerate(events) if isinstance(e, ToolCallDelta) and e.index == 1)
+    assert ready[0][0] < second
+    assert ready[0][1] < ready[1][1] < events[-1][0]  # rounds: the first call well before the reply's end
+
+
+def test_the_hint_is_predicted_as_calls_in_the_round_it_is_read(parrot):
+    hint = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>'
+    events, _ = trace_stream(parrot, ASK, TOOLS, max_new_tokens=80, method="oospec", stop=["STOP"], hint=hint)
+    predicted = [(r, e) for r, e in events if isinstance(e, CallPredicted)]
+    assert predicted == [(1, CallPredicted([{"name": "get_weather", "arguments": {"city": "Lyon"}}]))]
+    first_call = next(k for k, (_, e) in enumerate(events) if isinstance(e, ToolCallDelta))
+    assert events.index(predicted[0]) < first_call  # before the target has written the call
+    gen = events[-1][1]
+    assert gen.token_ids == greedy(parrot, parrot.prompt_ids(ASK, TOOLS), 80)[:len(gen.token_ids)]
+    assert gen.stats.prediction_exact is False  # Lyon is not what the target wrote
+
+
+@pytest.mark.parametrize("method,hint", [("ar", None), ("toolspec", None), ("oospec", "no call in this hint")])
+def test_no_prediction_without_a_predicted_call(parrot, method, hint):
+    events = list(parrot.stream(ASK, TOOLS, max_new_tokens=80, method=method, stop=["STOP"], hint=hint))
+    assert not any(isinstance(e, CallPredicted) for e in events)
+    assert events[-1].stats.prediction_exact is (None if hint is None else False)
+
+
+def test_a_prediction_that_is_the_call_written_is_exact(parrot):
+    hint = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'  # the second call
+    gen = parrot.generate(ASK, TOOLS, max_new_tokens=80, method="oospec", stop=["STOP"], hint=hint)
+    assert gen.stats.prediction_exact is True

@@ -153,3 +153,48 @@ def test_a_wave_estimates_itself_from_the_waves_it_ran(tiny):
     wave(prefix, rows, None, choices)
     assert wave.profile["cached_prefix_tokens"] > n // 2
     assert wave.cost(n + ROW_WORK * len(rows)) >= wave.cost(ROW_WORK * len(rows))
+
+
+# ---------------------------------------------------------------- speculative tools on offer (#55)
+
+def test_the_tool_time_a_wave_can_hide_pays_for_it():
+    rule = PayBack(ratio=0.2)
+    rule.observe(prompt_tokens=400, cached_prompt_tokens=0, prefill_s=0.3, decode_s=1.2)  # a 1.5 s call
+    assert rule.exact() == pytest.approx(0.5)  # the prior: half the predicted calls are exact
+    assert rule.hidden_s(None, 1.5) == 0.0 and rule.hidden_s(1.0, None) == 0.0
+    assert rule.hidden_s(1.0, 1.5) == pytest.approx(0.5)
+    assert rule.hidden_s(4.0, 1.5) == pytest.approx(0.75)  # no more than the call it hides behind
+    wave = 0.6  # a wave on 2 shared cores
+    assert rule.verdict(wave, rule.decode_s()) is not None                  # no tools: 0.24 s of decode to win
+    assert rule.verdict(wave, rule.decode_s(), rule.hidden_s(1.0, 1.5)) is None  # 1 s tools: 0.74 s to win
+    why = rule.verdict(wave, rule.decode_s(), rule.hidden_s(0.25, 1.5))     # 0.25 s tools: 0.365 s
+    assert why is not None and "tool time it is expected to hide (about 0.12 s)" in why
+    for _ in range(30):
+        rule.observe_prediction(False)
+    assert rule.exact() < 0.01 and rule.hidden_s(1.0, 1.5) < 0.01  # a sidecar that is never exact hides nothing
+    for _ in range(30):
+        rule.observe_prediction(True)
+    assert rule.exact() > 0.99
+
+
+@pytest.mark.parametrize("tools, runs", [(None, False), ({"get_weather": 1.0}, True),
+                                         ({"get_weather": 0.25}, False), ({"get_weather": None}, False),
+                                         ({"other_tool": 5.0}, False), ({"get_weather": 1.0, "x": None}, True)])
+def test_the_engine_weighs_the_speculative_tools_on_offer(tiny, tools, runs):
+    _, _, ref = tiny
+    sidecar = CpuHint(ref.text, 0.8)  # over 0.4 * 1.5 s of decode; under it plus half of a 1 s tool
+    gen = _engine(tiny, sidecar, wave_payback=0.4).generate(ASK, [WEATHER], tool_choice="required",
+                                                            max_new_tokens=24, speculative_tools=tools)
+    assert sidecar.waves == int(runs) and (gen.stats.sidecar_skipped is None) == runs
+    known = tools is not None and tools.get("get_weather") is not None
+    assert gen.stats.hidden_estimate_s == (pytest.approx(0.5 * min(tools["get_weather"], 2.0)) if known else None)
+    assert gen.token_ids == ref.token_ids  # the wave or not, the target's answer
+
+
+@pytest.mark.parametrize("bad, message", [(["get_weather"], "must be a dict"),
+                                          ({"get_weather": -1}, r"speculative_tools\['get_weather'\] must be"),
+                                          ({"get_weather": "1s"}, "expected seconds >= 0 or None")])
+def test_bad_speculative_tools_are_named(tiny, bad, message):
+    from oospec_agents import OoOSpecError
+    with pytest.raises(OoOSpecError, match=message):
+        _engine(tiny, None).stream(ASK, [WEATHER], speculative_tools=bad)
