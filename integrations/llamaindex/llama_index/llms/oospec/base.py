@@ -4,7 +4,8 @@ This module owns LlamaIndex's idioms: chat and completion methods and their call
 carrying the whole message so far (and its `logprobs` so far), the sampling fields as LlamaIndex's
 OpenAI LLM names them, a reasoning target's reasoning (a `ThinkingBlock`, and `thinking_delta` in a
 stream's `ChatResponse.additional_kwargs`, as llama-index-llms-ollama and -openai give them),
-`_prepare_chat_with_tools` and `get_tool_calls_from_response`. Message
+`_prepare_chat_with_tools` and `get_tool_calls_from_response`, and the speculative tools' events
+(events.py) dispatched through LlamaIndex's instrumentation while a reply decodes. Message
 translation is messages.py's; what every front-end shares (the request, its sampling rules, the
 engine's loading, the async bridge, usage, the `allow_parallel_tool_calls` rule) is
 oospec_agents.frontend's.
@@ -41,19 +42,22 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
-from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
+from oospec_agents import (CallPredicted, Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta,
+                           ToolCallReady)
 from oospec_agents.engine import Event
 from oospec_agents.frontend import (CallsSoFar, ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate,
                                     check_seed, openai_logprobs)
 from oospec_agents.sampling import Sampling
 
+from .events import CallPredictedEvent, ReplyEndEvent, ToolCallReadyEvent, dispatcher
 from .messages import assistant_message, to_engine_messages, tool_calls_of
+from .speculative import SpeculativeTool
 
 # The sampling settings: fields, and keyword arguments of a single call.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "top_logprobs")
 # What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three.
 _CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format", "prediction",
-                "chat_template_kwargs", "reasoning_effort", *_SAMPLING)
+                "chat_template_kwargs", "reasoning_effort", "speculative_tools", *_SAMPLING)
 
 
 class OoOSpec(FunctionCallingLLM):
@@ -232,28 +236,53 @@ class OoOSpec(FunctionCallingLLM):
 
     def _chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request, parallel = self._request(messages, kwargs)
-        return self._final(request.generate(self.engine), parallel)
+        generation = None
+        for generation in self._dispatching(request.stream(self.engine), parallel):
+            pass
+        return self._final(generation, parallel)
 
     async def _achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request, parallel = self._request(messages, kwargs)
         # Through the event bridge rather than one blocking call, so that a cancelled `achat`
         # stops the decode after its current round and frees the engine.
         generation = None
-        async for generation in aiterate(lambda: request.stream(self.engine)):
+        async for generation in aiterate(lambda: self._dispatching(request.stream(self.engine), parallel)):
             pass
         return self._final(generation, parallel)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         request, parallel = self._request(messages, kwargs)
         events = request.stream(self.engine)  # bad input fails here, not on the first chunk
-        return self._responses(events, parallel)
+        return self._responses(self._dispatching(events, parallel), parallel)
 
     async def _astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         request, parallel = self._request(messages, kwargs)
         # A first use loads the models: seconds that must not block the event loop.
         engine = await asyncio.to_thread(self._engine.get)
         events = request.stream(engine)  # bad input fails here, not on the first chunk
-        return aiterate(lambda: self._responses(events, parallel))
+        return aiterate(lambda: self._responses(self._dispatching(events, parallel), parallel))
+
+    def _dispatching(self, events: Iterator[Event], parallel: ParallelToolCalls) -> Iterator[Event]:
+        """The engine's events, passed on unchanged, with the speculative tools' events (events.py)
+        dispatched on the way, each before the engine event it comes from is passed on: the reply's
+        ReplyEndEvent before its Generation. Of the ToolCallReadys (one per `Generation.tool_calls` entry,
+        in order), those of the calls the message keeps: all, or the first."""
+        with closing(events):
+            ready = 0
+            for event in events:
+                if isinstance(event, CallPredicted):
+                    dispatcher.event(CallPredictedEvent(calls=event.calls, confidence=event.confidence,
+                                                        llm_id=id(self)))
+                elif isinstance(event, ToolCallReady):
+                    if parallel.allowed or ready == 0:
+                        dispatcher.event(ToolCallReadyEvent(index=event.index, tool_id=event.id, tool_name=event.name,
+                                                            tool_kwargs=event.arguments, llm_id=id(self)))
+                    ready += 1
+                elif isinstance(event, Generation):
+                    calls = [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"])
+                             for c in parallel.first(event.tool_calls)]
+                    dispatcher.event(ReplyEndEvent(tool_calls=calls, llm_id=id(self)))
+                yield event
 
     def _responses(self, events: Iterator[Event], parallel: ParallelToolCalls) -> ChatResponseGen:
         """One ChatResponse per engine event, each carrying the whole message so far: its reasoning (a
@@ -301,6 +330,7 @@ class OoOSpec(FunctionCallingLLM):
                               prediction=kwargs.get("prediction"),
                               chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
                               reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
+                              speculative_tools=kwargs.get("speculative_tools"),
                               **self._sampling(kwargs))
         return request, ParallelToolCalls(bool(kwargs.get("allow_parallel_tool_calls", True)))
 
@@ -358,7 +388,9 @@ class OoOSpec(FunctionCallingLLM):
 
         `tool_choice` ("auto", "none", "required", a tool's name, or an OpenAI dict) wins over
         `tool_required`, which asks for any call. `strict` (None: the LLM's own `strict`) sends
-        every tool with `"strict": true`: its calls are decoded under the schemas' grammar.
+        every tool with `"strict": true`: its calls are decoded under the schemas' grammar. Speculative
+        tools among `tools` (speculative.py) are named to the engine with their expected seconds
+        (`speculative_tools`), which its pay-back rule weighs.
         """
         if strict is None:
             strict = self.strict
@@ -379,11 +411,13 @@ class OoOSpec(FunctionCallingLLM):
         if strict or self.strict:  # written out either way, so a call's strict=False wins in `chat`
             for spec in specs:
                 spec["function"]["strict"] = strict
+        speculative = {t.metadata.get_name(): t.expected_latency for t in tools if isinstance(t, SpeculativeTool)}
         return {
             "messages": messages,
             "tools": specs,
             "tool_choice": tool_choice,
             "allow_parallel_tool_calls": allow_parallel_tool_calls,
+            **({"speculative_tools": speculative} if speculative else {}),
             **kwargs,
         }
 
