@@ -32,12 +32,14 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
+from oospec_agents.events import CallPredicted, ToolCallReady
 from oospec_agents.frontend import (ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate, call_problems,
                                     check_penalties, check_seed, choice_count, openai_logprobs)
 from oospec_agents.sampling import Sampling
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
+from .custom_events import SpeculativeEvent, adispatch, dispatch
 
 #: the sampling settings, as ChatOpenAI names them: fields, and keyword arguments of a single call
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "top_logprobs")
@@ -277,7 +279,7 @@ class ChatOoOSpec(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         if self._choices(kwargs) > 1:
-            return _result(self._chunks(messages, stop, kwargs))
+            return _result(_dispatched(self._chunks(messages, stop, kwargs), run_manager))
         return _result(self._stream(messages, stop, run_manager, **kwargs))
 
     async def _agenerate(
@@ -288,7 +290,8 @@ class ChatOoOSpec(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         if self._choices(kwargs) > 1:
-            return _result([chunk async for chunk in aiterate(lambda: self._chunks(messages, stop, kwargs))])
+            chunks = _adispatched(aiterate(lambda: self._chunks(messages, stop, kwargs)), run_manager)
+            return _result([chunk async for chunk in chunks])
         return _result([chunk async for chunk in self._astream(messages, stop, run_manager, **kwargs)])
 
     def _stream(
@@ -300,8 +303,8 @@ class ChatOoOSpec(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         self._one_choice(kwargs)
         # closing(): a consumer that stops early releases the engine now, not when garbage is collected
-        with closing(self._chunks(messages, stop, kwargs)) as chunks:
-            for chunk in chunks:
+        with closing(self._chunks(messages, stop, kwargs)) as items:
+            for chunk in _dispatched(items, run_manager):
                 if run_manager:
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
@@ -315,8 +318,8 @@ class ChatOoOSpec(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         self._one_choice(kwargs)
         # The engine (its loading included) runs on aiterate's worker thread, off the event loop.
-        async with aclosing(aiterate(lambda: self._chunks(messages, stop, kwargs))) as chunks:
-            async for chunk in chunks:
+        async with aclosing(aiterate(lambda: self._chunks(messages, stop, kwargs))) as items:
+            async for chunk in _adispatched(items, run_manager):
                 if run_manager:
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
@@ -329,7 +332,8 @@ class ChatOoOSpec(BaseChatModel):
             raise ValueError(f"n={self._choices(kwargs)}: ChatOoOSpec streams one generation; n must be 1 when "
                              "streaming (invoke, batch or generate give n generations)")
 
-    def _chunks(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator[ChatGenerationChunk]:
+    def _chunks(self, messages: list[BaseMessage], stop: list[str] | None,
+                kwargs: dict) -> Iterator[ChatGenerationChunk | SpeculativeEvent]:
         """One chunk per engine event, as the engine commits it: reasoning (in
         `additional_kwargs["reasoning_content"]`, as ChatOllama's and ChatDeepSeek's chunks carry it, so the
         chunks' sum joins it), text, a call's name, its argument fragments; the last chunk carries usage and stats. `parallel_tool_calls=False` (as ChatOpenAI
@@ -337,12 +341,15 @@ class ChatOoOSpec(BaseChatModel):
         With logprobs asked for, a chunk of empty content carries each round's in
         `generation_info["logprobs"]` (`{"content": [...]}`, as ChatOpenAI's chunks do), which LangChain
         puts in the chunk's `response_metadata`; the chunks' sum concatenates them. With `n` > 1, the
-        choices' chunks one after another, each ending with its last chunk."""
+        choices' chunks one after another, each ending with its last chunk. Between them, as the engine
+        yields them, its `CallPredicted` and `ToolCallReady` events as they are: `_dispatched` sends them to
+        the run's callback handlers as custom events (custom_events.py); they change no chunk."""
         engine, request = self._request(messages, stop, kwargs)
         for index in range(self._choices(kwargs)):
             yield from self._choice_chunks(engine, request.for_choice(index), kwargs)
 
-    def _choice_chunks(self, engine: Engine, request: ChatRequest, kwargs: dict) -> Iterator[ChatGenerationChunk]:
+    def _choice_chunks(self, engine: Engine, request: ChatRequest,
+                       kwargs: dict) -> Iterator[ChatGenerationChunk | SpeculativeEvent]:
         parallel = ParallelToolCalls.openai(kwargs.get("parallel_tool_calls"))
         with closing(request.stream(engine)) as events:
             for event in events:
@@ -359,9 +366,10 @@ class ChatOoOSpec(BaseChatModel):
                 elif isinstance(event, LogprobsDelta):
                     yield ChatGenerationChunk(message=AIMessageChunk(content=""),
                                               generation_info={"logprobs": {"content": event.content}})
+                elif isinstance(event, (CallPredicted, ToolCallReady)):  # for the callback handlers only
+                    yield event
                 elif isinstance(event, Generation):  # always the last event
                     yield _last_chunk(event, engine.model_name, parallel)
-                # other events (CallPredicted, ToolCallReady) change nothing in the message
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, ChatRequest]:
         """The engine for this call and what to ask of it."""
@@ -414,6 +422,27 @@ def _last_chunk(gen: Generation, model_name: str, parallel: ParallelToolCalls) -
     chunk._generation = gen
     chunk._parallel = parallel
     return chunk
+
+
+def _dispatched(items: Iterable[ChatGenerationChunk | SpeculativeEvent],
+                run_manager: CallbackManagerForLLMRun | None) -> Iterator[ChatGenerationChunk]:
+    """The chunks of `items`; each engine event among them is dispatched, as it comes, as a custom event
+    of the model's run (`custom_events.dispatch`), so a handler sees a prediction before the reply ends."""
+    for item in items:
+        if isinstance(item, ChatGenerationChunk):
+            yield item
+        else:
+            dispatch(run_manager, item)
+
+
+async def _adispatched(items: AsyncIterator[ChatGenerationChunk | SpeculativeEvent],
+                       run_manager: AsyncCallbackManagerForLLMRun | None) -> AsyncIterator[ChatGenerationChunk]:
+    """`_dispatched` for the async paths: the events are dispatched on the event loop, in order."""
+    async for item in items:
+        if isinstance(item, ChatGenerationChunk):
+            yield item
+        else:
+            await adispatch(run_manager, item)
 
 
 def _result(chunks: Iterable[ChatGenerationChunk]) -> ChatResult:
