@@ -6,7 +6,8 @@ exactly the aggregate of the streamed chunks.
 
 This module owns the routes and a request's path through them: checked (protocol.py), queued
 (scheduler.py), folded into its `Reply` as SSE chunks or one body, and the client's leaving turned
-into a cancelled job. The wire format is protocol.py's; the error bodies errors.py's.
+into a cancelled job. The wire format is protocol.py's; the error bodies errors.py's; our opt-in
+request extension (`"oospec": {"predicted_calls", "speculative_tools"}`) extension.py's.
 """
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .. import Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
+from .. import CallPredicted, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
 from ..frontend import ChatRequest, choice_count
 from . import admin
 from .errors import Guard, ServeError, error_body, install_error_handlers
+from .extension import Extension, Predictions
 from .metrics import Metrics
 from .protocol import (ChatCompletionRequest, Completion, check_tool_messages, check_tools, refuse_sampling,
                        refuse_unserved, sampling, sse)
@@ -124,11 +126,12 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
                              code="model_not_found")
         return model_object()
 
-    def start(req: ChatCompletionRequest):
+    def start(req: ChatCompletionRequest, ext: Extension = Extension()):
         """A chat request checked and queued: its Job, and `finished(gen)` recording its metrics.
         Chat completions and the Responses API (which arrives translated) both take this path. The
         job's events are the engine's (`LogprobsDelta`s among them when logprobs are asked for), of
-        `n` choices one after another: choice i's events follow i Generations."""
+        `n` choices one after another: choice i's events follow i Generations. `ext` is the request's
+        `oospec` extension (its `speculative_tools` go to the engine)."""
         if req.model != state.model:
             raise ServeError(404, f"unknown model {req.model!r}; this server serves {state.model!r}",
                              param="model", code="model_not_found")
@@ -142,7 +145,7 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
                            stop=[req.stop] if isinstance(req.stop, str) else req.stop,
                            response_format=req.response_format, prediction=req.prediction,
                            chat_template_kwargs=req.chat_template_kwargs, reasoning_effort=req.reasoning_effort,
-                           **sampling(req))
+                           speculative_tools=ext.speculative_tools, **sampling(req))
         if req.max_completion_tokens or req.max_tokens:
             chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
         # Bad input raises here, on the loop, before the request takes a place in the queue.
@@ -159,19 +162,21 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
     @app.post(CHAT_PATH)
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         t0 = time.perf_counter()
-        job, finished = start(req)
+        ext = Extension.of(req)
+        job, finished = start(req, ext)
         completion = Completion(state.model, state.replica, choice_count(req.n), req.parallel_tool_calls,
                                 bool(req.logprobs))
+        fold = _Fold(completion, state, t0, Predictions() if ext.predicted_calls else None)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_sse(job, completion, state, t0, usage, finished),
+            return StreamingResponse(_sse(job, fold, usage, finished),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        gens = await _collect(job, completion, state, t0, request)
+        gens = await _collect(job, fold, request)
         if gens is None:
             return Response(status_code=499)  # the client closed the request; nobody reads this
         for gen in gens:
             finished(gen)
-        return completion.body(gens)
+        return fold.body()
 
     @app.post(RESPONSES_PATH)
     async def responses(req: ResponsesRequest, request: Request):
@@ -192,25 +197,54 @@ def _load(state: _State, loader) -> None:
         state.load_error = f"{type(e).__name__}: {e}"
 
 
-def _apply(completion: Completion, gens: list, item, state: _State, t0: float) -> list[dict]:
-    """Fold one engine event into its choice's reply (choice i's events follow i Generations, which
-    `gens` collects); returns the chunks to send now."""
-    reply = completion.replies[len(gens)]
-    if isinstance(item, (ReasoningDelta, TextDelta, ToolCallDelta)):
-        if not gens and not reply.reasoning and not reply.content and not reply.calls:
-            state.metrics.ttft.observe(time.perf_counter() - t0)
-        if isinstance(item, ToolCallDelta):
-            return reply.hold(reply.tool_call(item))
-        return reply.hold(reply.text(item.text) if isinstance(item, TextDelta) else reply.reason(item.text))
-    if isinstance(item, LogprobsDelta):
-        return reply.logprobs(item)
-    if not isinstance(item, Generation):  # CallPredicted, ToolCallReady: nothing a stock client sees
-        return []
-    gens.append(item)  # the choice's Generation
-    return reply.release() + [reply.last_chunk(item)]
+class _Fold:
+    """One chat request's engine events folded into its `Completion`: `apply(event)` returns the chunks
+    to send now; `gens` collects the choices' Generations (choice i's events follow i of them).
+    `predictions` is the `oospec.predicted_calls` extension's record (None: off, and a `CallPredicted`
+    sends nothing, as a `ToolCallReady` never does: a stock client sees no new chunk)."""
+
+    def __init__(self, completion: Completion, state: _State, t0: float, predictions: Predictions | None):
+        self.completion, self.state, self.t0, self.predictions = completion, state, t0, predictions
+        self.gens: list = []
+
+    def apply(self, item) -> list[dict]:
+        choice = len(self.gens)
+        reply = self.completion.replies[choice]
+        if isinstance(item, (ReasoningDelta, TextDelta, ToolCallDelta)):
+            if not self.gens and not reply.reasoning and not reply.content and not reply.calls:
+                self.state.metrics.ttft.observe(time.perf_counter() - self.t0)
+            if isinstance(item, ToolCallDelta):
+                return reply.hold(reply.tool_call(item))
+            return reply.hold(reply.text(item.text) if isinstance(item, TextDelta) else reply.reason(item.text))
+        if isinstance(item, LogprobsDelta):
+            return reply.logprobs(item)
+        if isinstance(item, CallPredicted) and self.predictions is not None:
+            return [self.predictions.chunk(self.completion, choice, item)]
+        if not isinstance(item, Generation):  # ToolCallReady, an unasked CallPredicted: nothing on the wire
+            return []
+        self.gens.append(item)  # the choice's Generation
+        last = reply.last_chunk(item)
+        if self.predictions is not None:
+            self.predictions.closing(choice, last["oospec"])
+        return reply.release() + [last]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.gens) == len(self.completion.replies)
+
+    def body(self) -> dict:
+        """The non-streamed reply; with the extension, each choice's `oospec` object lists its predictions."""
+        body = self.completion.body(self.gens)
+        if self.predictions is not None:
+            extra = body["oospec"]
+            for choice, oospec in enumerate(extra.get("choices", [extra])):
+                self.predictions.closing(choice, oospec)
+            if "choices" in extra:
+                self.predictions.closing(0, extra)
+        return body
 
 
-async def _collect(job, completion: Completion, state: _State, t0: float, request: Request):
+async def _collect(job, fold: _Fold, request: Request):
     """A non-streamed reply: every event folded in; its choices' Generations, or None when the client
     left before the end."""
     async def watch():
@@ -219,27 +253,25 @@ async def _collect(job, completion: Completion, state: _State, t0: float, reques
         job.cancel()
 
     watcher = asyncio.create_task(watch())
-    gens: list = []
     try:
         async for item in job.events():
-            _apply(completion, gens, item, state, t0)
+            fold.apply(item)
     finally:
         watcher.cancel()
-    return gens if len(gens) == len(completion.replies) else None
+    return fold.gens if fold.complete else None
 
 
-async def _sse(job, completion: Completion, state: _State, t0: float, usage: bool, finished):
-    for chunk in completion.first_chunks():
+async def _sse(job, fold: _Fold, usage: bool, finished):
+    for chunk in fold.completion.first_chunks():
         yield sse(chunk)
-    gens: list = []
     try:
         async for item in job.events():
-            for chunk in _apply(completion, gens, item, state, t0):
+            for chunk in fold.apply(item):
                 yield sse(chunk)
             if isinstance(item, Generation):
                 finished(item)
-        if usage and len(gens) == len(completion.replies):
-            yield sse(completion.usage_chunk(gens))
+        if usage and fold.complete:
+            yield sse(fold.completion.usage_chunk(fold.gens))
     except Exception as e:  # the status line is sent: the error goes in the stream, as OpenAI's does
         log.exception("streamed request failed")
         yield sse(error_body(500, f"internal error ({type(e).__name__}); the server log has the details"))

@@ -20,6 +20,10 @@ assistant turn that follows it, as chat completions takes it. Not served: storag
 stored, every response says `"store": false`; `previous_response_id`, `conversation` and
 `item_reference` items are 400s), built-in tools (`web_search`, `file_search`, ...), images, files and
 audio in the input, encrypted reasoning, `background`, prompt templates, logprobs, `truncation="auto"`.
+
+Our opt-in `oospec` extension (extension.py) is served as on chat completions: its `speculative_tools`
+go to the engine, and with `predicted_calls` each prediction is an `oospec.predicted_calls` event of
+its own (never a `function_call` item), listed again under `oospec.predictions` in the response.
 """
 from __future__ import annotations
 
@@ -35,8 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS, Generation
 from ..errors import TemplateArgumentError
-from ..events import ReasoningDelta, TextDelta, ToolCallDelta
+from ..events import CallPredicted, ReasoningDelta, TextDelta, ToolCallDelta
 from ..frontend import CallsSoFar, ParallelToolCalls, Usage, join_text_parts
+from .extension import RESPONSES_EVENT, Extension, Predictions
 from .protocol import ChatCompletionRequest, RequestError, oospec_object
 
 log = logging.getLogger("oospec.serve")
@@ -354,10 +359,12 @@ class Output:
     reasons (not for an empty block), a `message` item when text comes, a `function_call` item per call;
     an item is done when the next opens, or at the end.
 
-    `fold(event)` folds in one engine event (reasoning, text or call) and returns the stream events it makes."""
+    `fold(event)` folds in one engine event (reasoning, text or call) and returns the stream events it makes.
+    With `predictions` (the `oospec.predicted_calls` extension), a `CallPredicted` is an
+    `oospec.predicted_calls` event; without, it makes none, as a `ToolCallReady` never does."""
 
     def __init__(self, model: str, replica: str, req: ResponsesRequest, parallel: ParallelToolCalls | None = None,
-                 first_token: Callable[[], None] = lambda: None):
+                 first_token: Callable[[], None] = lambda: None, predictions: Predictions | None = None):
         self.id = "resp_" + uuid.uuid4().hex
         self.created_at = int(time.time())
         self.model, self.replica, self.req = model, replica, req
@@ -369,6 +376,7 @@ class Output:
         self._calls = CallsSoFar()
         self._seq = 0
         self._first_token = first_token
+        self.predictions = predictions
 
     @property
     def calls(self) -> list[dict]:
@@ -403,10 +411,14 @@ class Output:
                              "output_tokens": usage.completion_tokens,
                              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": usage.total_tokens}
             body["oospec"] = oospec_object(gen, self.calls, self.replica)
+            if self.predictions is not None:
+                self.predictions.closing(0, body["oospec"])
         return body
 
     def fold(self, item) -> list[dict]:
         """One engine event's stream events (none for an event a response does not show)."""
+        if isinstance(item, CallPredicted) and self.predictions is not None:
+            return [self._event(RESPONSES_EVENT, **self.predictions.add(0, item))]
         if not isinstance(item, (ReasoningDelta, TextDelta, ToolCallDelta)):
             return []
         if not self.reasoning and not self.content and not self.calls:
@@ -548,12 +560,14 @@ async def respond(req: ResponsesRequest, request, start: Callable, model: str, r
     chat path: checks, engine stream, queue place), then its events as a stream or one body.
     `first_token()` is called at the first reasoning, text or call event (the time-to-first-token metric).
     A chat template argument the engine refuses (`reasoning.effort`, `chat_template_kwargs`) is a 400
-    naming the field as the request gave it, before anything streams."""
+    naming the field as the request gave it, before anything streams, as is a bad `oospec` extension."""
+    ext = Extension.of(req)
     try:
-        job, finished = start(to_chat(req))
+        job, finished = start(to_chat(req), ext)
     except TemplateArgumentError as e:
         raise template_error(e, req) from None
-    out = Output(model, replica, req, ParallelToolCalls.openai(req.parallel_tool_calls), first_token)
+    out = Output(model, replica, req, ParallelToolCalls.openai(req.parallel_tool_calls), first_token,
+                 Predictions() if ext.predicted_calls else None)
     if req.stream:
         return StreamingResponse(_stream(job, out, finished), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
