@@ -11,7 +11,7 @@
 # GPU memory; on a smaller GPU its profile fails and the others go on.
 # Environment (all optional): OUT=bench-out/gpu-profile  DTYPE=bfloat16  K=1,2,4,8,16,32,48,64
 #   CONTEXT=256,1024,4096  CONFIGS="qwen3-8b llama-3.1-8b qwen2.5-7b qwen3-32b"
-#   RESULTS=docs/bench-validate-60-results.json  (a results.json of `oospec bench` with acceptance traces)
+#   RESULTS=docs/reports/bench-validate-60-results.json  (a results.json of `oospec bench` with acceptance traces)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}
@@ -21,7 +21,7 @@ DTYPE=${DTYPE:-bfloat16}
 K=${K:-1,2,4,8,16,32,48,64}
 CONTEXT=${CONTEXT:-256,1024,4096}
 CONFIGS=${CONFIGS:-qwen3-8b llama-3.1-8b qwen2.5-7b qwen3-32b}
-RESULTS=${RESULTS:-docs/bench-validate-60-results.json}
+RESULTS=${RESULTS:-docs/reports/bench-validate-60-results.json}
 
 NGPU=$("$PYTHON" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)") || NGPU=0
 if (( NGPU == 0 )); then

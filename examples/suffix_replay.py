@@ -1,5 +1,5 @@
 """Call memory's n-gram retrieval against Arctic Inference's suffix tree (drafters/suffix.py) on a
-deployment's history, replayed without the cost of a real target (docs/suffix-tree.md).
+deployment's history, replayed without the cost of a real target (docs/reports/suffix-tree.md).
 
 Each record's gold calls, rendered in the embedded target's format, are the reply: a tiny random model
 with the embedded target's tokenizer and chat template is made to write them (tests/oospec_testing.py's

@@ -22,7 +22,7 @@ least `min_tail` tokens (8) to feed, since a bf16 GEMM of 1 or 2 rows gives othe
 That cache shares the entry's tensors where it can (`fork`): transformers' `DynamicLayer` never
 writes a tensor it holds (it grows by `torch.cat`, crops by slicing, and our tree rollback keeps
 paths with `index_select`), so a fork over the same tensors is as safe as a copy and costs nothing;
-any other cache type is deep-copied (what the copies cost: docs/warm-prompts.md).
+any other cache type is deep-copied (what the copies cost: docs/reports/warm-prompts.md).
 """
 from __future__ import annotations
 

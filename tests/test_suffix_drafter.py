@@ -15,7 +15,7 @@ from oospec_agents.drafters import ReplyState
 
 HAVE_ARCTIC = importlib.util.find_spec("arctic_inference") is not None
 needs_arctic = pytest.mark.skipif(not HAVE_ARCTIC, reason="arctic_inference is not installed: the suffix tree is the "
-                                  "optional extra 'suffix', built from source (docs/suffix-tree.md)")
+                                  "optional extra 'suffix', built from source (docs/reports/suffix-tree.md)")
 
 WEATHER = {"type": "function", "function": {"name": "get_current_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

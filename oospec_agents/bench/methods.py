@@ -10,7 +10,7 @@ retrieval memory. With `--strict`, `ar`, `toolspec` and `oospec` also run as `ar
 kept to its core set and the sidecar's worker process to its own (`BenchContext.split_engine`, the same
 target model), beside the shared layout's rows, in the same interleaved loop. `suffix` is `toolspec`
 with retrieval drafted by a suffix tree over the same prompt, output and call memory, as vLLM's `suffix`
-method drafts (drafters/suffix.py, an optional dependency; docs/suffix-tree.md).
+method drafts (drafters/suffix.py, an optional dependency; docs/reports/suffix-tree.md).
 
 transformers' `generate` methods (`hf_generate`, `prompt_lookup`, `assisted`) are timed from the
 outside. Their `prefill_s` is a separate plain greedy `generate(max_new_tokens=1)` on the same prompt,

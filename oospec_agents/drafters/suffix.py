@@ -4,7 +4,7 @@ hint -- kept in Arctic Inference's `SuffixDecodingCache`, which matches the long
 and proposes the continuation its earlier occurrences took most often.
 
 An optional dependency (`pip install oospec-agents[suffix]`, built from source): imported only when a
-`SuffixDrafter` is made. docs/suffix-tree.md compares it with `RetrievalDrafter`.
+`SuffixDrafter` is made. docs/reports/suffix-tree.md compares it with `RetrievalDrafter`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def suffix_cache(max_depth: int):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
     except ImportError as e:
         raise ImportError("the suffix drafter needs Arctic Inference's suffix tree: pip install "
-                          f"'oospec-agents[suffix]' (it builds a C++ extension; docs/suffix-tree.md) ({e})") from e
+                          f"'oospec-agents[suffix]' (it builds a C++ extension; docs/reports/suffix-tree.md) ({e})") from e
     return SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=-1)
 
 

@@ -1,0 +1,79 @@
+"""The docs as a guide (#57): every relative link in README.md and docs/ resolves, every `docs/...`
+path that code, examples and tests name exists, and every run report under docs/reports/ is listed
+once in docs/reports/README.md."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+REPORTS = DOCS / "reports"
+
+#: a Markdown link or image: [text](target) or ![alt](target), the target up to a space, `#` or `)`
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s#>]*)")
+#: a `docs/...` path as code names it (not `shared/docs/...`, which is outside the repository)
+DOCS_PATH = re.compile(r"(?<![\w/.])docs/[\w./-]+")
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def code_files() -> list[Path]:
+    files = []
+    for folder in ("oospec_agents", "integrations", "examples", "tests"):
+        files += [p for p in (ROOT / folder).rglob("*") if p.is_file() and ".venv" not in p.parts
+                  and p.suffix in {".py", ".ipynb", ".sh", ".md", ".toml", ".jinja", ".json", ".txt"}]
+    return files
+
+
+def _without_code_blocks(text: str) -> str:
+    """Links are not links inside fenced code."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def relative_links(path: Path) -> list[str]:
+    targets = LINK.findall(_without_code_blocks(path.read_text(encoding="utf-8")))
+    return [t for t in targets if t and not re.match(r"^[a-zA-Z][\w+.-]*:", t) and not t.startswith("/")]
+
+
+def test_every_relative_link_in_readme_and_docs_resolves():
+    broken = [f"{path.relative_to(ROOT)}: {target}" for path in markdown_files() for target in relative_links(path)
+              if not (path.parent / target).exists()]
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
+
+
+def test_every_docs_path_named_in_code_exists():
+    missing = set()
+    for path in code_files():
+        for found in DOCS_PATH.findall(path.read_text(encoding="utf-8", errors="replace")):
+            name = found.rstrip(".-/")
+            if not (ROOT / name).exists():
+                missing.add(f"{path.relative_to(ROOT)}: {name}")
+    assert not missing, "docs paths that do not exist:\n" + "\n".join(sorted(missing))
+
+
+def test_every_report_is_listed_once_in_the_reports_index():
+    """Each file under docs/reports/ (a report, its plot, its JSON) is in exactly one row of the index."""
+    rows = [line for line in (REPORTS / "README.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("|") and "](" in line]
+    linked = [{Path(t).name for t in LINK.findall(row) if t and (REPORTS / t).parent == REPORTS} for row in rows]
+    reports = sorted(p.name for p in REPORTS.iterdir() if p.is_file() and p.name != "README.md")
+    times = {name: sum(name in names for names in linked) for name in reports}
+    assert all(n == 1 for n in times.values()), {name: n for name, n in times.items() if n != 1}
+
+
+@pytest.mark.parametrize("name", ["bench-embedded-60.md", "bench-strict-60.md", "history.md"])
+def test_dated_reports_live_under_reports_not_beside_the_guides(name):
+    assert (REPORTS / name).exists() and not (DOCS / name).exists()
+
+
+def test_the_link_checks_catch_a_broken_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("[ok](page.md) [gone](nowhere.md#x) ![plot](img.png) [web](https://x.org)\n"
+                    "```\n[in code](not-a-link.md)\n```\n")
+    assert relative_links(page) == ["page.md", "nowhere.md", "img.png"]
+    assert DOCS_PATH.findall("see docs/bench.md. and ../shared/docs/design.md") == ["docs/bench.md."]
