@@ -464,3 +464,20 @@ def test_a_plain_callable_returning_an_awaitable_is_awaited_on_the_runners_loop(
         assert runner.run("search", {"city": "Oslo"}, lambda: pytest.fail("ran twice")) == "sunny:Oslo"
         with pytest.raises(TypeError, match="confidence"):
             runner.predicted([], confidence="high")
+
+
+def test_close_while_the_agent_awaits_a_claimed_run_says_so():
+    search = AsyncTool(gated=True)
+    runner = SpeculativeTools({"search": search})
+    runner.predicted([{"name": "search", "arguments": {}}])
+    assert search.entered.wait(10)
+
+    async def agent():
+        waiting = asyncio.create_task(runner.arun("search", {}, lambda: pytest.fail("ran twice")))
+        await asyncio.sleep(0)  # the task claims the run and awaits it
+        runner.close()
+        with pytest.raises(RuntimeError, match="cancelled by close"):
+            await waiting
+
+    asyncio.run(agent())
+    assert runner.stats["hits"] == 1 and len(search.calls) == 1
