@@ -47,8 +47,8 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", 
 _NEUTRAL = ("frequency_penalty", "presence_penalty")
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "response_format", "prediction",
-                "parallel_tool_calls", "logit_bias", "chat_template_kwargs", "reasoning_effort", *_SAMPLING,
-                *_NEUTRAL)
+                "parallel_tool_calls", "logit_bias", "chat_template_kwargs", "reasoning_effort", "speculative_tools",
+                *_SAMPLING, *_NEUTRAL)
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -76,6 +76,11 @@ class ChatOoOSpec(BaseChatModel):
         model.bind_tools([get_current_weather], tool_choice="auto").invoke("Weather in Paris?")
         model.bind_tools([get_current_weather], strict=True)    # calls decoded under the schema's grammar
         ```
+
+    Speculative tools (docs/speculative-tools-langchain.md): the engine's predicted call and each verified
+    call whose arguments have closed reach callback handlers as custom events (custom_events.py);
+    `SpeculativeToolsMiddleware` starts read-only tools from them, and passes `speculative_tools=`
+    (`{tool name: expected seconds or None}`) so the engine's pay-back rule weighs the tool time a hit hides.
 
     Reasoning (a `<think>` target such as Qwen3, docs/reasoning.md):
         ```python
@@ -389,6 +394,7 @@ class ChatOoOSpec(BaseChatModel):
             prediction=kwargs.get("prediction"),
             chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
             reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
+            speculative_tools=kwargs.get("speculative_tools"),  # SpeculativeToolsMiddleware's, for the pay-back rule
             **settings,
         )
         return self._engines.get(kwargs.get("model")), request
