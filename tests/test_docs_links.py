@@ -46,6 +46,38 @@ def test_every_relative_link_in_readme_and_docs_resolves():
     assert not broken, "links to nothing:\n" + "\n".join(broken)
 
 
+#: a link's target and its `#fragment`, for the anchor check
+LINK_WITH_ANCHOR = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s#>]*)#([^)\s>]+)")
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's ids of a page's headings: lower case, punctuation but `-` and `_` dropped, spaces as
+    `-`, a repeated one suffixed `-1`, `-2`, ..."""
+    seen: dict[str, int] = {}
+    ids = set()
+    for line in _without_code_blocks(path.read_text(encoding="utf-8")).splitlines():
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not heading:
+            continue
+        base = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        ids.add(base if n == 0 else f"{base}-{n}")
+    return ids
+
+
+def test_every_anchor_of_a_link_to_a_page_names_one_of_its_headings():
+    broken = []
+    for path in markdown_files():
+        for target, fragment in LINK_WITH_ANCHOR.findall(_without_code_blocks(path.read_text(encoding="utf-8"))):
+            page = path if not target else path.parent / target
+            if re.match(r"^[a-zA-Z][\w+.-]*:", target) or page.suffix != ".md" or not page.exists():
+                continue
+            if fragment not in anchors(page):
+                broken.append(f"{path.relative_to(ROOT)}: {target}#{fragment}")
+    assert not broken, "anchors that name no heading:\n" + "\n".join(broken)
+
+
 def test_every_docs_path_named_in_code_exists():
     missing = set()
     for path in code_files():
@@ -77,3 +109,9 @@ def test_the_link_checks_catch_a_broken_link(tmp_path):
                     "```\n[in code](not-a-link.md)\n```\n")
     assert relative_links(page) == ["page.md", "nowhere.md", "img.png"]
     assert DOCS_PATH.findall("see docs/bench.md. and ../shared/docs/design.md") == ["docs/bench.md."]
+
+
+def test_anchors_are_githubs_heading_ids(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n## Layouts on a CPU (`--layout shared|split|both`)\n## Title\n```\n## not one\n```\n")
+    assert anchors(page) == {"title", "layouts-on-a-cpu---layout-sharedsplitboth", "title-1"}
