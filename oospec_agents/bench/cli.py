@@ -3,22 +3,25 @@ from __future__ import annotations
 
 import logging
 
+from .agent import AGENT_METHODS
 from .methods import METHODS
 
 log = logging.getLogger(__name__)
 
 
 def add_parser(sub, name):
+    # allow_abbrev=False: a prefix of a flag is no flag (`--agent` was once taken for `--agent-loop`)
     p = sub.add_parser(name, help="benchmark ar / hf_generate / prompt_lookup / assisted / toolspec / oospec / oracle / suffix",
-                       description=__doc__)
+                       description=__doc__, allow_abbrev=False)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", metavar="FILE.jsonl", help="records in the shared format (../shared/data/toolcalls)")
     src.add_argument("--bfcl", metavar="DIR", help="BFCL's own data dir: BFCL_v*_*.json plus possible_answer/")
     p.add_argument("--sources", default=None, metavar="A,B",
                    help="bench only the records of these sources (e.g. the unseen-tools sources of train-extra.jsonl)")
     p.add_argument("--limit", type=int, default=None, help="take N records, spread round-robin over sources")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated, from {','.join(METHODS)} (ar always runs: it is the reference)")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated, from {','.join(METHODS)} (ar always runs: it is the reference; default: "
+                        f"all); with --agent from {','.join(AGENT_METHODS)} (default: all three)")
     p.add_argument("--out", default="bench-out", metavar="DIR")
     p.add_argument("--target", default="embedded",
                    help="HF id, local dir, GGUF file, 'embedded', or 'embedded-thinking' (see --thinking)")
@@ -47,9 +50,9 @@ def add_parser(sub, name):
     p.add_argument("--sidecar-placement", default=None, choices=("auto", "thread", "process", "ray"),
                    help="where the sidecar's wave runs (default: the engine's, 'auto')")
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
-    p.add_argument("--tool-choice", default="required",
+    p.add_argument("--tool-choice", default=None,
                    help="required (default: every record expects a call, so the opener is forced alike for "
-                        "every method), auto, or a tool name")
+                        "every method), auto, or a tool name; --agent always asks with auto")
     p.add_argument("--max-new-tokens", type=int, default=256,
                    help="per reply (default 256: the longest expected dev reply is about 180 tokens)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for prompt_lookup")
@@ -82,6 +85,17 @@ def add_parser(sub, name):
                           help="keep each method's retrieval memory across the records, in record order (each "
                                "method recalls its own replies to the earlier records, per tool set): "
                                "cross-request drafting, as a deployment's call memory sees it")
+    agent = p.add_argument_group("agent episodes (docs/bench-agent.md)")
+    agent.add_argument("--agent", action="store_true",
+                       help="bench multi-step agent episodes with simulated tools instead of single replies: "
+                            "methods toolspec, oospec, oospec+tools (speculative tool execution); results.json "
+                            "has agent wall, model, tool and hidden seconds per episode")
+    agent.add_argument("--tool-latency", type=_latency, default=None, metavar="S|lognormal:MEDIAN",
+                       help="with --agent: each simulated tool call's seconds, fixed (0.25, 1, 2) or log-normal "
+                            "with that median (lognormal:0.5; seeded per record, step and call, the same for "
+                            "every method); default 1")
+    agent.add_argument("--max-steps", type=_positive, default=4, metavar="N",
+                       help="with --agent: an episode ends after N replies, or at a reply without calls (default 4)")
     p.add_argument("--temperature", type=float, default=None, metavar="T",
                    help="sample at temperature T (engine methods only: ar, toolspec, oospec); every method draws "
                         "with the same seed per record (--seed + the record's index), so where the target's "
@@ -101,55 +115,23 @@ def add_parser(sub, name):
 
 
 def run(args):
+    if args.agent:
+        return run_agent(args)
+    if args.tool_latency is not None or args.max_steps != 4:
+        raise ValueError("--tool-latency and --max-steps set up agent episodes: add --agent")
+    args.methods = args.methods or ",".join(METHODS)
+    args.tool_choice = args.tool_choice or "required"
     if args.server:
         return run_server(args)
-    import torch
-
-    from ..engine import Engine
-    from .bfcl import read_bfcl
-    from ..data import only_sources
-    from .records import load_records, spread
     from .report import write_all
     from .runner import BenchConfig, check_methods, run_bench
 
     methods = check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
-    if args.thinking:
-        if args.target not in ("embedded", "embedded-thinking"):
-            raise ValueError(f"--thinking benches the embedded thinking target; drop it with --target {args.target!r}")
-        args.target = "embedded-thinking"
-    records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
-    records = spread(only_sources(records, args.sources, args.bfcl or args.data) if args.sources else records, args.limit)
-    if args.threads:
-        from ..sidecar.cores import set_threads  # every thread count is set in one place
-        set_threads(args.threads)
-    payback = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
-    if args.sidecar_placement:
-        payback["sidecar_placement"] = args.sidecar_placement
-    if args.sidecar_adapter:
-        payback["sidecar_adapter"] = args.sidecar_adapter
-    if args.sidecar_prior_weight is not None:
-        payback["sidecar_prior_weight"] = args.sidecar_prior_weight
-    if args.hint_follow_up != "auto":
-        payback["hint_follow_up"] = args.hint_follow_up == "on"
-    if args.max_draft_nodes is not None:
-        payback["max_draft_nodes"] = args.max_draft_nodes
-    if args.deterministic:
-        payback["deterministic"] = True
-    sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
-    shared = args.layout == "shared"
-    engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device if shared else None,
-                                    sidecar_device=args.sidecar_device if shared else None, dtype=args.dtype, **payback)
-    split_engine = None if shared else _split_engine(engine, args, sidecar, payback)
-    if args.hint_first:
-        from ..sidecar.protocol import HintFirst
-        for e in (engine, split_engine):
-            if e is not None and e.sidecar is not None:
-                e.sidecar = HintFirst(e.sidecar)
+    records = _records(args)
+    engine, split_engine, sidecar = _engines(args)
     methods = _with_layout(methods, args.layout)
-    if "oospec" in methods and sidecar is not False and engine.sidecar is None:
-        # Without a sidecar `oospec` decodes as `toolspec`: a bench that compares them would say nothing.
-        raise RuntimeError("method 'oospec' needs a sidecar, and none was loaded (see the warning above: is the "
-                           "'train' extra, with peft, installed?); pass --sidecar none to bench oospec without one")
+    if "oospec" in methods:
+        _check_sidecar(engine, sidecar)
     assistant, assistant_tok = _load_assistant(args, engine) if "assisted" in methods else (None, None)
     config = BenchConfig(tuple(methods), args.tool_choice, args.max_new_tokens, args.prompt_lookup_tokens,
                          warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario,
@@ -157,12 +139,110 @@ def run(args):
     results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
                         data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""),
                         split_engine=split_engine)
+    return _write(results, args, write_all)
+
+
+def _write(results: dict, args, write_all) -> int:
+    """Save a run's files (`write_all`: the decode bench's or the agent bench's), show the report unless --quiet."""
     results["config"]["hint_first"] = args.hint_first
     paths = write_all(results, args.out)
     if not args.quiet:
         print(paths["report"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _records(args) -> list[dict]:
+    """The records to bench: --data or --bfcl, only --sources' (a source with none is an error naming
+    it), --limit of them spread over the sources."""
+    from ..data import only_sources
+    from .bfcl import read_bfcl
+    from .records import load_records, spread
+    records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
+    return spread(only_sources(records, args.sources, args.bfcl or args.data) if args.sources else records, args.limit)
+
+
+def _engines(args):
+    """(engine, split engine or None, the --sidecar asked for) as the flags say: the target and sidecar
+    loaded once, the split layout's engine on the same target model, --hint-first wrapping each sidecar."""
+    from ..engine import Engine
+    if args.thinking:
+        if args.target not in ("embedded", "embedded-thinking"):
+            raise ValueError(f"--thinking benches the embedded thinking target; drop it with --target {args.target!r}")
+        args.target = "embedded-thinking"
+    if args.threads:
+        from ..sidecar.cores import set_threads  # every thread count is set in one place
+        set_threads(args.threads)
+    options = {} if args.wave_payback is None else {"wave_payback": args.wave_payback}
+    if args.sidecar_placement:
+        options["sidecar_placement"] = args.sidecar_placement
+    if args.sidecar_adapter:
+        options["sidecar_adapter"] = args.sidecar_adapter
+    if args.sidecar_prior_weight is not None:
+        options["sidecar_prior_weight"] = args.sidecar_prior_weight
+    if args.hint_follow_up != "auto":
+        options["hint_follow_up"] = args.hint_follow_up == "on"
+    if args.max_draft_nodes is not None:
+        options["max_draft_nodes"] = args.max_draft_nodes
+    if args.deterministic:
+        options["deterministic"] = True
+    sidecar = False if isinstance(args.sidecar, str) and args.sidecar.lower() == "none" else args.sidecar
+    shared = args.layout == "shared"
+    engine = Engine.from_pretrained(args.target, sidecar, target_device=args.target_device if shared else None,
+                                    sidecar_device=args.sidecar_device if shared else None, dtype=args.dtype, **options)
+    split_engine = None if shared else _split_engine(engine, args, sidecar, options)
+    if args.hint_first:
+        from ..sidecar.protocol import HintFirst
+        for e in (engine, split_engine):
+            if e is not None and e.sidecar is not None:
+                e.sidecar = HintFirst(e.sidecar)
+    return engine, split_engine, sidecar
+
+
+def _check_sidecar(engine, sidecar) -> None:
+    """Method `oospec` was asked for: the sidecar must have loaded, unless --sidecar none said it need not."""
+    if sidecar is not False and engine.sidecar is None:
+        # Without a sidecar `oospec` decodes as `toolspec`: a bench that compares them would say nothing.
+        raise RuntimeError("method 'oospec' needs a sidecar, and none was loaded (see the warning above: is the "
+                           "'train' extra, with peft, installed?); pass --sidecar none to bench oospec without one")
+
+
+def run_agent(args):
+    """`--agent`: multi-step episodes with simulated tools (agent.py), written by agent_report.py."""
+    from ..data import load_records as load_all
+    from .agent import AgentConfig, check_methods, engine_method, run_agent_bench
+    from .agent_report import write_all
+    from .agent_tools import Latency, recorded_results
+
+    if args.scenario != "cold" or args.server or args.strict or args.temperature or args.bfcl:
+        raise ValueError("--agent runs its own episodes in process, greedy, on --data records: drop --warm-tools, "
+                         "--agent-loop, --history, --server, --strict, --temperature and --bfcl")
+    if args.tool_choice not in (None, "auto"):
+        raise ValueError(f"--agent asks every step with tool_choice=auto, as an agent loop does; drop --tool-choice "
+                         f"{args.tool_choice}")
+    names = [m.strip() for m in (args.methods or ",".join(AGENT_METHODS)).split(",") if m.strip()]
+    methods = check_methods(names, args.layout)
+    records = _records(args)
+    engine, split_engine, sidecar = _engines(args)
+    if any(engine_method(m) == "oospec" for m in methods):
+        _check_sidecar(engine, sidecar)
+    latency = args.tool_latency or Latency(1.0)
+    config = AgentConfig(tuple(methods), latency, args.max_steps, args.max_new_tokens, warmup=not args.no_warmup,
+                         progress=not args.quiet)
+    data = args.data + (f" (sources {args.sources})" if args.sources else "")
+    results = run_agent_bench(engine, records, config, results=recorded_results(load_all(args.data)),
+                              split_engine=split_engine, data=data)
+    return _write(results, args, write_all)
+
+
+def _latency(text: str):
+    """--tool-latency: seconds >= 0, or lognormal:MEDIAN[:SIGMA] (agent_tools.Latency.parse)."""
+    from .agent_tools import Latency
+    try:
+        return Latency.parse(text)
+    except ValueError as e:
+        import argparse
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--tool-latency: ")) from None
 
 
 def _with_layout(methods: list[str], layout: str) -> list[str]:
@@ -240,9 +320,6 @@ def _load_assistant(args, engine):
 
 def run_server(args):
     from ..engine import METHODS as ENGINE_METHODS
-    from .bfcl import read_bfcl
-    from ..data import only_sources
-    from .records import load_records, spread
     from .server import run_server_bench, write
 
     if args.scenario != "cold":
@@ -253,8 +330,7 @@ def run_server(args):
     if len(methods) != 1 or methods[0] not in ENGINE_METHODS:
         raise ValueError(f"--server measures one engine method: pass --methods with one of {list(ENGINE_METHODS)}, "
                          f"got {args.methods!r}")
-    records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
-    records = spread(only_sources(records, args.sources, args.bfcl or args.data) if args.sources else records, args.limit)
+    records = _records(args)
     results = run_server_bench(args.server, records, method=methods[0], tool_choice=args.tool_choice,
                                max_new_tokens=args.max_new_tokens, api_key=args.api_key,
                                warmup=not args.no_warmup, progress=not args.quiet, data=args.bfcl or args.data)

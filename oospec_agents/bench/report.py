@@ -7,13 +7,16 @@ from pathlib import Path
 from .methods import STRICT_SUFFIX, plain_name, strict_name
 
 
-def write_all(results: dict, out_dir: str | Path) -> dict[str, Path]:
+def write_all(results: dict, out_dir: str | Path, render=None, draw=None,
+              plot_name: str = "speedup.png") -> dict[str, Path]:
+    """DIR/results.json, DIR/report.md (`render(results)`, default `markdown`) and DIR/<plot_name>
+    (`draw(results, path)`, default `plot`); the agent benchmark passes its own (agent_report.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"results": out / "results.json", "report": out / "report.md", "plot": out / "speedup.png"}
+    paths = {"results": out / "results.json", "report": out / "report.md", "plot": out / plot_name}
     paths["results"].write_text(json.dumps(results, indent=2, ensure_ascii=False, default=str) + "\n")
-    paths["report"].write_text(markdown(results))
-    plot(results, paths["plot"])
+    paths["report"].write_text((render or markdown)(results))
+    (draw or plot)(results, paths["plot"])
     return paths
 
 

@@ -1,0 +1,158 @@
+"""The agent benchmark's simulated tools: what each call returns, and how long it takes.
+
+A call's result is the dataset's own where the data recorded one (a `tool` message answering the same
+call, by name and canonical arguments, anywhere in the same conversation: ToolTalk's later records
+carry the responses to the earlier calls, API-Bank's and ACEBench's histories theirs), else a
+deterministic canned answer: a JSON echo of the name and arguments. So every method gets the same tool
+message for the same call, and the transcripts can be compared.
+
+A call's latency comes from `--tool-latency`: a fixed number of seconds, or `lognormal:MEDIAN` (a
+log-normal with that median, sigma 0.5 unless `lognormal:MEDIAN:SIGMA`) drawn from a generator seeded
+by the record, the step and the call, so every method sees the same latencies and a speculative run
+of the right call sleeps as long as the verified call would.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from ..speculative import call_key
+
+#: a log-normal latency's sigma (of the log) unless `lognormal:MEDIAN:SIGMA` says another
+LOGNORMAL_SIGMA = 0.5
+
+
+@dataclass(frozen=True)
+class Latency:
+    """A tool's simulated latency: `median` seconds, fixed (`sigma` 0) or log-normal."""
+    median: float
+    sigma: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> "Latency":
+        """`0.25`, `1`, `2`, or `lognormal:0.5` / `lognormal:0.5:0.8`; anything else is a ValueError naming it."""
+        spec = str(text).strip()
+        kind, _, rest = spec.partition(":")
+        try:
+            if kind == "lognormal":
+                median, _, sigma = rest.partition(":")
+                out = cls(float(median), float(sigma) if sigma else LOGNORMAL_SIGMA)
+                if not (out.median > 0 and out.sigma > 0):
+                    raise ValueError
+                return out
+            if rest:
+                raise ValueError
+            out = cls(float(kind))
+        except ValueError:
+            out = None
+        if out is None or not math.isfinite(out.median) or out.median < 0 or not math.isfinite(out.sigma):
+            raise ValueError(f"--tool-latency: expected seconds >= 0 (0.25, 1, 2) or 'lognormal:MEDIAN' "
+                             f"(median seconds > 0, optionally ':SIGMA' > 0), got {text!r}")
+        return out
+
+    @property
+    def expected(self) -> float:
+        """The mean latency in seconds: what the engine's pay-back rule is told before any run is measured."""
+        return self.median * math.exp(self.sigma ** 2 / 2)
+
+    def draw(self, *seed) -> float:
+        """The latency of one call, the same for the same `seed` (record, step, call) in every method."""
+        if not self.sigma:
+            return self.median
+        digest = hashlib.sha256(json.dumps(seed, sort_keys=True, default=str).encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "big")).lognormvariate(math.log(self.median), self.sigma)
+
+    def __str__(self) -> str:
+        return f"lognormal:{self.median:g}:{self.sigma:g}" if self.sigma else f"{self.median:g}"
+
+
+def canned_result(name: str, arguments: dict) -> str:
+    """The answer of a call the dataset recorded none for: a JSON echo of its name and arguments."""
+    return json.dumps({"name": name, "arguments": arguments, "status": "success"}, sort_keys=True, ensure_ascii=False)
+
+
+def conversation(rec: dict) -> tuple[str, str]:
+    """The conversation a record belongs to: its `meta.conversation_id` (ToolTalk), else its own id."""
+    meta = rec.get("meta") or {}
+    return rec.get("source", ""), str(meta.get("conversation_id") or rec.get("id"))
+
+
+def recorded_results(records: list[dict]) -> dict[tuple, dict[tuple[str, str], str]]:
+    """{conversation: {call key: the tool message's content}} from every record's history: an assistant
+    call, then the `tool` message with its id (or, where the data has no ids, the next one in order). A
+    recorded call whose arguments are no JSON object is left out: no verified call can equal it."""
+    out: dict[tuple, dict[tuple[str, str], str]] = {}
+    for rec in records:
+        known = out.setdefault(conversation(rec), {})
+        waiting: list[tuple[str | None, tuple[str, str] | None]] = []  # (call id, key), in call order
+        for m in rec.get("messages") or []:
+            if m.get("role") == "assistant":
+                waiting += [(c.get("id"), _recorded_key(c.get("function") or c)) for c in m.get("tool_calls") or []]
+            elif m.get("role") == "tool" and waiting:
+                i = next((i for i, (cid, _) in enumerate(waiting) if cid and cid == m.get("tool_call_id")), 0)
+                _, k = waiting.pop(i)
+                content = m.get("content")
+                if k is not None and content is not None:
+                    known.setdefault(k, content if isinstance(content, str) else json.dumps(content, ensure_ascii=False))
+    return out
+
+
+def _recorded_key(fn: dict) -> tuple[str, str] | None:
+    try:
+        return call_key(fn.get("name"), fn.get("arguments") or {})
+    except ValueError:
+        return None
+
+
+class Simulator:
+    """The simulated tools of one benchmark run. `call(name, arguments)` sleeps the call's latency and
+    returns its result (a plain function, as the agent runs a tool after the reply); `acall` is the same
+    as a coroutine, the form given to the speculative runner, which can cancel a wasted run of it (a
+    running thread cannot be stopped, and would hold one of the runner's workers for its whole latency).
+
+    `at(record, step)` says which record and step the calls belong to (the seed of their latencies,
+    the conversation of their results). The agent sets it before each model request, so a speculative
+    run started during the request draws the same latency as the verified call it may stand for."""
+
+    def __init__(self, latency: Latency, results: dict | None = None):
+        self.latency = latency
+        self.results = results or {}
+        self._where: tuple = ("", 0)
+        self._conversation: tuple = ("", "")
+        self._lock = threading.Lock()
+
+    def at(self, rec: dict, step: int) -> None:
+        with self._lock:
+            self._where, self._conversation = (rec["id"], step), conversation(rec)
+
+    def answer(self, name: str, arguments: dict) -> tuple[float, str]:
+        """(the call's latency in seconds, its result) at the current record and step."""
+        k = call_key(name, arguments)
+        with self._lock:
+            where, known = self._where, self.results.get(self._conversation, {})
+        return self.latency.draw(*where, *k), known.get(k) or canned_result(name, arguments)
+
+    def call(self, name: str, arguments: dict) -> str:
+        seconds, out = self.answer(name, arguments)
+        time.sleep(seconds)
+        return out
+
+    async def acall(self, name: str, arguments: dict) -> str:
+        seconds, out = self.answer(name, arguments)
+        await asyncio.sleep(seconds)
+        return out
+
+    def speculative(self, names) -> dict[str, Callable[[dict], Awaitable[str]]]:
+        """{name: async tool} for `SpeculativeTools`: every simulated tool is read-only and idempotent."""
+        def tool(name: str):
+            async def run(arguments: dict) -> str:
+                return await self.acall(name, arguments)
+            return run
+        return {name: tool(name) for name in names}
