@@ -26,8 +26,9 @@ before the agent runs the call, and naming one is an error.
 """
 from __future__ import annotations
 
+import asyncio
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import Context, ContextVar
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 from uuid import UUID
 
@@ -197,10 +198,12 @@ class SpeculativeToolCalls:
 
     def _early(self, name: str) -> Callable[[dict], Awaitable[Any]]:
         """The runner's callable for tool `name`: its `ainvoke` of the call, which gives the ToolMessage
-        the agent's execution gives (but for the call id), or raises what it raises."""
+        the agent's execution gives (but for the call id), or raises what it raises. It runs in an
+        empty context, outside the model run's callbacks: the agent's handlers and traces see the tool
+        run once, when a verified call claims it, never a prediction's run."""
         async def run(arguments: dict) -> Any:
             call = {"type": "tool_call", "name": name, "args": arguments, "id": SPECULATIVE_CALL_ID}
-            return await self._tools[name].ainvoke(call)
+            return await Context().run(asyncio.ensure_future, self._tools[name].ainvoke(call))
         return run
 
 

@@ -14,6 +14,7 @@ import threading
 import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import InjectedToolCallId, StructuredTool, ToolException, tool
 from langgraph.graph import START, MessagesState, StateGraph
@@ -404,3 +405,39 @@ def test_the_engine_is_told_the_speculative_tools_and_their_expected_seconds(too
 def test_bad_tool_seconds_are_clear_errors(seconds, message):
     with pytest.raises(ValueError, match=message):
         SpeculativeToolsMiddleware(speculative=["get_weather"], tool_seconds=seconds)
+
+
+class ToolCallbacks(BaseCallbackHandler):
+    """The tool runs the agent's callback handlers see."""
+
+    def __init__(self):
+        self.seen: list[tuple] = []
+
+    def on_tool_start(self, serialized, input_str, *, inputs=None, **kwargs) -> None:
+        self.seen.append(("start", serialized, input_str, inputs))
+
+    def on_tool_end(self, output, **kwargs) -> None:
+        self.seen.append(("end", output.model_dump(exclude={"id"})))
+
+
+@pytest.mark.parametrize("speculative", [["get_weather"], []])
+def test_the_agents_handlers_see_one_tool_run_as_without_the_middleware_when_streamed(tools, speculative):
+    """Under `stream_mode="messages"` too (the model streams through invoke): the prediction's run is
+    outside the agent's callbacks, and the claimed call's callbacks are a normal run's."""
+    middleware = [SpeculativeToolsMiddleware(speculative=speculative)] if speculative else []
+    engine = ScriptedEngine(*PARIS, predictions={0: [predicted("get_weather", city="Paris")]})
+    agent = create_agent(ChatOoOSpec(engine=engine), tools=tools.all, middleware=middleware)
+    handler = ToolCallbacks()
+    try:
+        streamed = [m for m, _ in agent.stream(QUESTION, {"callbacks": [handler]}, stream_mode="messages")]
+    finally:
+        for m in middleware:
+            m.close()
+    result = {"content": "Sunny in Paris", "additional_kwargs": {}, "response_metadata": {}, "type": "tool",
+              "name": "get_weather", "tool_call_id": "call_scripted_0", "artifact": None, "status": "success"}
+    assert handler.seen == [("start", {"name": "get_weather", "description": "The current weather in a city."},
+                             "{'city': 'Paris'}", {"city": "Paris"}), ("end", result)]
+    assert [m.tool_call_id for m in streamed if isinstance(m, ToolMessage)] == ["call_scripted_0"]
+    assert tools.ran == [("get_weather", {"city": "Paris"})]
+    if middleware:
+        assert middleware[0].stats["hits"] == 1

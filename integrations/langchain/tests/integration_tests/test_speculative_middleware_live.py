@@ -1,0 +1,64 @@
+"""SpeculativeToolsMiddleware on a real agent loop: the embedded default, create_agent, a Python tool.
+
+The embedded sidecar predicts the call while the target writes it; the tool runs from that
+prediction (or, if the hint comes too late on a loaded CPU, from the verified call's ToolCallReady,
+before the reply ends), once, and the agent's transcript is the one it has without the middleware.
+"""
+from __future__ import annotations
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+from langchain_oospec import ChatOoOSpec, SpeculativeToolsMiddleware
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the current weather in Paris?"
+CONFIG = {"recursion_limit": 6}  # a looping agent fails fast
+
+
+def agent_run(middleware=()) -> tuple[list, list[str]]:
+    """The messages of one agent run, and the locations the tool was called with."""
+    calls: list[str] = []
+
+    def get_current_weather(location: str) -> str:
+        """Get the current weather in a given city."""
+        calls.append(location)
+        return f"It is 22 degrees Celsius and sunny in {location}."
+
+    agent = create_agent(ChatOoOSpec(max_tokens=48), tools=[get_current_weather], middleware=list(middleware))
+    return agent.invoke({"messages": [HumanMessage(QUESTION)]}, CONFIG)["messages"], calls
+
+
+def transcript(messages) -> list[dict]:
+    """The messages but for what differs between two runs of the same conversation: message ids, call
+    ids (drawn per reply; numbered here in order of appearance), and timings and usage."""
+    ids: dict[str, str] = {}
+    rows = []
+    for message in messages:
+        row = message.model_dump(exclude={"id", "response_metadata", "usage_metadata"})
+        for call in row.get("tool_calls") or []:
+            call["id"] = ids.setdefault(call["id"], f"call_{len(ids)}")
+        if "tool_call_id" in row:
+            row["tool_call_id"] = ids.get(row["tool_call_id"], row["tool_call_id"])
+        rows.append(row)
+    return rows
+
+
+def test_the_tool_runs_early_once_and_the_transcript_is_unchanged():
+    speculative = SpeculativeToolsMiddleware(speculative=["get_current_weather"],
+                                             tool_seconds={"get_current_weather": 1.0})
+    try:
+        messages, calls = agent_run([speculative])
+    finally:
+        speculative.close()
+    assert [type(m) for m in messages] == [HumanMessage, AIMessage, ToolMessage, AIMessage]
+    assert len(calls) == 1 and "Paris" in calls[0]
+    stats = speculative.stats
+    # handed over from a run started early: by the sidecar's prediction, or (a late hint) by the verified call
+    assert stats["hits"] + stats["ready_hits"] == 1, stats
+    assert stats["not_speculative"] == 0
+    plain, plain_calls = agent_run()
+    assert plain_calls == calls
+    assert transcript(messages) == transcript(plain)
