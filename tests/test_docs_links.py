@@ -103,6 +103,25 @@ def test_dated_reports_live_under_reports_not_beside_the_guides(name):
     assert (REPORTS / name).exists() and not (DOCS / name).exists()
 
 
+def test_docs_holds_guides_only():
+    """No plot or JSON beside the guides, and no page that is a run's report: `oospec bench` writes
+    `# oospec bench` as its report's heading, and a kept report starts with its command in a comment."""
+    stray = [p.name for p in DOCS.iterdir() if p.is_file() and p.suffix != ".md"]
+    reports = [p.name for p in DOCS.glob("*.md")
+               if re.match(r"(<!-- oospec bench|# oospec bench\s*$)", p.read_text(encoding="utf-8").lstrip(),
+                           flags=re.M)]
+    assert not stray and not reports, (stray, reports)
+
+
+def test_readme_is_a_front_door():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 400
+    for section in ("## Quick start", "## Use it", "## Benchmark", "## Agents: speculative tools", "## Limits",
+                    "## Docs"):
+        assert f"\n{section}\n" in text, section
+    assert len(re.findall(r"!\[[^\]]*\]\([^)]+\.png\)", text)) == 1  # one plot
+
+
 def test_the_link_checks_catch_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[ok](page.md) [gone](nowhere.md#x) ![plot](img.png) [web](https://x.org)\n"

@@ -127,6 +127,10 @@ def tiny_dir(tmp_path_factory, smollm2_tokenizer) -> str:
     return str(path)
 
 
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="sidecar_device='cpu:1' needs 2 cores")
+
+
+@needs_two_cores
 def test_a_process_sidecar_built_at_a_scripts_top_level_says_what_happened_and_the_fix(tmp_path, tiny_dir):
     script = tmp_path / "agent.py"
     script.write_text(TOP_LEVEL_SCRIPT)
@@ -141,6 +145,7 @@ def test_a_process_sidecar_built_at_a_scripts_top_level_says_what_happened_and_t
     assert 'if __name__ == "__main__":' in message and 'sidecar_placement="thread"' in message
 
 
+@needs_two_cores
 def test_the_same_script_with_the_guard_builds_its_engine(tmp_path, tiny_dir):
     script = tmp_path / "agent.py"
     body = textwrap.indent(TOP_LEVEL_SCRIPT.split("\n", 4)[4], "    ")
