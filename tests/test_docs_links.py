@@ -1,6 +1,6 @@
-"""The docs as a guide (#57): every relative link in README.md and docs/ resolves, every `docs/...`
-path that code, examples and tests name exists, and every run report under docs/reports/ is listed
-once in docs/reports/README.md."""
+"""The docs as a guide (#57): every relative link (and its #anchor) in README.md, docs/ and the
+integrations' READMEs resolves, every `docs/...` path that code, examples and tests name exists, every
+run report under docs/reports/ is listed once in docs/reports/README.md, and README stays a front door."""
 from __future__ import annotations
 
 import re
@@ -19,7 +19,8 @@ DOCS_PATH = re.compile(r"(?<![\w/.])docs/[\w./-]+")
 
 
 def markdown_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    """README.md, every page of docs/, and the front-end packages' READMEs (they link into docs/)."""
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md")), *sorted(ROOT.glob("integrations/*/README.md"))]
 
 
 def code_files() -> list[Path]:
