@@ -147,8 +147,8 @@ class Speculated:
     scripted; its transcript is checked against the same run without the middleware and predictions."""
 
     def __init__(self, tools: Tools, replies, prediction: list[dict], speculative: list, *, asynchronous=False,
-                 gated=False):
-        self.middleware = SpeculativeToolsMiddleware(speculative=speculative)
+                 gated=False, **options):
+        self.middleware = SpeculativeToolsMiddleware(speculative=speculative, **options)
         self.steps = StepLog(tools)
         try:
             self.messages, self.engine = run_agent(
@@ -258,6 +258,24 @@ def test_two_parallel_calls_are_both_handed_over(tools):
     assert sorted(tools.ran) == [("get_time", {"city": "Paris"}), ("get_weather", {"city": "Paris"})]
     assert run.counts("predictions", "started", "hits", "wasted") == (2, 2, 2, 0)
     assert [m.content for m in run.messages if isinstance(m, ToolMessage)] == ["Sunny in Paris", "12:00 in Paris"]
+
+
+def test_the_in_flight_bound_holds_and_every_call_still_runs_once(tools):
+    replies = (call("get_weather", city="Paris") + "\n" + call("get_time", city="Paris"), ANSWER)
+    both = [predicted("get_weather", city="Paris"), predicted("get_time", city="Paris")]
+    run = Speculated(tools, replies, both, ["get_weather", "get_time"], max_in_flight=1)
+    assert run.counts("started", "hits") == (1, 1)
+    # get_time's prediction was skipped; its ToolCallReady too unless get_weather's run had finished by then
+    assert run.counts("skipped_in_flight")[0] >= 1
+    assert sorted(tools.ran) == [("get_time", {"city": "Paris"}), ("get_weather", {"city": "Paris"})]
+
+
+def test_a_prediction_below_min_confidence_starts_nothing(tools):
+    """ScriptedEngine's predictions carry no confidence (None): with min_confidence set they start no
+    run; the verified call still starts early, from its ToolCallReady."""
+    run = Speculated(tools, PARIS, [predicted("get_weather", city="Paris")], ["get_weather"], min_confidence=0.5)
+    assert run.counts("started", "skipped_confidence", "ready_hits") == (0, 1, 1)
+    assert tools.ran == [("get_weather", {"city": "Paris"})]
 
 
 def test_an_async_agent_with_an_async_tool(tools):
