@@ -97,10 +97,10 @@ class SpeculativeToolCalls:
             raise ValueError("speculative names no tool: give the tools that may run before the agent runs them")
         for tool in filter(None, self._tools.values()):
             _check_runs_early(tool)
+        self._given_seconds = _checked_seconds(tool_seconds or {}, self._tools)
         self.runner = SpeculativeTools({name: self._early(name) for name in self._tools},
                                        max_in_flight=max_in_flight, min_confidence=min_confidence)
         self._listener = _Listener(self.runner)
-        self._given_seconds = _checked_seconds(tool_seconds or {}, self._tools)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -144,6 +144,8 @@ class SpeculativeToolCalls:
 
     @contextmanager
     def _step(self) -> Iterator[list[dict]]:
+        """The model step: the listener in the callback context; at its end the runner settled with the
+        calls the body put in the yielded list (none when the step failed)."""
         missing = sorted(name for name, tool in self._tools.items() if tool is None)
         if missing:
             raise ValueError(f"speculative names {missing}, which no model request offered as a tool: name the "
