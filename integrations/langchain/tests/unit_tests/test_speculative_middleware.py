@@ -314,9 +314,10 @@ def tool_node_graph(tools: Tools, speculative: SpeculativeToolCalls | None):
     step = speculative.model_step if speculative else (lambda call: call())
     hooks = {"wrap_tool_call": speculative.wrap_tool_call,
              "awrap_tool_call": speculative.awrap_tool_call} if speculative else {}
+    offered = {"speculative_tools": speculative.speculative_tools()} if speculative else {}
 
     def call_model(state: MessagesState) -> dict:
-        return {"messages": [step(lambda: model.invoke(state["messages"]))]}
+        return {"messages": [step(lambda: model.invoke(state["messages"], **offered))]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("model", call_model)
