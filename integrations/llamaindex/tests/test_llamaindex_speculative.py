@@ -416,23 +416,25 @@ def test_wrapped_tools_keep_the_metadata_and_the_model_sees_the_same_schemas():
 
 
 def test_the_engine_is_told_the_speculative_tools_and_their_expected_seconds():
-    def replies():
-        return [("", [PARIS])]
+    """Per marked tool: the runner's measured mean, else the seconds given when marked, else None."""
     tools = [Weather().tool(), FunctionTool.from_defaults(lambda to, body: "sent", name="send_email")]
-    llm, engine = scripted_llm(*replies(), ("", [PARIS]), ("", [PARIS]))
+    llm, engine = scripted_llm(*[("", [PARIS])] * 4, ANSWER)
+    told = lambda: engine.kwargs[-1].get("speculative_tools", "absent")  # noqa: E731
     with OoOSpecSpeculativeTools(tools, speculative={"get_weather": 1.5}) as given:
         llm.chat_with_tools(given.tools, user_msg=QUESTION)
+        assert told() == {"get_weather": 1.5}
+        given.tools[0].call(city="Paris")  # its ready call's run, claimed: now measured
+        llm.chat_with_tools(given.tools, user_msg=QUESTION)
+        assert list(told()) == ["get_weather"] and isinstance(told()["get_weather"], float)
+        assert told()["get_weather"] < 1.5  # the measured mean: microseconds
     with OoOSpecSpeculativeTools(tools, speculative=["get_weather"]) as measured:
         llm.chat_with_tools(measured.tools, user_msg=QUESTION)
+        assert told() == {"get_weather": None}
         measured.tools[0].call(city="Paris")
         llm.chat_with_tools(measured.tools, user_msg=QUESTION)
-    # before any run of the tool, nothing measured; then the mean of the runs measured so far
-    told = [kw.get("speculative_tools") for kw in engine.kwargs]
-    assert told[:2] == [{"get_weather": 1.5}, {"get_weather": None}]
-    assert list(told[2]) == ["get_weather"] and isinstance(told[2]["get_weather"], float)
-    llm.engine.replies.append(reply_text(*ANSWER))
+        assert list(told()) == ["get_weather"] and isinstance(told()["get_weather"], float)
     llm.chat_with_tools(tools, user_msg=QUESTION)  # no speculative tool: nothing said
-    assert "speculative_tools" not in engine.kwargs[-1]
+    assert told() == "absent"
 
 
 def test_a_call_that_is_no_model_call_runs_the_tool_directly():

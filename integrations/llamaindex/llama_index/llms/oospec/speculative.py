@@ -64,11 +64,10 @@ class SpeculativeTool(AsyncBaseTool):
 
     @property
     def expected_latency(self) -> Optional[float]:
-        """Expected seconds of one run: as given when marked, else the mean of the runs measured so far
-        (None before any). The engine's pay-back rule weighs it (`speculative_tools=`)."""
-        if self._expected_s is not None:
-            return self._expected_s
-        return self._runner.expected_latency().get(self.metadata.get_name())
+        """Expected seconds of one run: the mean of the runs measured so far, else as given when marked
+        (else None). The engine's pay-back rule weighs it (`speculative_tools=`)."""
+        measured = self._runner.expected_latency().get(self.metadata.get_name())
+        return self._expected_s if measured is None else measured
 
     def call(self, *args: Any, **kwargs: Any) -> ToolOutput:
         if args or not _is_json(kwargs):
