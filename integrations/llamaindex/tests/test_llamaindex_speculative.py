@@ -366,6 +366,21 @@ async def test_two_parallel_calls_each_hit_their_own_run():
     assert transcript(response, events, engine) == expected
 
 
+async def test_the_in_flight_bound_holds_and_every_call_still_runs_once():
+    def replies():
+        return ("", [PARIS, LONDON]), ("Sunny in both.", [])
+    plain, plain_engine = scripted_llm(*replies())
+    expected = transcript(*await run_agent(plain, [Weather().tool()]), plain_engine)
+    weather = Weather()
+    llm, engine = scripted_llm(*replies(), predicted=[PARIS, LONDON])
+    with OoOSpecSpeculativeTools([weather.tool()], speculative=["get_weather"], llm=llm, max_in_flight=1) as spec:
+        response, events = await run_agent(llm, spec.tools)
+        stats = spec.stats
+    assert stats["started"] == 1 and stats["skipped_in_flight"] >= 1  # London waited for no run: it was skipped
+    assert sorted(weather.ran) == ["London", "Paris"]
+    assert transcript(response, events, engine) == expected
+
+
 def test_the_sync_call_path_hands_over_the_run():
     """`predict_and_call` runs the tool through `call` (LlamaIndex's call_tool, with keyword arguments)."""
     plain, _ = scripted_llm(("", [PARIS]))
@@ -376,7 +391,8 @@ def test_the_sync_call_path_hands_over_the_run():
         response = llm.predict_and_call(spec.tools, user_msg=QUESTION)
         assert (spec.stats["hits"], spec.stats["wasted"]) == (1, 0)
     assert weather.ran == ["Paris"]
-    assert response.sources[0].model_dump(exclude={"exception"}) == expected.sources[0].model_dump(exclude={"exception"})
+    got, want = (r.sources[0].model_dump(exclude={"exception"}) for r in (response, expected))
+    assert got == want
     assert str(response) == str(expected) == "Sunny in Paris"
 
 
@@ -446,7 +462,8 @@ def test_a_call_that_is_no_model_call_runs_the_tool_directly():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"speculative": ["search"]}, ValueError, r"speculative names 'search', which is not one of the tools \(\['get_weather'\]\)"),
+    ({"speculative": ["search"]}, ValueError,
+     r"speculative names 'search', which is not one of the tools \(\['get_weather'\]\)"),
     ({"speculative": "get_weather"}, TypeError, "speculative must be a list"),
     ({"speculative": {"get_weather": -1}}, ValueError, "expected seconds of speculative tool 'get_weather' must be"),
     ({"speculative": [3]}, TypeError, "speculative entries are tool names, tools or functions, got 3"),
