@@ -351,34 +351,30 @@ async def test_async_tools_hit_and_a_dropped_async_run_is_cancelled():
     assert transcript(response, events, engine) == expected
 
 
-async def test_two_parallel_calls_each_hit_their_own_run():
-    def replies():
-        return ("", [PARIS, LONDON]), ("Sunny in both.", [])
-    plain, plain_engine = scripted_llm(*replies())
+async def parallel_run(**options):
+    """Two parallel calls, both predicted, with the runner's `options`: (the tool's runs, the stats,
+    whether the transcript is the one without speculation)."""
+    replies = [("", [PARIS, LONDON]), ("Sunny in both.", [])]
+    plain, plain_engine = scripted_llm(*replies)
     expected = transcript(*await run_agent(plain, [Weather().tool()]), plain_engine)
     weather = Weather()
-    llm, engine = scripted_llm(*replies(), predicted=[PARIS, LONDON])
-    with OoOSpecSpeculativeTools([weather.tool()], speculative=["get_weather"], llm=llm) as spec:
+    llm, engine = scripted_llm(*replies, predicted=[PARIS, LONDON])
+    with OoOSpecSpeculativeTools([weather.tool()], speculative=["get_weather"], llm=llm, **options) as spec:
         response, events = await run_agent(llm, spec.tools)
         stats = spec.stats
-    assert sorted(weather.ran) == ["London", "Paris"]
+    return sorted(weather.ran), stats, transcript(response, events, engine) == expected
+
+
+async def test_two_parallel_calls_each_hit_their_own_run():
+    ran, stats, same = await parallel_run()
+    assert ran == ["London", "Paris"] and same
     assert (stats["predictions"], stats["started"], stats["hits"], stats["wasted"]) == (2, 2, 2, 0)
-    assert transcript(response, events, engine) == expected
 
 
 async def test_the_in_flight_bound_holds_and_every_call_still_runs_once():
-    def replies():
-        return ("", [PARIS, LONDON]), ("Sunny in both.", [])
-    plain, plain_engine = scripted_llm(*replies())
-    expected = transcript(*await run_agent(plain, [Weather().tool()]), plain_engine)
-    weather = Weather()
-    llm, engine = scripted_llm(*replies(), predicted=[PARIS, LONDON])
-    with OoOSpecSpeculativeTools([weather.tool()], speculative=["get_weather"], llm=llm, max_in_flight=1) as spec:
-        response, events = await run_agent(llm, spec.tools)
-        stats = spec.stats
-    assert stats["started"] == 1 and stats["skipped_in_flight"] >= 1  # London waited for no run: it was skipped
-    assert sorted(weather.ran) == ["London", "Paris"]
-    assert transcript(response, events, engine) == expected
+    ran, stats, same = await parallel_run(max_in_flight=1)
+    assert ran == ["London", "Paris"] and same
+    assert stats["started"] == 1 and stats["skipped_in_flight"] >= 1  # London found the bound reached
 
 
 def test_the_sync_call_path_hands_over_the_run():
