@@ -483,7 +483,7 @@ class Engine:
         if hints is not None and answer is not None and (hint := hints.poll(answer)) is not None:
             state.hint = hint
             state.pool.append(self.tokenizer.encode(hint, add_special_tokens=False))
-            reply.predicted = _predicted(self.fmt, hint)
+            reply.predicted = _predicted(self.fmt, hint, getattr(hints, "confidence", None))
             if reply.predicted is not None:
                 reply.predictions += reply.predicted.calls
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
@@ -598,8 +598,9 @@ def _tool_seconds(speculative_tools, tools: list[Tool]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def _predicted(fmt: ToolFormat, hint: str) -> CallPredicted | None:
-    """The calls a hint's text names, as `CallPredicted` (None where it names none that reads as a call)."""
+def _predicted(fmt: ToolFormat, hint: str, confidence: float | None = None) -> CallPredicted | None:
+    """The calls a hint's text names, as `CallPredicted` with the wave's `confidence` (None where it
+    names none that reads as a call)."""
     try:
         _, parsed = fmt.parse(hint)
     except Exception as e:  # a hint that does not parse is no prediction; the target decodes on
@@ -607,7 +608,7 @@ def _predicted(fmt: ToolFormat, hint: str) -> CallPredicted | None:
         return None
     calls = [{"name": c["name"], "arguments": c["arguments"]} for c in parsed
              if "error" not in c and isinstance(c.get("name"), str) and isinstance(c.get("arguments"), dict)]
-    return CallPredicted(calls) if calls else None
+    return CallPredicted(calls, confidence) if calls else None
 
 
 def _record(stats: DecodeStats, out: Outcome) -> None:

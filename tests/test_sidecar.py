@@ -272,9 +272,10 @@ def test_a_required_parameters_row_never_answers_null(smollm2_tokenizer):
 
 @pytest.mark.parametrize("prior_weight", [None, 0.0])
 def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_sidecar_model, prior_weight):
-    """evaluate_sidecar runs the runtime's wave: a random model's function row still names an offered
-    tool or null (free decoding would write garbage), and each prediction is the wave's own, with the
-    runtime's lexical prior (None) or the weight given."""
+    """evaluate_sidecar runs the runtime's wave as it serves (all rows, then join; #56): a random model's
+    function row still names an offered tool or null (free decoding would write garbage), and each
+    prediction is the wave's own, with the runtime's lexical prior (None) or the weight given; a wrong
+    function scores no slot."""
     from oospec_agents.sidecar.wave import PRIOR_WEIGHT
     from oospec_agents.train.sidecar_train import evaluate_sidecar
     from oospec_testing import load_records
@@ -290,9 +291,12 @@ def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_
                           ("auto", None))
         rows, prefix, choices = wave_rows(req)
         assert miss["function"] in [t.name for t in req.tools] + [None]
-        assert miss["function"] == parse_value(wave(prefix, rows[:1], None, choices)[0])
-        slots = [r for r in rows if r.tool == miss["expected"]["name"]]
-        predicted = {r.param: parse_value(text) for r, text in zip(slots, wave(prefix, slots))}
+        texts = wave(prefix, rows, None, choices)
+        assert miss["function"] == parse_value(texts[0])
+        if miss["function"] != miss["expected"]["name"]:
+            assert miss["wrong_values"] == {}
+            continue
+        predicted = {r.param: parse_value(text) for r, text in zip(rows, texts) if r.tool == miss["function"]}
         assert miss["wrong_values"] == {k: v for k, v in predicted.items() if v != miss["expected"]["arguments"].get(k)}
 
 

@@ -46,6 +46,7 @@ class Hint:
     payload_bytes: int                # size of the compact payload that crossed the mailbox
     ready_s: float                    # seconds from request arrival to the hint being posted
     profile: dict | None = None       # where the wave's time went (queued_s, wave_s, prefill_s, steps, ...)
+    confidence: float | None = None   # the calibrated probability that the whole call is exact (confidence.py)
 
 
 class HintTicket(Protocol):
@@ -148,14 +149,14 @@ class Ticket:
         self._hint: Hint | None = None
 
     def post(self, *, payload: bytes | None = None, error: str | None = None, profile: dict | None = None,
-             declined: bool = False) -> None:
-        self._mailbox.put((payload, time.perf_counter() - self._request.arrived, error, profile, declined))
+             declined: bool = False, confidence: float | None = None) -> None:
+        self._mailbox.put((payload, time.perf_counter() - self._request.arrived, error, profile, declined, confidence))
 
     def poll(self) -> Hint | None:
         if self._hint is not None or self.error is not None or self.declined:
             return self._hint
         try:
-            payload, ready_s, error, profile, declined = self._mailbox.get_nowait()
+            payload, ready_s, error, profile, declined, confidence = self._mailbox.get_nowait()
         except queue.Empty:
             if time.perf_counter() > self._deadline:
                 self.expire()
@@ -167,7 +168,7 @@ class Ticket:
             self.declined = True
             return None
         try:
-            self._hint = Hint(render_payload(payload, self._request.fmt), len(payload), ready_s, profile)
+            self._hint = Hint(render_payload(payload, self._request.fmt), len(payload), ready_s, profile, confidence)
         except Exception as e:
             self.error = f"sidecar gave no usable call: cannot render payload {payload[:80]!r}: {e}"
         return self._hint

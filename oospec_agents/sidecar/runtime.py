@@ -27,6 +27,7 @@ import torch
 from ..errors import AdapterError
 from ..prefix_cache import DEFAULT_TOKENS
 from ..tools import Tool
+from .confidence import Calibration, call_logprob
 from .join import JoinError, NoCall, encode_payload, join
 from .protocol import HintRequest
 from .rank import tool_prior
@@ -71,6 +72,7 @@ def load_wave(spec: WorkerSpec):
     model, tok = models.load_model(spec.ref, device=torch.device(spec.device), dtype=spec.dtype, adapter=spec.adapter)
     wave = Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens,
                 max_rows=spec.max_rows, prior_weight=spec.prior_weight)
+    wave.calibration = Calibration.for_adapter(spec.adapter)  # its confidence.json, or the raw product
     wave.null_starts()  # a pass over the vocabulary, here at load time rather than in the first wave
     return wave
 
@@ -107,7 +109,8 @@ def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.dev
             call = join(rows, texts, request.tools, request.tool_choice)
         except NoCall:
             return {"declined": True, "profile": profile}
-        return {"payload": encode_payload(call), "profile": profile}
+        return {"payload": encode_payload(call), "profile": profile,
+                "confidence": call_confidence(wave, rows, call, request.tool_choice)}
     except JoinError as e:
         return {"error": f"sidecar gave no usable call: {e}"}
     except (torch.OutOfMemoryError, MemoryError) as e:
@@ -116,6 +119,15 @@ def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.dev
         return {"error": f"sidecar out of memory on {device}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"}
     except Exception as e:
         return {"error": f"sidecar failed: {type(e).__name__}: {e}"}
+
+
+def call_confidence(wave, rows: list[Row], call: dict, tool_choice) -> float | None:
+    """The probability that `call` is exact: the wave's calibration of its rows' log-probability
+    (confidence.py); None for a wave function that keeps neither."""
+    calibration = getattr(wave, "calibration", None)
+    if calibration is None:
+        return None
+    return calibration(call_logprob(rows, getattr(wave, "row_logprobs", None), call, tool_choice))
 
 
 class WaveHost:

@@ -56,6 +56,8 @@ class HintSession:
         self.outcome = Outcome()
         self.text: str | None = None
         self.name: str | None = None     # the function the current hint calls
+        #: the current hint's confidence (`Hint.confidence`: the probability its whole call is exact)
+        self.confidence: float | None = None
         self.declined = False
         self._faults = faults
         self._loan = loan
@@ -102,8 +104,13 @@ class HintSession:
         out = self.outcome
         out.hint_ready_s, out.hint_bytes, out.profile = hint.ready_s, hint.payload_bytes, hint.profile
         out.cached_prompt_tokens = (hint.profile or {}).get("cached_prefix_tokens")
-        self.text, self.name = hint.text, _call_name(self._request, hint.text)
+        self._take(hint)
         return hint.text
+
+    def _take(self, hint) -> None:
+        """`hint` is now the current one: its text, the function it calls and its confidence."""
+        self.text, self.name = hint.text, _call_name(self._request, hint.text)
+        self.confidence = getattr(hint, "confidence", None)  # a third-party sidecar's Hint may lack it
 
     def _follow(self, reply: str) -> str | None:
         """Ask a follow-up wave for the function the reply's open call names, or read the one asked."""
@@ -141,7 +148,7 @@ class HintSession:
             self._fault(error)
         if error or declined or hint is None or not isinstance(hint.text, str):
             return None
-        self.text, self.name = hint.text, _call_name(self._request, hint.text)
+        self._take(hint)
         return hint.text
 
     def close(self, abandoned: bool = False) -> Outcome:

@@ -88,6 +88,13 @@ class Wave:
         self.profile: dict = {}
         #: seconds of finished waves against their work (uncached prefix tokens + ROW_WORK per row)
         self.cost = Line()
+        #: the last wave's log-probability of each row's text, the sum over its tokens of the chosen
+        #: token's log-softmax under the constraints the row decoded with (choices, prior, no null for a
+        #: required row); None for a row the wave did not decode. `confidence.call_logprob` reads it.
+        self.row_logprobs: list[float | None] = []
+        #: maps a call's log-probability to the probability that it is exact (`confidence.Calibration`);
+        #: None: the runtime reports no confidence
+        self.calibration = None
 
     def estimate(self, prefix: str, rows: list[Row]) -> float | None:
         """Seconds a wave over `prefix` and `rows` is expected to take; None before any has finished."""
@@ -119,25 +126,27 @@ class Wave:
         bias = {i: [self.prior_weight * float(p) for p in cs.values()]
                 for i, cs in (choices or {}).items() if isinstance(cs, dict) and self.prior_weight}
         out: list[list[int]] = [[] for _ in rows]
+        scores: list[float | None] = [None] * len(rows)
         prefix_ids = enc(prefix)
         t0 = time.perf_counter()
         with torch.inference_mode():
             if self.two_phases(rows, choices):
                 steps, cached, prefill_s, decoded, extra = self._two_phases(prefix_ids, rows, tries, bias, out,
-                                                                            cancel)
+                                                                            scores, cancel)
             else:  # every row in one batch, as always (a named tool_choice's rows too: one tool's)
                 steps, cached, prefill_s = self._lockstep(prefix_ids, rows, list(range(len(rows))), tries, bias,
-                                                          out, cancel)
+                                                          out, scores, cancel)
                 decoded, extra = len(rows), {}
         self.profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": decoded,
                         "rows_offered": len(rows), "max_rows": self.max_rows, "prefill_s": prefill_s,
                         "steps": steps, "decode_s": time.perf_counter() - t0 - prefill_s, **extra}
         if cancel is None or not cancel.is_set():  # a cancelled wave's time says nothing of its cost
             self.cost.add(len(prefix_ids) - cached + ROW_WORK * self._work_rows(rows), time.perf_counter() - t0)
+        self.row_logprobs = scores
         return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
     def _two_phases(self, prefix_ids: list[int], rows: list[Row], tries: dict, bias: dict, out: list[list[int]],
-                    cancel):
+                    scores: list, cancel):
         """A large tool set: the function row first (beside the rows of the `top_tools` tools that its
         first token ranks highest), then the rows of the tool it chose, where they have not run yet.
         Each phase's prefill starts from the shared prefix of the one before: the prefix cache, or a
@@ -161,7 +170,7 @@ class Wave:
                 if len(first) - 1 + len(by_tool[name]) <= budget:
                     first += by_tool[name]
             extra["top_tools"] = ranked
-        steps, cached, p = self._lockstep(prefix_ids, rows, first, tries, bias, out, cancel, kept)
+        steps, cached, p = self._lockstep(prefix_ids, rows, first, tries, bias, out, scores, cancel, kept)
         if self.top_tools:  # the ranking prefill saw the prefix cache first
             cached = ranked_hit
         prefill_s += p
@@ -171,7 +180,7 @@ class Wave:
         if (cancel is None or not cancel.is_set()) and isinstance(name, str) and name in by_tool \
                 and by_tool[name][0] not in first:
             second = by_tool[name][:budget]  # a guard: no tool in the data has over 28 parameters
-            more, _, p = self._lockstep(prefix_ids, rows, second, tries, bias, out, cancel, kept)
+            more, _, p = self._lockstep(prefix_ids, rows, second, tries, bias, out, scores, cancel, kept)
             steps, prefill_s, decoded = steps + more, prefill_s + p, decoded + len(second)
             extra["phases"] = 2
         return steps, cached, prefill_s, decoded, extra
@@ -188,9 +197,11 @@ class Wave:
         return [name for _, _, name in sorted(scored)]
 
     def _lockstep(self, prefix_ids: list[int], rows: list[Row], idx: list[int], tries: dict, bias: dict,
-                  out: list[list[int]], cancel, kept: PrefixCache | None = None) -> tuple[int, int, float]:
+                  out: list[list[int]], scores: list, cancel, kept: PrefixCache | None = None) -> tuple[int, int, float]:
         """Decode rows[i], for i in idx, as one batch into out[i] (a row in `tries` constrained to its
-        choices, plus its `bias` per choice). Returns (steps, cached prefix tokens, prefill seconds)."""
+        choices, plus its `bias` per choice), and each row's log-probability into scores[i] (the chosen
+        tokens' log-softmax under those constraints; a choice completed once it is the only one left
+        adds nothing: it had probability 1). Returns (steps, cached prefix tokens, prefill seconds)."""
         enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         live = list(idx)      # the row of each batch element still decoding
         t0 = time.perf_counter()
@@ -198,6 +209,8 @@ class Wave:
         cache, logits, mask, pos, cached = self._prefill(prefix_ids, [enc(rows[i].suffix) for i in idx],
                                                          [rows[i].tool for i in idx], cancel, kept)
         prefill_s = time.perf_counter() - t0
+        for i in idx:
+            scores[i] = 0.0
         for _ in range(self.max_row_tokens):
             if cancel is not None and cancel.is_set():
                 break
@@ -208,6 +221,9 @@ class Wave:
                 elif rows[row].required and not self.tokenizer.decode(out[row]).strip():
                     last[b, self.null_starts()] = float("-inf")  # a required parameter has a value
             tokens = last.argmax(-1)
+            chosen = last.float().log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
+            for row, lp in zip(live, chosen):
+                scores[row] += lp
             steps += 1  # one more token for every live row
             done, ruled_out = set(), set()
             for row, t in zip(live, tokens.tolist()):

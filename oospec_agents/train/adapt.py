@@ -124,7 +124,9 @@ def agreement(model, tokenizer, held: list[dict], functions: set[str], *, progre
     """The wave's agreement with the target's logged calls on `held`, each scored on its first call (the
     one call a wave predicts, as training uses): `evaluate_sidecar`'s figures (function_index_acc,
     arg_exact_match over the called tool's slots, call_exact) and the token agreement (`TOKENS`), for
-    `HOLDS` (calls to one of `functions`, those of the log's training part), `LACKS` and overall."""
+    `HOLDS` (calls to one of `functions`, those of the log's training part), `LACKS` and overall; and,
+    against the same calls, the wrong slots by class (`errors`, taxonomy.py) and the optional-slot
+    decision (`optional`), per group (sidecar_eval.py)."""
     from .sidecar_train import evaluate_sidecar
     recs = [dict(r, id=f"held_{i}", source=HOLDS if r["expected"][0]["name"] in functions else LACKS,
                  expected=r["expected"][:1]) for i, r in enumerate(held)]
@@ -148,6 +150,7 @@ def agreement(model, tokenizer, held: list[dict], functions: set[str], *, progre
                         "tokens_right_per_call": round(right / stats["n"], 2)}
     out = {g: figures(res["by_source"].get(g), *tokens[g]) for g in (HOLDS, LACKS)}
     out["overall"] = figures(res["overall"], *map(sum, zip(*tokens.values())))
+    out["errors"], out["optional"] = res["errors"], res["optional"]
     return out
 
 
@@ -174,6 +177,23 @@ def table(held_out: dict) -> str:
         before, after = held_out["before"][group], held_out["after"][group]
         lines.append(f"| {name} | {before['n']} | " + " | ".join(
             f"{cell(before.get(k))} -> {cell(after.get(k))}" for _, k in cols) + " |")
+    return "\n".join(lines) + _errors_before_after(held_out)
+
+
+def _errors_before_after(held_out: dict) -> str:
+    """The wrong slots by class and the optional-slot decision, before -> after, in all (an older
+    metrics.json without them: nothing)."""
+    from .taxonomy import CLASSES
+    before, after = held_out["before"].get("errors"), held_out["after"].get("errors")
+    if not before or not after:
+        return ""
+    lines = ["", "", "| wrong slots | " + " | ".join(CLASSES) + " |", "|---" * (len(CLASSES) + 1) + "|",
+             "| before -> after | " + " | ".join(f"{before['overall'][c]} -> {after['overall'][c]}" for c in CLASSES)
+             + " |"]
+    ob, oa = held_out["before"]["optional"]["overall"], held_out["after"]["optional"]["overall"]
+    pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+    lines += ["", f"optional slots filled: precision {pct(ob['precision'])} -> {pct(oa['precision'])}, "
+                  f"recall {pct(ob['recall'])} -> {pct(oa['recall'])}"]
     return "\n".join(lines)
 
 

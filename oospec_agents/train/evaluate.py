@@ -6,6 +6,9 @@
     python -m oospec_agents.train.evaluate hint    --dev ../shared/data/toolcalls/dev.jsonl --limit 40
     python -m oospec_agents.train.evaluate sidecar --dev ../shared/data/toolcalls/dev.jsonl \
         ../shared/data/toolcalls/train-extra.jsonl --sources tooltalk,nestful,bfcl_simple,bfcl_multiple
+    python -m oospec_agents.train.evaluate sidecar --dev ../shared/data/toolcalls/dev.jsonl --labels target --limit 10
+    python -m oospec_agents.train.evaluate calibrate --dev ../shared/data/toolcalls/train.jsonl --limit 100 \
+        --out oospec_agents/adapters/smollm2-sidecar/confidence.json
 
 `--dev` takes several files or globs; `--sources` keeps those sources; each mode prints its JSON,
 then a per-source table.
@@ -14,8 +17,13 @@ then a per-source table.
   tool_choice="auto" on the BFCL simple and multiple records, and of the calls written, the share
   that parse and the share that validate against their tool's JSON Schema; `--strict` decodes
   every record under the grammar of valid calls (`engine.generate(..., strict=True)`);
-- sidecar: function-index accuracy / argument exact match of the sidecar adapter's rows, computed by
-  the runtime's wave (the function row constrained to the offered names and null, as under "auto");
+- sidecar: the sidecar as the runtime serves it (`sidecar_eval.evaluate_sidecar`): function, slots and
+  whole call exact under the strict and the lenient scorer, the wrong slots by class, the optional-slot
+  decision and the confidence's reliability; `--labels gold` (the records' calls, the default),
+  `target` (the embedded target's own calls, as the adapt protocol labels them) or `gold,target`;
+- calibrate: fit the confidence's calibration (`sidecar.confidence.Calibration.fit`) on the wave's
+  calls of TRAIN records (never dev or a held-out source) and write it to `--out` (an adapter's
+  `confidence.json`);
 - hint: the share of generated tokens that the sidecar's hint drafted, with method="oospec".
 """
 from __future__ import annotations
@@ -153,7 +161,7 @@ def main(argv=None) -> int:
     from ..data import only_sources
     from .data import DataError, load_many, select
     p = argparse.ArgumentParser(prog="python -m oospec_agents.train.evaluate")
-    p.add_argument("what", choices=["target", "sidecar", "hint"])
+    p.add_argument("what", choices=["target", "sidecar", "hint", "calibrate"])
     p.add_argument("--dev", required=True, nargs="+", action="extend", metavar="FILE_OR_GLOB",
                    help="dev JSONL: several files or globs (e.g. dev.jsonl and held-out sources of train-extra)")
     p.add_argument("--limit", type=int, default=None, help="records per source")
@@ -171,16 +179,31 @@ def main(argv=None) -> int:
     p.add_argument("--details", action="store_true", help="list every record that is not exact")
     p.add_argument("--target-adapter", default=None, help="score this target adapter (default: the embedded one)")
     p.add_argument("--sidecar-adapter", default=None, help="score this sidecar adapter (default: the embedded one)")
+    p.add_argument("--labels", default="gold", metavar="gold|target|gold,target",
+                   help="sidecar: score against the records' gold calls, the embedded target's own calls, or both")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="sidecar: the confidence calibration (default: the adapter's confidence.json, else the raw "
+                        "product of the rows' probabilities)")
     p.add_argument("--prior-weight", type=float, default=None,
                    help="sidecar: weigh the function row's lexical prior by this (default: the runtime's, "
                         "sidecar/wave.py PRIOR_WEIGHT; 0: none)")
     a = p.parse_args(argv)
     if a.what != "target" and (a.strict or a.tool_choice != "auto"):
         p.error("--strict and --tool-choice apply to `target` only")
-    if a.prior_weight is not None and a.what != "sidecar":
-        p.error("--prior-weight applies to `sidecar` only")
+    if a.prior_weight is not None and a.what not in ("sidecar", "calibrate"):
+        p.error("--prior-weight applies to `sidecar` and `calibrate` only")
+    labels = [x.strip() for x in a.labels.split(",") if x.strip()]
+    if not labels or set(labels) - {"gold", "target"} or (labels != ["gold"] and a.what != "sidecar"):
+        p.error(f"--labels takes gold, target or gold,target (and applies to `sidecar` only), got {a.labels!r}")
+    if a.what == "calibrate":
+        if a.out is None:
+            p.error("calibrate needs --out FILE (an adapter's confidence.json)")
+        held = [f for f in a.dev if os.path.basename(f) == "dev.jsonl"]
+        if held:
+            p.error(f"calibrate fits on training records only, not {held[0]}: pass train.jsonl (or train-extra's "
+                    "sources the adapter was trained on)")
     sources = [s.strip() for arg in a.sources or () for s in arg.split(",") if s.strip()] or \
-        (None if a.what == "sidecar" else list(BFCL_SOURCES))
+        (None if a.what in ("sidecar", "calibrate") else list(BFCL_SOURCES))
     try:
         recs = load_many(a.dev)
         if sources:  # an unknown source is an error that names it
@@ -193,18 +216,19 @@ def main(argv=None) -> int:
     if a.what == "target":
         res = score_target(target_engine(a.target_adapter), select(recs, sources, a.limit), sources=tuple(sources),
                            strict=a.strict, tool_choice=a.tool_choice, details=a.details)
-    elif a.what == "sidecar":
-        from .. import models
-        from .sidecar_train import evaluate_sidecar
-        dev = torch.device("cpu")
-        m, t = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev),
-                                 adapter=a.sidecar_adapter or models.EMBEDDED_SIDECAR_ADAPTER)
-        res = evaluate_sidecar(m, t, recs, sources=sources, limit_per_source=a.limit, details=a.details,
-                               prior_weight=a.prior_weight)
+    elif a.what in ("sidecar", "calibrate"):
+        return _sidecar(a, recs, sources, labels)
     else:
         from ..engine import Engine
         engine = Engine.from_pretrained("embedded", adapter=a.target_adapter, sidecar_adapter=a.sidecar_adapter)
         res = hint_share(engine, select(recs, sources, a.limit))
+    _report(res, a.out)
+    return 0
+
+
+def _report(res: dict, out: str | None, tables: tuple[str, ...] = ()) -> None:
+    """Print a result's JSON, its per-source table (and the no-call one), then `tables`; write the
+    JSON to `out` when given."""
     text = json.dumps(res, indent=2)
     print(text)
     table = source_table(res)
@@ -213,10 +237,56 @@ def main(argv=None) -> int:
     if res.get("no_call"):  # sidecar: "no call" records, where the function row should decline
         print("\n" + source_table({"by_source": res["no_call"]["by_source"],
                                    "overall": {k: v for k, v in res["no_call"].items() if k != "by_source"}}))
-    if a.out:
-        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-        with open(a.out, "w") as f:
+    for t in tables:
+        print("\n" + t)
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
             f.write(text + "\n")
+
+
+def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
+    """`sidecar` (per label: the figures and their tables) and `calibrate` (fit, write, print)."""
+    from .. import models
+    from ..sidecar.confidence import Calibration
+    from .data import select
+    from .sidecar_eval import (confidence_table, errors_table, evaluate_sidecar, no_call, optional_table,
+                               target_labelled)
+    dev = torch.device("cpu")
+    adapter = a.sidecar_adapter or models.EMBEDDED_SIDECAR_ADAPTER
+    m, t = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev), adapter=adapter)
+    if a.what == "calibrate":
+        res = evaluate_sidecar(m, t, recs, sources=sources, limit_per_source=a.limit, prior_weight=a.prior_weight,
+                               points=True)
+        pts = res.pop("points")
+        if not pts:
+            raise SystemExit("calibrate: the wave predicted no call on these records: nothing to fit")
+        files = ", ".join(os.path.basename(f) for f in a.dev)
+        cal = Calibration.fit([lp for lp, _, _ in pts], [ex for _, ex, _ in pts],
+                              fitted_on=f"{files} ({len(pts)} predicted calls, --limit {a.limit} per source)")
+        cal.save(a.out)
+        res["confidence"]["fitted"] = {"a": cal.a, "b": cal.b, "n": cal.n, "file": a.out}
+        print(json.dumps(res["confidence"], indent=2))
+        return 0
+    calibration = Calibration.load(a.calibration) if a.calibration else Calibration.for_adapter(adapter)
+    picked = select([r for r in recs if len(r["expected"]) == 1 or no_call(r)], sources, a.limit)
+    results = {}
+    for label in labels:
+        scored = picked
+        if label == "target":
+            from ..engine import Engine
+            engine = Engine.from_pretrained("embedded", sidecar=False, adapter=a.target_adapter)
+            scored, left = target_labelled(picked, engine)
+            engine.close()
+            print(f"target labels: {len(scored)} records labelled, {left} left out (the target wrote no valid call)",
+                  file=sys.stderr)
+        results[label] = evaluate_sidecar(m, t, scored, details=a.details, prior_weight=a.prior_weight,
+                                          calibration=calibration)
+    for label, res in results.items():
+        if len(results) > 1:
+            print(f"\n## labels: {label}\n")
+        out = a.out if len(results) == 1 or not a.out else a.out.replace(".json", f".{label}.json")
+        _report(res, out, (errors_table(res), optional_table(res), confidence_table(res)))
     return 0
 
 

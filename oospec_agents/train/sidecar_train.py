@@ -12,6 +12,7 @@ import torch
 from .data import TrainDataError, select
 from .lora import LoraConfigArgs, train_lora
 from .rows import pack, training_rows
+from .sidecar_eval import evaluate_sidecar, no_call as _no_call  # noqa: F401 (evaluate_sidecar: its old home)
 from .run import env_info, label_base, prepare_run, write_metrics
 
 log = logging.getLogger(__name__)
@@ -66,73 +67,7 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
 
 
 # --------------------------------------------------------------------------- evaluation
-
-def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_source=None, progress=True,
-                     details=False, prior_weight: float | None = None) -> dict:
-    """Function-index accuracy and argument-value exact match, computed by the runtime's own `Wave`.
-
-    Per record (its first expected call), as a request with tool_choice="auto": the function row is
-    constrained to the offered names and `null` (`worker.wave_rows`), exactly as in a request; the
-    called tool's slot rows are decoded as one batch, each predicting a value or null.
-    `arg_exact_match` is over those slot values (a parameter the call leaves out must read null);
-    `call_exact` needs the tool and every value right. `details=True` adds "misses": each record
-    with a wrong function or value, with what was expected and predicted. `prior_weight` weighs the
-    function row's lexical prior (`Wave(prior_weight=...)`; None: the runtime's default, 0: none).
-    """
-    from tqdm.auto import tqdm
-    from ..chat import normalize_messages
-    from ..formats import HermesFormat
-    from ..sidecar import HintRequest
-    from ..sidecar.rows import parse_value
-    from ..sidecar.wave import PRIOR_WEIGHT, Wave
-    from ..sidecar.runtime import wave_rows
-    from ..tools import normalize_tools
-    wave = Wave(model, tokenizer, prior_weight=PRIOR_WEIGHT if prior_weight is None else prior_weight)
-    recs = select([r for r in records if len(r["expected"]) == 1 or _no_call(r)], sources, limit_per_source)
-    per: dict = {}
-    declines: dict = {}
-    misses = []
-    model.eval()
-    for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
-        request = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
-                              ("auto", None))
-        rows, prefix, choices = wave_rows(request)
-        name = parse_value(wave(prefix, rows[:1], None, choices)[0])
-        if _no_call(rec):  # the function row should decline (null): no wave for nothing
-            d = declines.setdefault(rec["source"], {"n": 0, "declined": 0})
-            d["n"] += 1
-            d["declined"] += name is None
-            if details and name is not None:
-                misses.append({"id": rec.get("id"), "expected": None, "function": name, "wrong_values": {}})
-            continue
-        call = rec["expected"][0]
-        slots = [r for r in rows if r.tool == call["name"]]
-        values = {r.param: parse_value(text) for r, text in zip(slots, wave(prefix, slots))}
-        wrong = {k: v for k, v in values.items() if v != call["arguments"].get(k)}
-        s = per.setdefault(rec["source"], {"n": 0, "function_ok": 0, "slots": 0, "slots_ok": 0, "call_exact": 0})
-        s["n"] += 1
-        s["function_ok"] += name == call["name"]
-        s["slots"] += len(values)
-        s["slots_ok"] += len(values) - len(wrong)
-        s["call_exact"] += name == call["name"] and not wrong
-        if details and (name != call["name"] or wrong):
-            misses.append({"id": rec.get("id"), "expected": call, "function": name, "wrong_values": wrong})
-    tot = {k: sum(v[k] for v in per.values()) for k in ("n", "function_ok", "slots", "slots_ok", "call_exact")}
-    rate = lambda s: {"n": s["n"], "function_index_acc": round(s["function_ok"] / max(1, s["n"]), 4),
-                      "arg_exact_match": round(s["slots_ok"] / max(1, s["slots"]), 4), "slots": s["slots"],
-                      "call_exact": round(s["call_exact"] / max(1, s["n"]), 4)}
-    out = {"overall": rate(tot), "by_source": {k: rate(v) for k, v in sorted(per.items())}}
-    if declines:  # "no call" records: the share where the function row declined
-        n, ok = sum(d["n"] for d in declines.values()), sum(d["declined"] for d in declines.values())
-        out["no_call"] = {"n": n, "declined": round(ok / n, 4),
-                          "by_source": {k: {"n": d["n"], "declined": round(d["declined"] / d["n"], 4)}
-                                        for k, d in sorted(declines.items())}}
-    return out | ({"misses": misses} if details else {})
-
-
-def _no_call(rec: dict) -> bool:
-    """A "no call" record: no offered tool fits (`expected` empty, `meta.no_call` set)."""
-    return not rec["expected"] and bool((rec.get("meta") or {}).get("no_call"))
+# `evaluate_sidecar` scores a sidecar as the runtime serves it: sidecar_eval.py (#56).
 
 
 def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
