@@ -66,7 +66,7 @@ def scripted_llm(*replies, predicted=None, gate=None):
 
 
 class Collect(BaseEventHandler):
-    """Keeps the speculative tools' events it sees, by class name, with a shared `order` list."""
+    """Keeps the speculative tools' events it sees, in order."""
 
     seen: list = []
 
@@ -175,7 +175,7 @@ async def test_the_new_events_change_nothing_oospec_returns(method):
 
     without, with_predictions = await responses(None), await responses([LONDON])
     assert [r.model_dump() for r in with_predictions] == [r.model_dump() for r in without]
-    assert len(without) == (1 if method in ("chat", "achat") else len(without)) > 0
+    assert len(without) > 1 if "stream" in method else len(without) == 1
 
 
 @pytest.mark.parametrize("method", ["chat_with_tools", "stream_chat_with_tools"])
