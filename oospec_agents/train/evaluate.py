@@ -282,6 +282,8 @@ def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
                   file=sys.stderr)
         results[label] = evaluate_sidecar(m, t, scored, details=a.details, prior_weight=a.prior_weight,
                                           calibration=calibration)
+        results[label]["labels"] = {"kind": label, "records": len(scored),
+                                    "left_out": len(picked) - len(scored)}  # target: no valid call written
     for label, res in results.items():
         if len(results) > 1:
             print(f"\n## labels: {label}\n")

@@ -30,7 +30,7 @@ from .taxonomy import CLASSES, classify, lenient_right, possible_answer
 
 #: the confidence thresholds whole-call precision and recall are reported at (the lower one is the
 #: speculative tools runner's suggested default, docs/sidecar-accuracy.md)
-THRESHOLDS = (0.5, 0.8)
+THRESHOLDS = (0.7, 0.9)
 _COUNTS = ("n", "function_ok", "slots", "slots_ok", "slots_lenient", "call_exact", "call_lenient")
 
 
