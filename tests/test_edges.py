@@ -146,6 +146,18 @@ def test_a_process_sidecar_built_at_a_scripts_top_level_says_what_happened_and_t
 
 
 @needs_two_cores
+def test_a_main_module_the_worker_cannot_import_is_named_as_the_cause(tmp_path, tiny_dir):
+    script = tmp_path / "agent.py"
+    script.write_text('if __name__ != "__main__":\n    raise ImportError("only python agent.py runs me")\n'
+                      + TOP_LEVEL_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), tiny_dir], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode != 0 and "only python agent.py runs me" in out.stderr, out.stderr[-3000:]
+    message = [line for line in out.stderr.splitlines() if line.startswith("oospec_agents.errors.ModelLoadError")][-1]
+    assert "exit code 1 before the worker ran any of its own code" in message and str(script) in message
+
+
+@needs_two_cores
 def test_the_same_script_with_the_guard_builds_its_engine(tmp_path, tiny_dir):
     script = tmp_path / "agent.py"
     body = textwrap.indent(TOP_LEVEL_SCRIPT.split("\n", 4)[4], "    ")

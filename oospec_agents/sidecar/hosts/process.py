@@ -17,6 +17,11 @@ memory, or still starting when a hint is due become `ticket.error`. A dead worke
 hangs past its deadline (it is killed), is restarted by the next request; a worker that cannot load
 its model is not (the error is kept). `close()`, interpreter exit (atexit) and the parent's death
 (the worker reads end-of-file on its pipe) all end the worker.
+
+A worker starts by re-importing the parent's main module ("spawn"). One that ends before its own code
+runs (before it says "alive") failed there, and the error says so; one that is asked to start a worker
+of its own while it re-imports (a script that builds the engine at its top level, without
+`if __name__ == "__main__":`) exits with `BOOTSTRAP_EXIT`, and the error names the fix.
 """
 from __future__ import annotations
 
@@ -49,8 +54,9 @@ BOOTSTRAP_EXIT = 78
 #: what that means, and the fix: in the worker's stderr, and in the parent's error
 BOOTSTRAP_HELP = (
     "the sidecar worker is a fresh Python process ('spawn'), which first re-imports this program's main module "
-    "{main}, and that module builds the engine again at its top level (Python's own message is the RuntimeError "
-    "about 'the bootstrapping phase'). Put the code that builds the engine under "
+    "{main}; that module builds the engine at its top level, so the worker would start a worker of its own "
+    "(Python refuses: 'a new process before the current process has finished its bootstrapping phase'). "
+    "Put the code that builds the engine under "
     "`if __name__ == \"__main__\":` (or in a function called from there), or keep the sidecar in a thread of "
     "this process: sidecar_placement=\"thread\" and a sidecar_device without a core set of its own.")
 
@@ -227,6 +233,7 @@ class _Worker:
         self.ready = threading.Event()
         self.ended = threading.Event()
         self.failure: str | None = None       # the worker's own report of why it could not load
+        self.entered = False                  # the worker's own code runs (it said "alive")
         self.tickets: dict[int, ProcessTicket] = {}
         self.running: tuple[int, float] | None = None   # the wave the worker runs: (ticket id, since)
         self._asked: dict[int, list] = {}   # question id -> [done, answered, answer]
@@ -272,6 +279,10 @@ class _Worker:
             return "its pipe closed"
         if code == BOOTSTRAP_EXIT:
             return f"exit code {code}: " + BOOTSTRAP_HELP.format(main=_main_path())
+        if code > 0 and not self.entered:
+            return (f"exit code {code} before the worker ran any of its own code: a fresh Python process ('spawn') "
+                    f"first re-imports this program's main module {_main_path()}, and that failed (its traceback "
+                    "is on stderr)")
         return f"exit code {code}" + (f" (signal {-code})" if code < 0 else "")
 
     def kill(self) -> None:
@@ -299,7 +310,9 @@ class _Worker:
             while True:
                 message = self.conn.recv()
                 kind = message[0]
-                if kind == "ready":
+                if kind == "alive":
+                    self.entered = True
+                elif kind == "ready":
                     self.ready.set()
                 elif kind == "failed":
                     self.failure = message[1]
@@ -370,6 +383,7 @@ def _stop_at_exit() -> None:
 def _serve(conn, spec: WorkerSpec) -> None:
     """The worker's main: load the model, then run waves in order until "stop" or the parent's death.
     A reader thread takes cancels and estimates off the pipe while a wave runs."""
+    conn.send(("alive",))  # past the re-import of the parent's main module: what fails now is the worker's
     if spec.cores:
         cores.pin_process(spec.cores)
     elif spec.threads:
