@@ -139,7 +139,9 @@ def markdown(results: dict) -> str:
     runners = {m: f["runner"] for m, f in methods.items() if f["runner"]}
     if runners:
         keys = list(next(iter(runners.values())))
-        lines += ["", "The speculative runner's counters (totals over the episodes):", "",
+        lines += ["", "The speculative runner's counters (totals over the episodes). `hits`: verified calls handed a run "
+                  "a prediction started; `ready_hits`: a run a `ToolCallReady` started (the verified call, before the "
+                  "reply ended); `wasted`: runs dropped unclaimed (cancelled where the tool had not finished).", "",
                   "| method | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
         lines += ["| " + " | ".join([m] + [str(r[k]) for k in keys]) + " |" for m, r in runners.items()]
     notes = [f"{m}: " + ", ".join(f"{n} {what}" for what, n in _notes(f, cfg["max_steps"]) if n)
