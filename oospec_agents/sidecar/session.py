@@ -2,6 +2,7 @@
 
     hints = HintSession.open(sidecar, request, target=place, faults=...)
     text = hints.poll(reply)       non-blocking; a hint's text the first time it is ready, else None
+    hints.confidence               that hint's `Hint.confidence` (the engine's CallPredicted carries it)
     outcome = hints.close()        late / declined accounting, cancel the wave, give the cores back
 
 The engine copies the `Outcome` into the reply's stats; nothing here writes them.

@@ -21,6 +21,8 @@ then a per-source table.
   whole call exact under the strict and the lenient scorer, the wrong slots by class, the optional-slot
   decision and the confidence's reliability; `--labels gold` (the records' calls, the default),
   `target` (the embedded target's own calls, as the adapt protocol labels them) or `gold,target`;
+  `--out` also keeps `points` (each predicted call's log-probability, exact or not, source), so a
+  calibration can be refitted or compared without decoding again;
 - calibrate: fit the confidence's calibration (`sidecar.confidence.Calibration.fit`) on the wave's
   calls of TRAIN records (never dev or a held-out source) and write it to `--out` (an adapter's
   `confidence.json`);
@@ -227,10 +229,9 @@ def main(argv=None) -> int:
 
 
 def _report(res: dict, out: str | None, tables: tuple[str, ...] = ()) -> None:
-    """Print a result's JSON, its per-source table (and the no-call one), then `tables`; write the
-    JSON to `out` when given."""
-    text = json.dumps(res, indent=2)
-    print(text)
+    """Print a result's JSON (less its `points`), its per-source table (and the no-call one), then
+    `tables`; write the whole JSON to `out` when given."""
+    print(json.dumps({k: v for k, v in res.items() if k != "points"}, indent=2))
     table = source_table(res)
     if table:
         print("\n" + table)
@@ -242,7 +243,7 @@ def _report(res: dict, out: str | None, tables: tuple[str, ...] = ()) -> None:
     if out:
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
         with open(out, "w") as f:
-            f.write(text + "\n")
+            f.write(json.dumps(res, indent=2) + "\n")
 
 
 def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
@@ -281,7 +282,7 @@ def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
             print(f"target labels: {len(scored)} records labelled, {left} left out (the target wrote no valid call)",
                   file=sys.stderr)
         results[label] = evaluate_sidecar(m, t, scored, details=a.details, prior_weight=a.prior_weight,
-                                          calibration=calibration)
+                                          calibration=calibration, points=True)  # in --out: a refit needs no rerun
         results[label]["labels"] = {"kind": label, "records": len(scored),
                                     "left_out": len(picked) - len(scored)}  # target: no valid call written
     for label, res in results.items():
