@@ -284,3 +284,29 @@ def test_calibrate_refuses_dev_records(capsys):
     with pytest.raises(SystemExit):
         main(["calibrate", "--dev", "../shared/data/toolcalls/dev.jsonl", "--out", "x.json"])
     assert "training records only" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_embedded_sidecars_prediction_carries_its_calibrated_confidence(embedded_fp32, embedded_sidecar):
+    """End to end on the embedded pair: the shipped adapter's calibration is loaded with its wave, and
+    the engine's CallPredicted carries the confidence of the wave's call (a probability); the reply is
+    the target's own (lossless)."""
+    from oospec_testing import on_target_of
+    from oospec_agents.models import EMBEDDED_SIDECAR_ADAPTER
+    from oospec_agents.sidecar.protocol import HintFirst
+    wave = embedded_sidecar.host.wave
+    assert wave.calibration == Calibration.for_adapter(EMBEDDED_SIDECAR_ADAPTER) and wave.calibration.kind == "platt"
+    rec = next(r for r in load_records("dev") if r["source"] == "bfcl_simple")
+    engine = on_target_of(embedded_fp32, HintFirst(embedded_sidecar), wave_payback=None)
+    events = list(engine.stream(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=48,
+                                method="oospec"))
+    predicted = [e for e in events if isinstance(e, CallPredicted)]
+    assert len(predicted) == 1 and isinstance(predicted[0].confidence, float) and 0 < predicted[0].confidence < 1
+    rows, _, _ = wave_rows(HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]),
+                                       HermesFormat(), ("auto", None)))
+    call = predicted[0].calls[0]
+    assert predicted[0].confidence == pytest.approx(wave.calibration(call_logprob(rows, wave.row_logprobs, call,
+                                                                                   ("auto", None))))
+    plain = embedded_fp32.generate(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=48,
+                                   method="toolspec")
+    assert events[-1].token_ids == plain.token_ids
