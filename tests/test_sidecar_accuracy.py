@@ -95,6 +95,9 @@ def test_a_bad_calibration_file_is_an_error_naming_it(tmp_path):
     bad.write_text('{"kind": "isotonic"}')
     with pytest.raises(ValueError, match="confidence calibration .*confidence.json"):
         Calibration.for_adapter(tmp_path)
+    bad.write_text('{"kind": "platt", "a": "steep", "b": 0}')
+    with pytest.raises(ValueError, match="not a finite platt or raw map"):
+        Calibration.for_adapter(tmp_path)
     bad.write_text("not json")
     with pytest.raises(ValueError, match=str(bad)):
         Calibration.load(bad)

@@ -118,7 +118,9 @@ class Calibration:
             cal = cls(**data)
         except (OSError, ValueError, TypeError) as e:
             raise ValueError(f"cannot read the sidecar's confidence calibration {str(path)!r}: {e}") from None
-        if cal.kind not in ("platt", "raw") or not all(math.isfinite(v) for v in (cal.a, cal.b)):
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                      for v in (cal.a, cal.b))
+        if cal.kind not in ("platt", "raw") or not numbers:
             raise ValueError(f"the sidecar's confidence calibration {str(path)!r} is not a finite platt or raw map: "
                              f"{data}")
         return cal

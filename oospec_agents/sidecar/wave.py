@@ -197,7 +197,8 @@ class Wave:
         return [name for _, _, name in sorted(scored)]
 
     def _lockstep(self, prefix_ids: list[int], rows: list[Row], idx: list[int], tries: dict, bias: dict,
-                  out: list[list[int]], scores: list, cancel, kept: PrefixCache | None = None) -> tuple[int, int, float]:
+                  out: list[list[int]], scores: list, cancel,
+                  kept: PrefixCache | None = None) -> tuple[int, int, float]:
         """Decode rows[i], for i in idx, as one batch into out[i] (a row in `tries` constrained to its
         choices, plus its `bias` per choice), and each row's log-probability into scores[i] (the chosen
         tokens' log-softmax under those constraints; a choice completed once it is the only one left

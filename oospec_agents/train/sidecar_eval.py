@@ -15,8 +15,8 @@ runtime decodes them, and `join` into the call the target would be hinted. The f
   optional slots the wave filled, the share the label fills too) and recall (of those the label fills,
   the share the wave filled), on calls whose function is right;
 - `confidence`: the wave's calibrated probability that the whole call is exact (confidence.py), for
-  every predicted call (one on a "no call" record is never exact): a reliability table and precision / recall of strict whole-call exactness at
-  `THRESHOLDS`;
+  every predicted call (one on a "no call" record is never exact): a reliability table and
+  precision / recall of strict whole-call exactness at `THRESHOLDS`;
 - `no_call`: on "no call" records, the share where the wave declined.
 
 The labels are the record's `expected` calls: gold, or the embedded target's own (`target_labelled`).

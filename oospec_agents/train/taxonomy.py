@@ -34,8 +34,8 @@ CLASSES = ("optional_filled", "optional_dropped", "format", "context", "wrong_va
 
 _MONTHS = {m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
                                             "nov", "dec"))}
-_DATE = re.compile(r"\d{1,4}[-/.]\d{1,2}([-/.]\d{1,4})?|\b(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b",
-                   re.I)
+_MONTH_NAME = re.compile(r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b", re.I)
+_DATE = re.compile(r"\d{1,4}[-/.]\d{1,2}(?:[-/.]\d{1,4})?|" + _MONTH_NAME.pattern, re.I)
 
 
 def classify(gold: Any, predicted: Any, messages: list[dict]) -> str:
@@ -161,8 +161,7 @@ def _date_numbers(text: str) -> list[int] | None:
     if not _DATE.search(text):
         return None
     nums = [int(n) for n in re.findall(r"\d+", text)]
-    nums += [_MONTHS[m[:3].lower()] for m in re.findall(r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b",
-                                                          text, re.I)]
+    nums += [_MONTHS[m[:3].lower()] for m in _MONTH_NAME.findall(text)]
     return nums or None
 
 
