@@ -313,3 +313,19 @@ def test_the_embedded_sidecars_prediction_carries_its_calibrated_confidence(embe
     plain = embedded_fp32.generate(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=48,
                                    method="toolspec")
     assert events[-1].token_ids == plain.token_ids
+
+
+def test_adapts_agreement_reports_the_classes_before_and_after(tiny_sidecar):
+    """`oospec adapt`'s agreement carries the wrong slots by class and the optional-slot decision per
+    group, and its table shows them before -> after."""
+    from oospec_agents.train.adapt import HOLDS, LACKS, agreement, table
+    held = [r for r in load_records("dev") if r["source"] == "bfcl_simple"][:2]
+    got = agreement(*tiny_sidecar, held, {held[0]["expected"][0]["name"]}, progress=False)
+    assert set(got["errors"]["by_source"]) <= {HOLDS, LACKS} and set(got["errors"]["overall"]) == set(CLASSES)
+    assert {"precision", "recall"} <= set(got["optional"]["overall"])
+    after = json.loads(json.dumps(got))
+    after["errors"]["overall"]["format"] += 1
+    text = table({"before": got, "after": after})
+    assert "| wrong slots | " + " | ".join(CLASSES) + " |" in text
+    assert f"{got['errors']['overall']['format']} -> {got['errors']['overall']['format'] + 1}" in text
+    assert "optional slots filled: precision" in text
