@@ -329,3 +329,21 @@ def test_adapts_agreement_reports_the_classes_before_and_after(tiny_sidecar):
     assert "| wrong slots | " + " | ".join(CLASSES) + " |" in text
     assert f"{got['errors']['overall']['format']} -> {got['errors']['overall']['format'] + 1}" in text
     assert "optional slots filled: precision" in text
+
+
+@pytest.mark.slow
+def test_the_cli_scores_the_shipped_sidecar_with_its_tables(tmp_path, capsys):
+    """`python -m oospec_agents.train.evaluate sidecar`: the JSON (with each call's point and the labels
+    used), then the per-source, class, optional-slot and confidence tables; the shipped calibration."""
+    from oospec_agents.train.evaluate import main
+    from oospec_testing import DATA
+    out = tmp_path / "res.json"
+    assert main(["sidecar", "--dev", str(DATA / "dev.jsonl"), "--sources", "bfcl_simple", "--limit", "2",
+                 "--threads", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["labels"] == {"kind": "gold", "records": 2, "left_out": 0}
+    assert len(res["points"]) == res["confidence"]["n"]
+    assert res["confidence"]["calibration"] == "platt" and "train.jsonl" in res["confidence"]["fitted_on"]
+    text = capsys.readouterr().out
+    assert "| source | " + " | ".join(CLASSES) in text and "| threshold | acted on | precision | recall |" in text
+    assert "| source | wave fills | label fills | both | precision | recall |" in text

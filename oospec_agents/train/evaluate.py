@@ -273,7 +273,7 @@ def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
     picked = select([r for r in recs if len(r["expected"]) == 1 or no_call(r)], sources, a.limit)
     results = {}
     for label in labels:
-        scored = picked
+        scored, left = picked, 0
         if label == "target":
             from ..engine import Engine
             engine = Engine.from_pretrained("embedded", sidecar=False, adapter=a.target_adapter)
@@ -284,11 +284,11 @@ def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
         results[label] = evaluate_sidecar(m, t, scored, details=a.details, prior_weight=a.prior_weight,
                                           calibration=calibration, points=True)  # in --out: a refit needs no rerun
         results[label]["labels"] = {"kind": label, "records": len(scored),
-                                    "left_out": len(picked) - len(scored)}  # target: no valid call written
+                                    "left_out": left}  # target: it wrote no valid call (no-call records aside)
     for label, res in results.items():
         if len(results) > 1:
             print(f"\n## labels: {label}\n")
-        out = a.out if len(results) == 1 or not a.out else a.out.replace(".json", f".{label}.json")
+        out = a.out if len(results) == 1 or not a.out else "{0}.{2}{1}".format(*os.path.splitext(a.out), label)
         _report(res, out, (errors_table(res), optional_table(res), confidence_table(res)))
     return 0
 
