@@ -347,3 +347,72 @@ def test_the_cli_scores_the_shipped_sidecar_with_its_tables(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| source | " + " | ".join(CLASSES) in text and "| threshold | acted on | precision | recall |" in text
     assert "| source | wave fills | label fills | both | precision | recall |" in text
+
+
+# ---------------------------------------------------------------- item 2: a slot row reads its parameter (a flag)
+
+DOCUMENTED = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string", "description": "City and state, e.g. Berkeley, CA", "examples": ["Oslo", "Rome"]},
+    "unit": {"type": "string", "default": "c"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+
+
+def test_the_shipped_adapter_sees_todays_rows_exactly():
+    from oospec_agents.models import EMBEDDED_SIDECAR_ADAPTER
+    from oospec_agents.sidecar.rows import RowOptions, expand_rows
+    assert RowOptions.for_adapter(EMBEDDED_SIDECAR_ADAPTER) == RowOptions() == RowOptions.for_adapter(None)
+    msgs, tools = normalize_messages(ASK), normalize_tools([DOCUMENTED])
+    today = expand_rows(msgs, tools)
+    assert expand_rows(msgs, tools, options=RowOptions()) == today
+    assert today[1][1].suffix == '<tool_call>\n{"name": "get_weather", "arguments": {"city":'
+
+
+def test_param_docs_put_each_documented_parameter_before_its_rows_call(tmp_path):
+    from oospec_agents.sidecar.rows import PARAM_DOC_CHARS, ROWS_FILE, RowOptions, expand_rows, param_doc
+    msgs, tools = normalize_messages(ASK), normalize_tools([DOCUMENTED])
+    today = expand_rows(msgs, tools)[1]
+    prefix, rows = expand_rows(msgs, tools, options=RowOptions(param_docs=True))
+    assert prefix == expand_rows(msgs, tools)[0] and rows[0] == today[0]  # the prefix and the function row stay
+    by = {r.param: r.suffix for r in rows[1:]}
+    assert by["city"] == '# city: City and state, e.g. Berkeley, CA; examples "Oslo", "Rome"\n' + today[1].suffix
+    assert by["unit"] == '# unit: default "c"\n' + today[2].suffix
+    assert by["days"] == today[3].suffix  # nothing documented: today's row
+    assert len(param_doc("x", {"description": "word " * 100})) == PARAM_DOC_CHARS + 1  # clipped, plus its newline
+    RowOptions().save(tmp_path)
+    assert not (tmp_path / ROWS_FILE).exists()  # today's rows need no file
+    RowOptions(param_docs=True).save(tmp_path)
+    assert RowOptions.for_adapter(tmp_path) == RowOptions(param_docs=True)
+    (tmp_path / ROWS_FILE).write_text('{"param_docs": "yes"}')
+    with pytest.raises(ValueError, match="row options .*rows.json.*param_docs must be true or false"):
+        RowOptions.for_adapter(tmp_path)
+    (tmp_path / ROWS_FILE).write_text('{"docs": true}')
+    with pytest.raises(ValueError, match="cannot read the sidecar's row options"):
+        RowOptions.for_adapter(tmp_path)
+
+
+def test_the_runtime_and_training_write_an_adapters_rows_alike(tiny_spec, monkeypatch, tmp_path):
+    """An adapter directory with rows.json: `load_wave` gives the wave its options, the runtime's wave
+    decodes those rows, and training labels the same rows."""
+    import dataclasses
+
+    import oospec_agents.models as models
+    from oospec_agents.sidecar.rows import RowOptions
+    from oospec_agents.sidecar.runtime import WaveHost
+    from oospec_agents.train.rows import training_rows
+    RowOptions(param_docs=True).save(tmp_path)
+    monkeypatch.setattr(models, "load_model", lambda ref, **kw: _tiny(tiny_spec))
+    wave = load_wave(dataclasses.replace(tiny_spec, adapter=str(tmp_path)))
+    assert wave.row_options == RowOptions(param_docs=True)
+    seen = []
+    inner = wave.__call__
+
+    class Spy:
+        row_options, calibration, row_logprobs = wave.row_options, None, []
+
+        def __call__(self, prefix, rows, cancel=None, choices=None):
+            seen.append([r.suffix for r in rows])
+            return inner(prefix, rows, cancel, choices)
+    request = HintRequest(normalize_messages(ASK), normalize_tools([DOCUMENTED]), HermesFormat(), ("auto", None))
+    WaveHost(Spy()).run(0, request)
+    _, trained = training_rows(ASK, [DOCUMENTED], {"name": "get_weather", "arguments": {"city": "Oslo"}},
+                               RowOptions(param_docs=True))
+    assert seen[0] == [r.suffix for r in trained] and seen[0][1].startswith("# city: City and state")

@@ -18,6 +18,16 @@ tokenizers merge a space into the token after it (` "Paris`), so a prompt ending
 off-distribution; the call layout is fixed here (hermes-like) whatever the target's format
 is, because only the joined call crosses to the target, rendered in the target's format.
 
+Row options (`RowOptions`, an adapter directory's `rows.json`, trained and served alike; absent: the
+rows above exactly). With `param_docs` (#56 item 2), a slot row whose parameter's schema documents it
+begins with one line of that documentation before its call opener:
+
+    # city: City and state, e.g. Berkeley, CA; default "Paris"; examples "Oslo", "Rome"
+    <tool_call>\n{"name": "get_weather", "arguments": {"city":
+
+so the row reads the schema's own conventions (formats, defaults) beside its key. Such a row shares no
+opener with its tool's other rows, so the wave prefills more per row; an adapter must be trained on it.
+
 Tokenization (runtime and training alike): ids = encode(prefix) + encode(suffix), each without
 special tokens added, so every row shares the prefix's ids exactly. Training labels are
 encode(target) followed by the tokenizer's eos token; the wave stops a row at eos or at the end of
@@ -33,6 +43,10 @@ from typing import Any
 from ..tools import Tool
 
 CALL_OPEN = '<tool_call>\n{"name":'
+#: an adapter directory's row options (`RowOptions`); a directory without one gets today's rows
+ROWS_FILE = "rows.json"
+#: a parameter's documentation line (`param_doc`) is clipped to this many characters
+PARAM_DOC_CHARS = 160
 MAX_CONTENT_CHARS = 400     # long tool results / system prompts are clipped: the prefix stays compact
 SUMMARY_CHARS = 80          # a tool's description: its first sentence, clipped to this many characters
 
@@ -47,13 +61,66 @@ class Row:
     required: bool = False      # a required parameter that null does not satisfy: the wave never answers null
 
 
-def expand_rows(messages: list[dict], tools: list[Tool], call: dict | None = None) -> tuple[str, list[Row]]:
+@dataclass(frozen=True)
+class RowOptions:
+    """How an adapter's rows are written, trained and served alike (the module's "Row options")."""
+    #: each documented slot row begins with its parameter's description, default and examples
+    param_docs: bool = False
+
+    @classmethod
+    def for_adapter(cls, adapter) -> "RowOptions":
+        """The adapter directory's `ROWS_FILE`; today's rows where there is none (or no adapter). A file
+        that does not read as options is a ValueError naming it."""
+        from pathlib import Path
+        path = None if adapter is None else Path(adapter) / ROWS_FILE
+        if path is None or not path.is_file():
+            return cls()
+        try:
+            data = json.loads(path.read_text())
+            options = cls(**data)
+        except (OSError, ValueError, TypeError) as e:
+            raise ValueError(f"cannot read the sidecar's row options {str(path)!r}: {e}") from None
+        if not isinstance(options.param_docs, bool):
+            raise ValueError(f"the sidecar's row options {str(path)!r}: param_docs must be true or false, got "
+                             f"{options.param_docs!r}")
+        return options
+
+    def save(self, directory) -> None:
+        """Write them into an adapter's directory (only where they differ from today's rows)."""
+        from dataclasses import asdict
+        from pathlib import Path
+        if self != RowOptions():
+            (Path(directory) / ROWS_FILE).write_text(json.dumps(asdict(self)) + "\n")
+
+
+def param_doc(name: str, spec: Any) -> str:
+    """`# name: description; default D; examples E1, E2` and a newline, clipped to PARAM_DOC_CHARS; ""
+    for a parameter whose schema has none of the three."""
+    if not isinstance(spec, dict):
+        return ""
+    parts = [" ".join(str(spec.get("description") or "").split())]
+    if "default" in spec:
+        parts.append("default " + json.dumps(spec["default"], ensure_ascii=False))
+    examples = spec.get("examples")
+    if isinstance(examples, list) and examples:
+        parts.append("examples " + ", ".join(json.dumps(e, ensure_ascii=False) for e in examples[:3]))
+    text = "; ".join(p for p in parts if p)
+    if not text:
+        return ""
+    line = f"# {name}: {text}"
+    return (line if len(line) <= PARAM_DOC_CHARS else line[:PARAM_DOC_CHARS - 3].rstrip() + "...") + "\n"
+
+
+def expand_rows(messages: list[dict], tools: list[Tool], call: dict | None = None,
+                options: RowOptions | None = None) -> tuple[str, list[Row]]:
     """The shared prefix and the rows: one function row, then one slot row per parameter of every tool.
 
     `messages` are normalised chat dicts (chat.normalize_messages). `call` is the ground truth for
     training, {"name", "arguments": dict}: the function row's target is the name, the called tool's
-    slot rows get their value or `null`, other tools' slot rows stay unlabelled.
+    slot rows get their value or `null`, other tools' slot rows stay unlabelled. `options`: the
+    adapter's `RowOptions` (None: today's rows).
     """
+    docs = options is not None and options.param_docs
     prefix = render_prefix(messages, tools)
     fn_target = None if call is None else " " + json.dumps(call["name"], ensure_ascii=False)
     rows = [Row("function", None, None, CALL_OPEN, fn_target)]
@@ -66,6 +133,8 @@ def expand_rows(messages: list[dict], tools: list[Tool], call: dict | None = Non
         for param in tool.properties:
             suffix = CALL_OPEN + " " + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": {' + \
                 json.dumps(param, ensure_ascii=False) + ":"
+            if docs:
+                suffix = param_doc(param, tool.properties[param]) + suffix
             target = " " + json.dumps(args.get(param), ensure_ascii=False) if labelled else None
             rows.append(Row("slot", tool.name, param, suffix, target, param in required))
     return prefix, rows

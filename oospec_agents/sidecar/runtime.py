@@ -31,7 +31,7 @@ from .confidence import Calibration, call_logprob
 from .join import JoinError, NoCall, encode_payload, join
 from .protocol import HintRequest
 from .rank import tool_prior
-from .rows import Row, expand_rows
+from .rows import Row, RowOptions, expand_rows
 from .wave import MAX_ROWS, PRIOR_WEIGHT
 
 #: (prefix, rows, cancel, choices: row -> {text: prior}) -> one generated text per row; `Wave` is the real one
@@ -73,17 +73,20 @@ def load_wave(spec: WorkerSpec):
     wave = Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens,
                 max_rows=spec.max_rows, prior_weight=spec.prior_weight)
     wave.calibration = Calibration.for_adapter(spec.adapter)  # its confidence.json, or the raw product
+    wave.row_options = RowOptions.for_adapter(spec.adapter)  # its rows.json, or today's rows
     wave.null_starts()  # a pass over the vocabulary, here at load time rather than in the first wave
     return wave
 
 
-def wave_rows(request: HintRequest, *, priors: bool = True) -> tuple[list[Row], str, dict[int, dict[str, float]]]:
+def wave_rows(request: HintRequest, *, priors: bool = True,
+              options: RowOptions | None = None) -> tuple[list[Row], str, dict[int, dict[str, float]]]:
     """The rows this request needs. A named tool_choice needs only that tool's slot rows; otherwise
     the function row is constrained to the offered names (and `null` unless a call is required),
     each with its lexical prior (`rank.tool_prior`; null's is 0). `priors=False` (the pay-back
-    estimate, which needs only the rows) leaves every prior 0 and skips the ranking."""
+    estimate, which needs only the rows) leaves every prior 0 and skips the ranking. `options`: the
+    adapter's row options (`wave.row_options`; None: today's rows)."""
     mode, named = request.tool_choice
-    prefix, rows = expand_rows(request.messages, request.tools)
+    prefix, rows = expand_rows(request.messages, request.tools, options=options)
     if mode == "named":
         return [r for r in rows if r.tool == named], prefix, {}
     prior = tool_prior(request.messages, request.tools) if priors else [0.0] * len(request.tools)
@@ -96,7 +99,7 @@ def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.dev
     """rows -> wave -> join -> payload for one request. Returns `Ticket.post`'s keywords: the payload,
     a decline or the error, with the wave's profile; None once the request is cancelled."""
     try:
-        rows, prefix, choices = wave_rows(request)
+        rows, prefix, choices = wave_rows(request, options=getattr(wave, "row_options", None))
         start = time.perf_counter()
         texts = wave(prefix, rows, cancelled, choices)
         if stream is not None:
@@ -201,7 +204,7 @@ class WaveHost:
         if estimate is None:
             return None
         try:
-            rows, prefix, _ = wave_rows(request, priors=False)
+            rows, prefix, _ = wave_rows(request, priors=False, options=getattr(self.wave, "row_options", None))
             return estimate(prefix, rows)
         except Exception:  # no estimate: the wave runs
             return None

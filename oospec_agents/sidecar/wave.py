@@ -95,6 +95,9 @@ class Wave:
         #: maps a call's log-probability to the probability that it is exact (`confidence.Calibration`);
         #: None: the runtime reports no confidence
         self.calibration = None
+        #: how the adapter's rows are written (`rows.RowOptions`; None: today's rows); the runtime's
+        #: `wave_rows` reads it
+        self.row_options = None
 
     def estimate(self, prefix: str, rows: list[Row]) -> float | None:
         """Seconds a wave over `prefix` and `rows` is expected to take; None before any has finished."""

@@ -120,17 +120,18 @@ def replay_sample(files, n: int, seed: int) -> tuple[list[dict], int]:
 
 # --------------------------------------------------------------------------- measuring
 
-def agreement(model, tokenizer, held: list[dict], functions: set[str], *, progress: bool = True) -> dict:
+def agreement(model, tokenizer, held: list[dict], functions: set[str], *, progress: bool = True,
+              row_options=None) -> dict:
     """The wave's agreement with the target's logged calls on `held`, each scored on its first call (the
     one call a wave predicts, as training uses): `evaluate_sidecar`'s figures (function_index_acc,
     arg_exact_match over the called tool's slots, call_exact) and the token agreement (`TOKENS`), for
     `HOLDS` (calls to one of `functions`, those of the log's training part), `LACKS` and overall; and,
     against the same calls, the wrong slots by class (`errors`, taxonomy.py) and the optional-slot
-    decision (`optional`), per group (sidecar_eval.py)."""
+    decision (`optional`), per group (sidecar_eval.py). `row_options`: the adapter's rows (rows.py)."""
     from .sidecar_train import evaluate_sidecar
     recs = [dict(r, id=f"held_{i}", source=HOLDS if r["expected"][0]["name"] in functions else LACKS,
                  expected=r["expected"][:1]) for i, r in enumerate(held)]
-    res = evaluate_sidecar(model, tokenizer, recs, progress=progress, details=True)
+    res = evaluate_sidecar(model, tokenizer, recs, progress=progress, details=True, row_options=row_options)
     misses = {m["id"]: m for m in res["misses"]}
     def count(value) -> int:  # tokens of a value as the call writes it, after its key's ": "
         return len(tokenizer.encode(" " + json.dumps(value, ensure_ascii=False), add_special_tokens=False))
@@ -213,6 +214,7 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
     from .data import TrainDataError, source_counts
     from .lora import LoraConfigArgs, train_lora
     from .run import env_info, label_base, load_base, write_metrics
+    from ..sidecar.rows import RowOptions
     from .sidecar_train import build_sidecar_examples
     out = Path(out)
     init_adapter = Path(init_adapter or models.EMBEDDED_SIDECAR_ADAPTER)
@@ -246,8 +248,9 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
                 "--replay-share 0 (no replay: what it knew may then fade)")
 
     model, tok = load_base(base, dtype, device)
+    options = RowOptions.for_adapter(init_adapter)  # the rows it was trained on: the adapted one keeps them
     log_examples, log_counts = build_sidecar_examples(tok, train, seed=cfg.seed, max_len=max_len,
-                                                      max_null_rows=max_null_rows)
+                                                      max_null_rows=max_null_rows, row_options=options)
     if log_counts["too_long"]:  # never silently: a long-prompt deployment may lose most of its log here
         print(f"adapt: warning: {log_counts['too_long']} of the log's {len(train)} requests are longer than "
               f"--max-len {max_len} tokens and are left out; --max-len {log_counts['longest']} keeps them all",
@@ -257,7 +260,7 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
     if n_replay:
         sample, replay_total = replay_sample(replay, n_replay, cfg.seed)
         replayed, replay_counts = build_sidecar_examples(tok, sample, seed=cfg.seed, max_len=max_len,
-                                                         max_null_rows=max_null_rows)
+                                                         max_null_rows=max_null_rows, row_options=options)
     metrics = {
         "kind": "adapt", "base": base, "log": str(log), "init_adapter": str(init_adapter),
         "records": {"read": len(ordered), "order": order, "repeats_dropped": repeats, "distinct": len(records),
@@ -278,6 +281,7 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
                            log_file=out.with_name(out.name + "-train.log"))
     del model
     label_base(out, base)
+    options.save(out)
     metrics |= {"train_seconds": round(result.seconds, 1), "steps": result.steps, "total_steps": result.total_steps,
                 "resumed_from": result.resumed_from, "loss_curve": result.losses}
     if result.steps < result.total_steps:  # stopped early (`stop_after`): nothing to measure yet
@@ -290,10 +294,12 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
 
 
 def _measure(base, adapter, held, functions, device, progress) -> dict:
-    """`agreement` of base + `adapter`, merged and in the runtime's dtype, as the engine loads it."""
+    """`agreement` of base + `adapter`, merged and in the runtime's dtype, with its rows, as the engine
+    loads it."""
     from .. import models
+    from ..sidecar.rows import RowOptions
     model, tok = models.load_model(base, device=device, dtype=models.resolve_dtype(None, device), adapter=adapter)
-    return agreement(model, tok, held, functions, progress=progress)
+    return agreement(model, tok, held, functions, progress=progress, row_options=RowOptions.for_adapter(adapter))
 
 
 # --------------------------------------------------------------------------- the command

@@ -60,6 +60,9 @@ def add_parser(sub, name):
         p.add_argument("--max-no-call-share", type=_share, default=None, metavar="F",
                        help='keep "no call" examples (meta.no_call) at most this share of all examples (seeded '
                             "sample); default: all of them")
+        p.add_argument("--param-docs", action="store_true",
+                       help="each slot row begins with its parameter's description, default and examples (#56; "
+                            "kept in the adapter's rows.json, so the runtime writes its rows alike)")
         p.add_argument("--weigh-rows", action="store_true",
                        help="every wave row weighs alike in the loss (an example weighs its rows), so that a "
                             '"no call" example\'s one null row does not weigh as much as a whole call example')
@@ -105,7 +108,8 @@ def _run(args, kind):
                   stop_after=args.stop_after,
                   exclude_sources=args.exclude_sources.split(",") if args.exclude_sources else None)
     if kind == "sidecar":
-        common.update(max_null_rows=args.max_null_rows, max_no_call_share=args.max_no_call_share)
+        common.update(max_null_rows=args.max_null_rows, max_no_call_share=args.max_no_call_share,
+                      param_docs=args.param_docs)
     if kind == "target":
         from .run import train_target
         common.update(trim_tools=args.trim_tools, revalue=args.revalue, distract=args.distract,

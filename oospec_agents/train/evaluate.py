@@ -250,15 +250,17 @@ def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
     """`sidecar` (per label: the figures and their tables) and `calibrate` (fit, write, print)."""
     from .. import models
     from ..sidecar.confidence import Calibration
+    from ..sidecar.rows import RowOptions
     from .data import select
     from .sidecar_eval import (confidence_table, errors_table, evaluate_sidecar, no_call, optional_table,
                                target_labelled)
     dev = torch.device("cpu")
     adapter = a.sidecar_adapter or models.EMBEDDED_SIDECAR_ADAPTER
     m, t = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev), adapter=adapter)
+    options = RowOptions.for_adapter(adapter)  # its rows, as the runtime writes them
     if a.what == "calibrate":
         res = evaluate_sidecar(m, t, recs, sources=sources, limit_per_source=a.limit, prior_weight=a.prior_weight,
-                               points=True)
+                               points=True, row_options=options)
         pts = res.pop("points")
         if not pts:
             raise SystemExit("calibrate: the wave predicted no call on these records: nothing to fit")
@@ -282,7 +284,8 @@ def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
             print(f"target labels: {len(scored)} records labelled, {left} left out (the target wrote no valid call)",
                   file=sys.stderr)
         results[label] = evaluate_sidecar(m, t, scored, details=a.details, prior_weight=a.prior_weight,
-                                          calibration=calibration, points=True)  # in --out: a refit needs no rerun
+                                          calibration=calibration, points=True,  # in --out: a refit needs no rerun
+                                          row_options=options)
         results[label]["labels"] = {"kind": label, "records": len(scored),
                                     "left_out": left}  # target: it wrote no valid call (no-call records aside)
     for label, res in results.items():

@@ -22,8 +22,9 @@ from ..tools import normalize_tools
 NULL = " null"
 
 
-def training_rows(messages, tools, call: dict | None) -> tuple[str, list[Row]]:
-    """(prefix, rows) with every row labelled; uncalled tools' slot rows get null.
+def training_rows(messages, tools, call: dict | None, options=None) -> tuple[str, list[Row]]:
+    """(prefix, rows) with every row labelled; uncalled tools' slot rows get null. `options`: the
+    adapter's `RowOptions` (None: today's rows).
 
     `call=None` is a "no call" record (no offered tool fits): its one row is the function row,
     labelled null, which is what the wave's function row answers under tool_choice="auto" to decline.
@@ -31,11 +32,11 @@ def training_rows(messages, tools, call: dict | None) -> tuple[str, list[Row]]:
     msgs = normalize_messages(messages)
     tool_list = tools if tools and not isinstance(tools[0], dict) else normalize_tools(tools)
     if call is None:
-        prefix, rows = expand_rows(msgs, tool_list)
+        prefix, rows = expand_rows(msgs, tool_list, options=options)
         return prefix, [replace(r, target=NULL) for r in rows if r.kind == "function"]
     if call["name"] not in {t.name for t in tool_list}:
         raise ValueError(f"the trace calls {call['name']!r}, which is not among the offered tools")
-    prefix, rows = expand_rows(msgs, tool_list, call)
+    prefix, rows = expand_rows(msgs, tool_list, call, options)
     return prefix, [r if r.target is not None else replace(r, target=NULL) for r in rows]
 
 

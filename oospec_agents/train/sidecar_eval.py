@@ -36,13 +36,14 @@ _COUNTS = ("n", "function_ok", "slots", "slots_ok", "slots_lenient", "call_exact
 
 def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_source=None, progress=True,
                      details=False, prior_weight: float | None = None, calibration=None,
-                     points: bool = False) -> dict:
+                     points: bool = False, row_options=None) -> dict:
     """The module's figures for `records` (those with one expected call, and "no call" records), overall
     and per source. `prior_weight` weighs the function row's lexical prior (None: the runtime's);
     `calibration` maps a call's log-probability to its confidence (None: the raw product,
     `Calibration.raw()`); `details=True` adds "misses" (each record with a wrong function or slot: what
     was expected and predicted, and each wrong slot's class); `points=True` adds "points", one
-    [log-probability, strict exact, source] per predicted call (to fit a calibration on)."""
+    [log-probability, strict exact, source] per predicted call (to fit a calibration on); `row_options`:
+    the adapter's `rows.RowOptions` (None: today's rows), as the runtime reads them from its directory."""
     from tqdm.auto import tqdm
     from ..chat import normalize_messages
     from ..formats import HermesFormat
@@ -64,7 +65,7 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
         messages = normalize_messages(rec["messages"])
         request = HintRequest(messages, normalize_tools(rec["tools"]), HermesFormat(), ("auto", None))
-        rows, prefix, choices = wave_rows(request)
+        rows, prefix, choices = wave_rows(request, options=row_options)
         texts = wave(prefix, rows, None, choices)
         try:
             call = join(rows, texts, request.tools, request.tool_choice)

@@ -18,7 +18,8 @@ from .run import env_info, label_base, prepare_run, write_metrics
 log = logging.getLogger(__name__)
 
 
-def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_rows=6, max_no_call_share=None):
+def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_rows=6, max_no_call_share=None,
+                           row_options=None):
     """One packed example per trace (its first call); counts of rows by kind.
 
     A "no call" record (`expected` empty and `meta.no_call`: no offered tool fits) becomes one function
@@ -26,7 +27,8 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
     counts them). A record with no call and no such mark is skipped. `max_no_call_share` caps the
     no-call examples at that share of all examples (a seeded sample of them is kept; `no_call_dropped`
     counts the rest): at their natural third of train-extra they teach the function row to decline
-    calls that look like them (run 20h, docs/training.md)."""
+    calls that look like them (run 20h, docs/training.md). `row_options`: the rows' `RowOptions`
+    (sidecar/rows.py; None: today's rows)."""
     if max_no_call_share is not None and not 0 <= max_no_call_share < 1:
         raise ValueError(f"max_no_call_share must be in [0, 1), got {max_no_call_share}")
     rng = random.Random(seed)
@@ -38,7 +40,8 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
             counts["skipped"] += 1
             continue
         try:
-            prefix, rows = training_rows(rec["messages"], rec["tools"], None if no_call else rec["expected"][0])
+            prefix, rows = training_rows(rec["messages"], rec["tools"], None if no_call else rec["expected"][0],
+                                         row_options)
         except ValueError as e:
             counts["skipped"] += 1
             log.warning("%s: %s", rec.get("id"), e)
@@ -73,22 +76,29 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
 def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,
                   max_len=1024, limit=None, subsample=None, dev_limit=None, dtype="float32", resume=False,
                   progress=True, max_null_rows=6, eval_sources=None, init_adapter=None,
-                  stop_after=None, exclude_sources=None, max_no_call_share=None) -> dict:
-    """Train the sidecar's slot-prediction adapter on packed wave rows; evaluate it on `dev`."""
+                  stop_after=None, exclude_sources=None, max_no_call_share=None, param_docs=False) -> dict:
+    """Train the sidecar's slot-prediction adapter on packed wave rows; evaluate it on `dev`. `param_docs`:
+    each slot row reads its parameter's documentation (sidecar/rows.py `RowOptions`, kept in the adapter's
+    rows.json so that the runtime writes its rows alike)."""
     from .. import models
+    from ..sidecar.rows import RowOptions
+    options = RowOptions(param_docs=param_docs)
     cfg = cfg or LoraConfigArgs()
     out = Path(out)
     dev_records, traces, trace_stats, model, tok = prepare_run(base, train, dev, teacher, cfg, limit, dtype, progress,
                                                                exclude_sources)
     examples, counts = build_sidecar_examples(tok, traces, seed=cfg.seed, max_len=max_len,
-                                              max_null_rows=max_null_rows, max_no_call_share=max_no_call_share)
+                                              max_null_rows=max_null_rows, max_no_call_share=max_no_call_share,
+                                              row_options=options)
     if subsample and subsample < len(examples):
         examples = random.Random(cfg.seed).sample(examples, subsample)
     _, result = train_lora(model, examples, out, cfg, resume=resume, progress=progress, init_adapter=init_adapter,
                            stop_after=stop_after,
                            log_file=out.with_name(out.name + "-train.log"))
     label_base(out, base)
-    metrics = {"kind": "sidecar", "base": base, "train": train if isinstance(train, list) else str(train),
+    options.save(out)
+    metrics = {"kind": "sidecar", "base": base, "param_docs": param_docs,
+               "train": train if isinstance(train, list) else str(train),
                "traces": trace_stats,
                "examples": {"total": len(examples), **counts}, "max_len": max_len, "max_null_rows": max_null_rows,
                "max_no_call_share": max_no_call_share,
@@ -100,7 +110,7 @@ def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lo
         dev_t = torch.device("cpu")
         m, t = models.load_model(base, device=dev_t, dtype=models.resolve_dtype(None, dev_t), adapter=out)
         metrics["dev"] = evaluate_sidecar(m, t, dev_records, sources=eval_sources, limit_per_source=dev_limit,
-                                          progress=progress)
+                                          progress=progress, row_options=options)
         metrics["dev"]["file"] = dev if isinstance(dev, list) else str(dev)
         write_metrics(out, metrics)
     return metrics
