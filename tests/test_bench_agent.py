@@ -236,3 +236,24 @@ def test_agent_episodes_on_the_embedded_model_keep_every_transcript(tmp_path):
         assert KEYS <= set(f) and f["transcripts_equal"], (m, [r["runs"][m]["check"] for r in results["episodes"]])
         assert f["target_forwards"] > 0
     assert results["methods"]["oospec+tools"]["runner"] is not None
+
+
+def test_the_two_device_projection_hides_exact_steps_tool_time_behind_toolspecs_model_time():
+    from oospec_agents.bench.agent_report import two_devices
+
+    def step(G, g, T, exact, forwards=10):
+        return {"G": G, "g": g, "T": T, "exact": exact, "target_forwards": forwards}
+    rows = [{"runs": {"toolspec": {"steps": [step(2.0, None, 1.0, None), step(1.0, None, 0.0, None)]},
+                      "oospec+tools@split": {"steps": [step(3.0, 0.5, 1.0, True, 6), step(1.5, None, 0.0, None, 5)]}}},
+            {"runs": {"toolspec": {"steps": [step(2.0, None, 1.0, None)]},
+                      "oospec+tools@split": {"steps": [step(2.5, 0.5, 1.0, False, 8)]}}},
+            {"runs": {"toolspec": {"steps": [step(0.4, None, 1.0, None)]},  # exact, but after the reply's end
+                      "oospec+tools@split": {"steps": [step(0.8, 0.5, 1.0, True, 8)]}}},
+            {"runs": {"toolspec": {"steps": [step(2.0, None, 1.0, None)]},  # transcripts differ: left out
+                      "oospec+tools@split": {"steps": [step(2.0, 0.5, 1.0, True), step(1.0, None, 0.0, None)]}}}]
+    proj = two_devices(rows, ["toolspec", "oospec+tools@split"])
+    # episode 1: max(2, 0.5 + 1) + 1 = 3 against 4; episode 2 (a miss): 3 against 3; episode 3: 1.4 against 1.4
+    assert proj["n"] == 3 and proj["from"] == "oospec+tools@split"
+    assert proj["toolspec_wall_s"] == pytest.approx(8.4 / 3) and proj["oospec+tools_wall_s"] == pytest.approx(7.4 / 3)
+    assert proj["speedup"] == pytest.approx(8.4 / 7.4) and proj["forwards_ratio"] == pytest.approx(27 / 40)
+    assert two_devices(rows, ["toolspec", "oospec"]) is None
