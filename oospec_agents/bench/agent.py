@@ -140,7 +140,8 @@ class AgentBench:
         before = runner.stats if runner else None
         engine.clear_call_memory()   # each episode is a new session: no method retrieves another's output
         engine.clear_prefix_cache()  # and starts cold
-        _wait_for_sidecar(engine)
+        for each in {id(e): e for e in (self.engine, self.split_engine) if e is not None}.values():
+            _wait_for_sidecar(each)  # both layouts' waves: a late one of the other engine shares these cores
         place = cores.pinned(engine.place.cores) if m.endswith(SPLIT_SUFFIX) else nullcontext()
         messages, steps = [dict(x) for x in rec["messages"]], []
         with place:
