@@ -6,19 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from oospec_agents.formats import HermesFormat
 from oospec_agents.testing import ScriptedEngine
 
 from llama_index.llms.oospec import OoOSpec
+from scripted_replies import reply_text
 
 # The repository's test helpers (tests/oospec_testing.py), when this folder is run on its own.
 sys.path.append(str(Path(__file__).resolve().parents[3] / "tests"))
-
-
-def reply_text(content: str, calls: list[tuple[str, dict]]) -> str:
-    """The raw reply a Hermes-format model writes: its text, then its calls' markup."""
-    rendered = HermesFormat().render_calls([{"name": name, "arguments": args} for name, args in calls])
-    return content + ("\n" if content and calls else "") + rendered
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from oospec_agents.speculative import SpeculativeTools
 from llama_index.llms.oospec import (CallPredictedEvent, OoOSpec, OoOSpecSpeculativeTools, ReplyEndEvent,
                                      SpeculativeFunctionTool, SpeculativeTool, ToolCallReadyEvent)
 
-from conftest import reply_text
+from scripted_replies import reply_text
 
 PARIS = ("get_weather", {"city": "Paris"})
 LONDON = ("get_weather", {"city": "London"})
