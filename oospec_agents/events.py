@@ -61,7 +61,9 @@ class CallPredicted:
 class ToolCallReady:
     """A verified call whose arguments' JSON has closed, in the round that commits its last argument
     token, before the reply ends: `arguments` parsed (a dict). One per entry of
-    `Generation.tool_calls`, with the same `id`, `name` and `arguments`, in the same order."""
+    `Generation.tool_calls`, with the same `id`, `name` and `arguments`, in the same order; a reply cut
+    off after the arguments but before the call's closing markup (`max_new_tokens`, a stop string) leaves
+    that call unterminated, in `invalid_tool_calls`: settle speculative work with the Generation's calls."""
     index: int
     id: str
     name: str

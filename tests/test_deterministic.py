@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from oospec_testing import DATA, ReferenceDrafter, tiny_model
+from oospec_testing import AMX_BF16_FLAW, DATA, ReferenceDrafter, tiny_model
 from oospec_agents import Engine
 from oospec_agents import deterministic as det
 from oospec_agents.drafters import Draft
@@ -190,6 +190,7 @@ def gapped_tree(ids: list[int], past: int, spacing: int, depth: int = 8):
     return Tree(tokens, parents, [None] * len(tokens), depths, [{} for _ in tokens]), path
 
 
+@AMX_BF16_FLAW
 @pytest.mark.slow
 @pytest.mark.parametrize("max_new, spacings", [(48, (1,)), (260, (1,)), (48, (2, 4)),
                                                pytest.param(260, (2, 4), marks=GAPPED_TREES_DIFFER)])
@@ -292,6 +293,7 @@ def test_in_bf16_decode_attention_gives_the_bits_of_transformers_sdpa(smollm2_di
     assert checked == 20
 
 
+@AMX_BF16_FLAW
 @pytest.mark.slow
 def test_in_bf16_every_method_tree_thread_count_and_cache_state_gives_the_same_tokens(smollm2_dir):
     from oospec_agents.bench.records import load_records, spread

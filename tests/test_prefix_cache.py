@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from oospec_testing import greedy, tiny_model
+from oospec_testing import AMX_BF16_FLAW, greedy, tiny_model
 from oospec_agents import Engine
 from oospec_agents import deterministic as det
 from oospec_agents.models import cpu_supports_bf16
@@ -255,6 +255,7 @@ def _same_kv(a, b, n: int) -> bool:
                for x, y in zip(a.layers, b.layers))
 
 
+@AMX_BF16_FLAW
 @pytest.mark.slow
 @pytest.mark.parametrize("prefill_chunk", [None, 256])
 def test_in_bf16_a_warm_request_gives_the_cold_reply_bit_for_bit(embedded_bf16, prefill_chunk):
@@ -277,6 +278,7 @@ def test_in_bf16_a_warm_request_gives_the_cold_reply_bit_for_bit(embedded_bf16, 
         assert warm.token_ids == cold.token_ids, r["id"]
 
 
+@AMX_BF16_FLAW
 @pytest.mark.slow
 def test_in_bf16_a_warm_hit_gives_the_cold_logits_and_kv_bit_for_bit_by_default(embedded_bf16):
     """The embedded target in bf16, a 1019-token prompt, the default prefill: the logits and every
