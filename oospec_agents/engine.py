@@ -483,7 +483,7 @@ class Engine:
         if hints is not None and answer is not None and (hint := hints.poll(answer)) is not None:
             state.hint = hint
             state.pool.append(self.tokenizer.encode(hint, add_special_tokens=False))
-            reply.predicted = _predicted(self.fmt, hint, getattr(hints, "confidence", None))
+            reply.predicted = _predicted(self.fmt, hint, hints.confidence)
             if reply.predicted is not None:
                 reply.predictions += reply.predicted.calls
         drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
