@@ -111,10 +111,20 @@ def add_parser(sub, name):
                    help="measure one engine method (--methods ar|toolspec|oospec) end to end through a running "
                         "`oospec serve` at URL instead of in process: median and p95 per request")
     p.add_argument("--api-key", default=None, help="with --server: the server's --api-key")
+    p.add_argument("--concurrency", type=_levels, default=None, metavar="LEVELS",
+                   help="a load bench instead (docs/bench-load.md): the same requests served one after another, "
+                        "then by N client threads at once for each N of LEVELS (comma-separated, e.g. 1,2,4,8); "
+                        "requests/s, tokens/s, p50/p95 latency, target forwards and batch per level; "
+                        "--methods from ar,toolspec,oospec; --agent-loop measures turn 2 with turn 1 cached; "
+                        "with --server, against that server")
     p.set_defaults(run=run, scenario="cold")
+    global _PARSER
+    _PARSER = p
 
 
 def run(args):
+    if args.concurrency is not None:
+        return run_load(args)
     if args.agent:
         return run_agent(args)
     if args.tool_latency is not None or args.max_steps != 4:
@@ -339,3 +349,89 @@ def run_server(args):
         print(paths["report"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+# ------------------------------------------------------------------ the load bench (--concurrency)
+
+_PARSER = None  # the bench's parser, once add_parser made it: the report's command is rebuilt from it
+
+
+def _levels(text: str) -> list[int]:
+    """--concurrency: comma-separated integers >= 1 (1,2,4,8), in increasing order, each once."""
+    import argparse
+    try:
+        levels = [int(t) for t in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 (e.g. 1,2,4,8), got {text!r}")
+    return sorted(set(levels))
+
+
+def run_load(args):
+    """`--concurrency LEVELS`: the load bench (load.py), in process or against `--server`."""
+    from .load import LOAD_METHODS, LoadConfig, ServerClient, run_load_bench, write_all
+    from .records import spread
+
+    command = _command(args)
+    conflicts = [flag for flag, on in (("--agent", args.agent), ("--strict", args.strict),
+                                       ("--temperature", args.temperature is not None),
+                                       (f"--layout {args.layout}", args.layout != "shared"),
+                                       ("--warm-tools", args.scenario == "warm_tools"),
+                                       ("--history", args.scenario == "history"),
+                                       ("--tool-latency", args.tool_latency is not None),
+                                       ("--max-steps", args.max_steps != 4)) if on]
+    if conflicts:
+        raise ValueError(f"--concurrency runs the load bench (greedy single replies, shared layout, the cold or "
+                         f"--agent-loop scenario): it cannot be combined with {', '.join(conflicts)}")
+    methods = [m.strip() for m in (args.methods or ",".join(LOAD_METHODS)).split(",") if m.strip()]
+    if not methods or (unknown := [m for m in methods if m not in LOAD_METHODS]):
+        raise ValueError(f"--concurrency serves the engine's methods: pass --methods from {','.join(LOAD_METHODS)}, "
+                         f"got {args.methods!r}")
+    records = _records(args)
+    if args.limit is None:  # the largest level's worth, spread over the sources
+        records = spread(records, max(args.concurrency))
+    config = LoadConfig(tuple(methods), tuple(args.concurrency), args.tool_choice or "required", args.max_new_tokens,
+                        scenario=args.scenario, warmup=not args.no_warmup, progress=not args.quiet,
+                        command=command)
+    data = (args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else "")
+    if args.server:
+        client = ServerClient(args.server, args.max_new_tokens, args.api_key)
+        results = run_load_bench(None, records, config, data=data, client=client)
+    else:
+        engine, _, sidecar = _engines(args)
+        if "oospec" in methods:
+            _check_sidecar(engine, sidecar)
+        results = run_load_bench(engine, records, config, data=data)
+    return _write(results, args, write_all)
+
+
+def _command(args) -> str:
+    """The command line for the report: as typed when this process is the `oospec` script, else rebuilt
+    from the flags that differ from their defaults (tests call `main([...])`). --api-key's value is hidden."""
+    import argparse
+    import os
+    import sys
+    from .load import command_line
+    argv = sys.argv
+    if argv and os.path.basename(argv[0]) == "oospec" and argv[1:2] == ["bench"]:
+        exe = os.path.relpath(argv[0]) if os.path.abspath(argv[0]).startswith(os.getcwd() + os.sep) else "oospec"
+        return command_line([exe, *argv[1:]])
+    out = ["oospec", "bench"]
+    for action in getattr(_PARSER, "_actions", []):
+        if not action.option_strings or action.dest in ("help", "run"):
+            continue
+        value, flag = getattr(args, action.dest, None), action.option_strings[-1]
+        if isinstance(action, argparse._StoreConstAction) and not isinstance(action, argparse._StoreTrueAction):
+            if value == action.const and value != action.default:
+                out.append(flag)
+        elif isinstance(action, argparse._StoreTrueAction):
+            if value:
+                out.append(flag)
+        elif value is not None and value != action.default:
+            if action.dest == "concurrency":
+                value = ",".join(map(str, value))
+            elif value == float("inf"):
+                value = "off"
+            out += [flag, str(value)]
+    return command_line(out)
