@@ -53,6 +53,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from . import batching
+from .batching import BATCH_ATTENTION
+
 #: query rows of a decode forward are a multiple of this (fewer than 4 rows take other attention kernels)
 ROW_QUANTUM = 8
 #: the most query rows of one decode forward; a longer run of forced tokens takes several forwards
@@ -196,7 +199,7 @@ def exact_prefill_refusal(model, windows) -> str | None:
         return f"measured for bf16 on the CPU only (this target: {dtype} on {device.type})"
     if not cpu_supports_bf16():
         return "measured where the CPU computes bf16 natively (AVX512-BF16 or AMX); this one emulates it"
-    if attn not in ("sdpa", EXACT_ATTENTION):
+    if attn not in ("sdpa", EXACT_ATTENTION, BATCH_ATTENTION):
         return f"measured for the sdpa attention only (this target: {attn})"
     if any(w is not None for w in windows.values()):
         return "a sliding-window layer"
@@ -259,6 +262,8 @@ def _exact_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
     Inside `decode_attention()` (a deterministic decode forward) it is torch's kernel on the forward's
     keys and mask as they come, with `enable_gqa`."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if isinstance(key, batching.RaggedKV):  # a batched round (batching.py): each row over its own keys
+        return batching.round_attention(module, query, key, value, **kwargs)
     unsupported = {k for k in ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
                    if kwargs.get(k) is not None}
     if getattr(_exact, "decode", False) and not getattr(_exact, "on", False) and not unsupported \

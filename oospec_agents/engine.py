@@ -26,7 +26,9 @@ import torch
 from .calllog import DEFAULT_MAX_MB as DEFAULT_LOG_MB
 from .calllog import open_call_log
 from .chat import normalize_messages, render_prompt, require_chat_template, template_kwargs, template_renders_tools
+from . import batching
 from . import deterministic as det
+from .batching import Batcher, Job
 from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDrafter, SchemaDrafter
 from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
@@ -113,7 +115,8 @@ class Engine:
                  prefix_cache_tokens: int = DEFAULT_PREFIX_TOKENS, wave_payback: float | None = DEFAULT_RATIO,
                  hint_follow_up: bool | None = None, target_cores: frozenset[int] | None = None,
                  prefill_chunk: int | None = PREFILL_CHUNK, deterministic: bool = False, call_log=None,
-                 call_log_max_mb: float = DEFAULT_LOG_MB, call_log_tool_results: bool = False):
+                 call_log_max_mb: float = DEFAULT_LOG_MB, call_log_tool_results: bool = False,
+                 max_batch: int = batching.DEFAULT_MAX_BATCH):
         """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
         `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
         `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected
@@ -133,6 +136,9 @@ class Engine:
         `call_log`: a file path (or a `CallLog`) where every reply whose calls the target wrote and that
         all fit their schemas appends one training record for the sidecar (calllog.py; off by default).
         It stores prompts; a tool's result only with `call_log_tool_results`; it keeps to `call_log_max_mb`.
+        `max_batch`: replies decoding at the same time (from several threads, or an async front-end's
+        executor) share each verify forward, up to this many (batching.py); 1 verifies one reply's tree a
+        forward. Each reply still gets the tokens it gets alone (its attention runs over its own keys).
         `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")`
         pins the process to them); None, the default, is every core, shared with a CPU sidecar."""
         require_chat_template(tokenizer)
@@ -164,8 +170,11 @@ class Engine:
         self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter(),
                           "prediction": PredictionDrafter()}
         self._grammars = Grammars(tokenizer, self.fmt, self.eos_ids, target.config.get_text_config().vocab_size)
-        # One request at a time owns the target: requests from several threads are serialised.
-        self._lock = threading.Lock()
+        # Replies from several threads share the target: their verify forwards are batched, the rest take
+        # turns (batching.py). `batching_refusal`: why this target's rounds are not batched (None: they are).
+        self.batching_refusal = batching.install(target, self._verifier.layout.windows) if max_batch > 1 \
+            else "max_batch=1"
+        self._batcher = Batcher(self._batched_forward, max_batch, batched=self.batching_refusal is None)
         self._logged_faults: set[str] = set()
         self._jump_forward = True  # private switch: tests compare forwards without it
 
@@ -339,7 +348,8 @@ class Engine:
         req.sampling = Sampling(temperature, top_p, top_k, min_p, seed)
         req.top_logprobs = check_logprobs(logprobs)
         req.tool_s = _tool_seconds(speculative_tools, req.tools)
-        return self._locked(self._decode(req, method, hint, record_margins, cancel, self._prediction_ids(prediction)))
+        predicted = self._prediction_ids(prediction)
+        return self._seated(lambda seat: self._decode(req, method, hint, record_margins, cancel, predicted, seat))
 
     def clear_prefix_cache(self) -> None:
         """Drop every cached prompt KV, the target's and the sidecar's wave's: the next request
@@ -378,9 +388,31 @@ class Engine:
         """Forget the earlier replies that retrieval drafts from (for every tool set)."""
         self.memory.clear()
 
-    def _locked(self, steps):
-        with self._lock:
-            yield from steps
+    @property
+    def decoding(self) -> int:
+        """Replies decoding now (started and neither finished nor closed)."""
+        return self._batcher.seated
+
+    def _seated(self, make):
+        """A reply's events, with its seat at the target (batching.py): while its consumer holds an
+        event the reply is parked, so the other replies' rounds do not wait for it."""
+        seat = self._batcher.seat()
+        steps = make(seat)
+        try:
+            for event in steps:
+                seat.parked(True)
+                try:
+                    yield event
+                finally:
+                    seat.parked(False)
+        finally:
+            try:
+                steps.close()
+            finally:
+                self._batcher.leave(seat)
+
+    def _batched_forward(self, rows):
+        return batching.batched_forward(self.target, self._verifier.cache_kw, rows, self._verifier.device)
 
     # ------------------------------------------------------------------ the loop
 
@@ -394,7 +426,7 @@ class Engine:
         return ids
 
     def _decode(self, req: Prepared, method: str, hint_text: str | None, record_margins: bool,
-                cancel: threading.Event | None, predicted: list[int] | None = None):
+                cancel: threading.Event | None, predicted: list[int] | None = None, seat=None):
         stats = DecodeStats(method, prompt_tokens=len(req.prompt_ids), margins=[] if record_margins else None)
         ids = "call_" + uuid.uuid4().hex[:12]
         reading = self.fmt.for_forced_reply(req.choice[0])  # a forced opener makes the reply calls
@@ -405,6 +437,7 @@ class Engine:
         choose = Choice.for_reply(req.guide, req.sampling.sampler(), req.top_logprobs)  # None: the plain argmax
         reply = _Reply(req, state, self._reply_text, self.eos_ids,
                        ReplyEvents(reading, lambda i: f"{ids}_{i}", req.reasoning), choose)
+        reply.seat = seat if seat is not None else self._batcher.seat()
         hints = self._open_hints(req, method, hint_text, stats)
         if self.deterministic:  # every decode forward of the reply has these shapes
             reply.shapes = det.Shapes.for_reply(len(req.prompt_ids), req.max_new_tokens)
@@ -413,7 +446,7 @@ class Engine:
             t0 = time.perf_counter()
             hit, cache = self.prefix_cache.lookup(req.prompt_ids, self._verifier.new_cache)
             forced = self._forced(req, req.max_new_tokens - 1, stats)  # the reply's first tokens, if forced
-            logits = self._prefill(req.prompt_ids + forced, cache, hit)
+            logits = self._prefill(req.prompt_ids + forced, cache, hit, reply.seat)
             self.prefix_cache.store(req.prompt_ids + forced, cache)  # before decoding grows it
             self._sync()
             stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
@@ -463,9 +496,9 @@ class Engine:
                                  hint_tokens=stats.accepted_by_source.get("hint", 0))
         yield gen
 
-    def _prefill(self, ids: list[int], cache, hit: int):
-        """The last position's logits after `ids[hit:]` is fed (`Verifier.prefill`)."""
-        return self._verifier.prefill(ids, cache, hit, self.prefix_cache.chunk)
+    def _prefill(self, ids: list[int], cache, hit: int, seat):
+        """The last position's logits after `ids[hit:]` is fed (`Verifier.prefill`), the target to itself."""
+        return seat.run(Job(fn=lambda: self._verifier.prefill(ids, cache, hit, self.prefix_cache.chunk)))
 
     def _forced(self, req: Prepared, limit: int, stats: DecodeStats) -> list[int]:
         """The tokens the grammar forces next (none without one), counted as the grammar's."""
@@ -501,16 +534,27 @@ class Engine:
         """One target forward over the tree; the accepted drafts plus the target's own next token (the
         forced tokens at the tree's start are committed already), and their logits."""
         past = len(reply.req.prompt_ids) + len(reply.new) - 1 - tree.start
-        guide = reply.req.guide
-        if reply.shapes is not None:  # deterministic: a tree that fits the reply's shapes
-            tree, past, fed = self._verifier.fit(tree, cache, past, reply.shapes)
-            stats.target_forwards += len(fed)
-            stats.forward_s += sum(fed)
-        fixed = {} if reply.shapes is None else {"shapes": reply.shapes}  # normal mode: the call it always was
-        path, nxt, logits = self._verifier.verify(tree, cache, past, choose=choose, **fixed)
+        verifier, fed = self._verifier, []
+
+        def alone():  # the target to itself: the forward and walk a reply alone has always run
+            nonlocal tree, past, fed
+            fixed = {}
+            if reply.shapes is not None:  # deterministic: a tree that fits the reply's shapes
+                tree, past, fed = verifier.fit(tree, cache, past, reply.shapes)
+                fixed = {"shapes": reply.shapes}
+            return verifier.verify(tree, cache, past, choose=choose, **fixed), verifier.last_forward_s
+
+        # beside other replies' trees, a normal mode tree is one row of a batched forward (batching.py)
+        batchable = reply.shapes is None and self._batcher.max_batch > 1
+        job = Job(fn=alone, row=verifier.row(tree, cache, past) if batchable else None)
+        out, seconds = reply.seat.run(job)
+        path, nxt, logits = out if job.batch == 1 else verifier.accept(tree, out, cache, past, choose)
+        stats.target_forwards += len(fed)
+        stats.forward_s += sum(fed)
         drafted = path[tree.start + 1:]
         stats.target_forwards += 1
-        stats.forward_s += self._verifier.last_forward_s
+        stats.forward_s += seconds
+        stats.batch_sizes.append(job.batch)
         stats.rounds.append((len(tree.tokens), len(drafted), past))
         stats.draft_tokens += len(tree.tokens) - 1 - tree.start
         for node in drafted:

@@ -250,6 +250,12 @@ class Verifier:
             tree = deterministic.first_chain(tree)
         return tree, past_len, seconds
 
+    def row(self, tree: Tree, cache, past_len: int):
+        """The tree as one row of a batched forward (batching.py): its tokens, positions and mask."""
+        from .batching import Row
+        positions = [past_len + d for d in tree.depths]
+        return Row(list(tree.tokens), positions, cache, lambda: self._tree_mask(tree, past_len))
+
     def _tree_mask(self, tree: Tree, past_len: int, window: int | None = None) -> torch.Tensor:
         """Node i sees the cached past and its own ancestors; under a sliding `window`, only the
         keys fewer than `window` positions behind its own (transformers' sliding rule). Built with
@@ -274,6 +280,12 @@ class Verifier:
         (the root, unless forced tokens come first: those are committed, not chosen). `shapes`: a
         deterministic forward (a tree that `fit` returned)."""
         logits = self.forward(tree.tokens, cache, past_len, tree, shapes=shapes)
+        return self.accept(tree, logits, cache, past_len, choose)
+
+    def accept(self, tree: Tree, logits: torch.Tensor, cache, past_len: int,
+               choose=None) -> tuple[list[int], int, torch.Tensor]:
+        """`verify` after its forward: walk the tree's `logits` from the root, keep the accepted path's
+        keys and values in `cache` (the forward appended the whole tree's), return what `verify` returns."""
         pick = logits.argmax(-1).tolist().__getitem__ if choose is None else (lambda i: choose(logits[i]))
         path = list(range(tree.start + 1))
         while (nxt := tree.children[path[-1]].get(token := pick(path[-1]))) is not None:

@@ -167,6 +167,29 @@ def test_every_method_samples_the_target_s_distribution(spread, method, first_se
         assert forwards <= 3  # drafts were verified in trees (2 forwards when the tree's first child is right)
 
 
+def test_replies_sampled_in_batches_keep_the_target_s_distribution(spread):
+    """#58: eight threads sample at once, so their rounds share forwards (batching.py); each reply is
+    still drawn from the target's distribution."""
+    import threading
+    engine, exact, top2, n_prompt = spread
+    engine._drafters["retrieval"] = TreeDrafter(top2, n_prompt)
+    seeds = list(range(3 * 10**6, 3 * 10**6 + N))
+    replies, sizes = [], []
+
+    def run(chunk):
+        for s in chunk:
+            gen = engine.generate(ASK, max_new_tokens=3, method="toolspec", seed=s, **SETTINGS)
+            replies.append(tuple(gen.token_ids))
+            sizes.extend(gen.stats.batch_sizes)
+    threads = [threading.Thread(target=run, args=(seeds[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(replies) == N and max(sizes) > 1
+    assert p_value(Counter(replies), exact, N) > ALPHA
+
+
 def accept_outright(self, tree, cache, past_len, choose=None):
     """A BROKEN rule: take the first child wherever there is one, unsampled."""
     logits = self.forward(tree.tokens, cache, past_len, tree)

@@ -4,6 +4,7 @@ and propose what followed there."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 
 from .base import Draft, ReplyState, Drafter
@@ -61,23 +62,28 @@ class CallMemory:
             raise ValueError(f"memory_size must be an integer >= 0, got {size!r}")
         self.size, self.max_tool_sets = size, max_tool_sets
         self._by_tools: OrderedDict[str, list[list[int]]] = OrderedDict()
+        self._lock = threading.Lock()  # replies decoding at once recall and remember from their threads
 
     def recall(self, tools) -> list[list[int]]:
         """A copy of the replies remembered for this tool set (most recent last)."""
-        return [list(ids) for ids in self._by_tools.get(_key(tools), [])]
+        key = _key(tools)
+        with self._lock:
+            return [list(ids) for ids in self._by_tools.get(key, [])]
 
     def remember(self, tools, ids: list[int]) -> None:
         if not self.size:
             return
         key = _key(tools)
-        replies = self._by_tools.pop(key, [])
-        replies.append(list(ids))
-        self._by_tools[key] = replies[-self.size:]
-        while len(self._by_tools) > self.max_tool_sets:  # the least recently used tool set goes
-            self._by_tools.popitem(last=False)
+        with self._lock:
+            replies = self._by_tools.pop(key, [])
+            replies.append(list(ids))
+            self._by_tools[key] = replies[-self.size:]
+            while len(self._by_tools) > self.max_tool_sets:  # the least recently used tool set goes
+                self._by_tools.popitem(last=False)
 
     def clear(self) -> None:
-        self._by_tools.clear()
+        with self._lock:
+            self._by_tools.clear()
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_tools.values())

@@ -56,9 +56,9 @@ def replies(tiny_engine, monkeypatch):
 def test_closing_a_stream_halfway_frees_the_engine_at_once(llm, tiny_engine, replies):
     stream = llm.stream_chat(USER)
     next(stream)
-    assert tiny_engine._lock.locked()
+    assert tiny_engine.decoding == 1
     stream.close()
-    assert not tiny_engine._lock.locked()
+    assert tiny_engine.decoding == 0
     assert llm.chat(USER, max_new_tokens=3).raw["finish_reason"] in ("length", "stop")
     assert replies == ["began", "abandoned", "began", "finished"]
 
@@ -67,7 +67,7 @@ def test_dropping_a_stream_halfway_frees_the_engine_at_once(llm, tiny_engine, re
     stream = llm.stream_chat(USER)
     next(stream)
     del stream
-    assert not tiny_engine._lock.locked()
+    assert tiny_engine.decoding == 0
     assert replies == ["began", "abandoned"]
 
 
@@ -77,13 +77,13 @@ async def test_breaking_out_of_an_async_stream_frees_the_engine_for_the_next_req
     stream = await llm.astream_chat(USER)
     async for _ in stream:
         break
-    assert tiny_engine._lock.locked()  # the reply is being decoded
+    assert tiny_engine.decoding == 1  # the reply is being decoded
     if close:
         await stream.aclose()
     del stream
     await llm.achat(USER, max_new_tokens=3)
     assert replies == ["began", "abandoned", "began", "finished"]
-    assert not tiny_engine._lock.locked()
+    assert tiny_engine.decoding == 0
 
 
 async def test_cancelling_achat_frees_the_engine_when_the_cancellation_returns(llm, tiny_engine, replies):
@@ -96,5 +96,5 @@ async def test_cancelling_achat_frees_the_engine_when_the_cancellation_returns(l
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not tiny_engine._lock.locked()
+    assert tiny_engine.decoding == 0
     assert replies == ["began", "abandoned"]
