@@ -8,6 +8,7 @@ names what was wrong, and load never loses a request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -557,27 +558,33 @@ async def test_32_concurrent_clients_all_answered(aclient):
     assert all(r.usage.completion_tokens >= 1 for r in replies)
 
 
-def test_full_queue_is_a_429_then_serves_the_next(engine):
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_full_queue_is_a_429_then_serves_the_next(engine, max_batch):
+    """`max_batch` replies decode at once (their forwards shared), `max_queue` wait, the next gets 429."""
     long_body = {"model": MODEL, "messages": ASK, "max_tokens": 1500, "stream": True}
     short = {**long_body, "stream": False, "max_tokens": 2}
-    with running(create_app(engine, model=MODEL, max_queue=1)) as base:
+    with running(create_app(engine, model=MODEL, max_queue=1, max_batch=max_batch)) as base:
+        with httpx.Client(timeout=60) as http, contextlib.ExitStack() as streams:
+            kept = []  # the decoding streams' line iterators: dropping one would close its stream
+            for _ in range(max_batch):
+                first = streams.enter_context(http.stream("POST", base + "/v1/chat/completions", json=long_body))
+                kept.append(first.iter_lines())
+                next(kept[-1])
+            assert engine.decoding == max_batch
+            second = threading.Thread(target=httpx.post, args=(base + "/v1/chat/completions",),
+                                      kwargs={"json": short, "timeout": 60})
+            second.start()
+            deadline = time.monotonic() + 20
+            while httpx.get(base + "/health").json()["queue"] < 1:  # the next one waits
+                assert time.monotonic() < deadline, "the request never queued"
+                time.sleep(0.02)
+            third = httpx.post(base + "/v1/chat/completions", json=short)
+            assert third.status_code == 429, third.text
+            assert third.json()["error"]["code"] == "queue_full"
+            assert f"--max-queue 1, --max-batch {max_batch}" in third.json()["error"]["message"]
+        # the first clients left; the waiting one runs, then the next one is served
+        second.join(30)
         with httpx.Client(timeout=60) as http:
-            with http.stream("POST", base + "/v1/chat/completions", json=long_body) as first:
-                lines = first.iter_lines()  # kept: dropping the iterator would close the stream
-                next(lines)
-                second = threading.Thread(target=httpx.post, args=(base + "/v1/chat/completions",),
-                                          kwargs={"json": short, "timeout": 60})
-                second.start()
-                deadline = time.monotonic() + 20
-                while httpx.get(base + "/health").json()["queue"] < 1:  # the second one waits
-                    assert time.monotonic() < deadline, "the second request never queued"
-                    time.sleep(0.02)
-                third = httpx.post(base + "/v1/chat/completions", json=short)
-                assert third.status_code == 429, third.text
-                assert third.json()["error"]["code"] == "queue_full"
-                assert "--max-queue 1" in third.json()["error"]["message"]
-            # the first client left; the waiting one runs, then the next one is served
-            second.join(30)
             r = http.post(base + "/v1/chat/completions", json=short)
             assert r.status_code == 200
             assert 'oospec_requests_total{status="429"} 1.0' in httpx.get(base + "/metrics").text

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import CallPredicted, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
+from ..batching import DEFAULT_MAX_BATCH
 from ..frontend import ChatRequest, choice_count
 from . import admin
 from .errors import Guard, ServeError, error_body, install_error_handlers
@@ -47,10 +48,10 @@ def default_replica_id() -> str:
 class _State:
     """What the routes share: the engine (None while loading), its queue, its metrics."""
 
-    def __init__(self, model: str, replica: str, max_queue: int, method: str):
+    def __init__(self, model: str, replica: str, max_queue: int, method: str, max_batch: int = 1):
         self.model, self.replica, self.method = model, replica, method
         self.metrics = Metrics()
-        self.scheduler = Scheduler(max_queue, self.metrics.queue_depth.set)
+        self.scheduler = Scheduler(max_queue, self.metrics.queue_depth.set, max_batch)
         self.engine = None
         self.load_error: str | None = None
 
@@ -64,19 +65,24 @@ class _State:
 
 def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: str = "embedded",
                api_key: str | None = None, max_queue: int = 64, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_batch: int | None = None,
                replica_id: str | None = None, method: str = "oospec", close_engine: bool = False,
                adapter_root: str | None = None, on_adapter_swap: Callable[[str], Any] | None = None) -> FastAPI:
     """An OpenAI-compatible app serving `engine`, or the engine `loader()` returns.
 
     With a loader the app answers at once: 503 while the loader runs (on a thread), then serves.
-    `model` is the id clients name in requests. `close_engine` closes the engine on shutdown
+    `model` is the id clients name in requests. `max_batch`: replies decoded at once (their verify
+    forwards batched by the engine); None: the engine's own `max_batch` (1 for an engine without one). `close_engine` closes the engine on shutdown
     (an engine the app loaded itself always is). `adapter_root` is the directory under which the admin
     call `POST /v1/oospec/sidecar-adapter` may load a sidecar adapter (admin.py; served with `api_key` only);
     `on_adapter_swap(path)` is called after each swap (Ray Serve replicas post it for the others).
     """
     if (engine is None) == (loader is None):
         raise ValueError("create_app needs exactly one of engine= or loader=")
-    state = _State(model, replica_id or default_replica_id(), max_queue, method)
+    if max_batch is None:
+        max_batch = getattr(getattr(engine, "_batcher", None), "max_batch", 1) if engine is not None \
+            else DEFAULT_MAX_BATCH
+    state = _State(model, replica_id or default_replica_id(), max_queue, method, max_batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

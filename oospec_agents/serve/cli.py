@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
+from ..batching import DEFAULT_MAX_BATCH
 from ..chat import read_chat_template
 from ..engine import METHODS
 from ..models import read_adapter
@@ -53,7 +54,10 @@ def add_parser(sub, name):
     p.add_argument("--api-key", default=os.environ.get("OOSPEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/ (default: $OOSPEC_API_KEY, else none)")
     p.add_argument("--max-queue", type=int, default=64,
-                   help="requests that may wait behind the one being decoded; more get 429 (default 64)")
+                   help="requests that may wait behind those being decoded; more get 429 (default 64)")
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                   help="requests decoded at once, their verify forwards shared (the engine's batched rounds; "
+                        f"default {DEFAULT_MAX_BATCH}; 1: one at a time)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -71,13 +75,15 @@ def add_parser(sub, name):
 def run(args):
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.max_batch < 1:
+        raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.max_body_bytes < 1:
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if (args.replicas is not None or args.autoscale is not None) and not args.ray:
         raise ValueError("--replicas and --autoscale need --ray")
     load = {"target": args.model, "sidecar": False if args.no_sidecar else args.sidecar,
             "target_device": args.target_device,
-            "sidecar_device": args.sidecar_device, "dtype": args.dtype}
+            "sidecar_device": args.sidecar_device, "dtype": args.dtype, "max_batch": args.max_batch}
     if args.prefix_cache_tokens is not None:
         load["prefix_cache_tokens"] = args.prefix_cache_tokens
     if args.sidecar_adapter is not None:
@@ -108,6 +114,7 @@ def run(args):
         # Ray replicas may run where this machine's files are not: they get the text itself
         load["chat_template"] = text if args.ray else args.chat_template
     options = {"model": args.served_model_name or args.model, "api_key": args.api_key, "max_queue": args.max_queue,
+               "max_batch": args.max_batch,
                "max_body_bytes": args.max_body_bytes, "method": args.method,
                "adapter_root": args.adapter_root and os.path.abspath(args.adapter_root)}
     if args.ray:

@@ -17,6 +17,8 @@ from typing import Callable
 
 from ray import serve
 
+from ..batching import DEFAULT_MAX_BATCH
+
 APP_NAME = "oospec"
 #: how often a replica asks the board whether an admin call swapped the sidecar's adapter elsewhere
 FOLLOW_S = 2.0
@@ -110,8 +112,8 @@ def application(load: dict, options: dict, *, replicas: int | None = None, autos
     if gpus is None:  # a sidecar in an actor of its own takes its GPU itself
         gpus = min(gpus_per_replica(), 1) if load.get("sidecar_placement") == "ray" else gpus_per_replica()
     config = {"ray_actor_options": {"num_cpus": cpus_per_replica, "num_gpus": gpus},
-              # One reply decodes at a time per engine; the app's own queue holds the rest.
-              "max_ongoing_requests": options.get("max_queue", 64) + 1}
+              # Up to max_batch replies decode at once per engine (batched rounds); the app's queue holds the rest.
+              "max_ongoing_requests": options.get("max_queue", 64) + options.get("max_batch", DEFAULT_MAX_BATCH)}
     if autoscale is not None:
         config["autoscaling_config"] = {"min_replicas": autoscale[0], "max_replicas": autoscale[1],
                                         "target_ongoing_requests": 2}

@@ -1,10 +1,11 @@
-"""One engine, one reply at a time, in arrival order, off the event loop.
+"""One engine, up to `max_batch` replies decoding at once, the rest queued in arrival order, off the loop.
 
-A single worker thread drives each reply's blocking event iterator and hands the events to the
-loop, through the front-ends' one sync-to-async bridge (`frontend.Bridge`). This module owns the
-queue around it: its order, its depth, and leaving it. One worker is the queue: `ThreadPoolExecutor`
-runs its jobs in submission order. At most `max_queue` replies wait behind the running one; the
-next is refused (`QueueFull`, a 429).
+Worker threads drive each reply's blocking event iterator and hand the events to the loop, through the
+front-ends' one sync-to-async bridge (`frontend.Bridge`). `max_batch` of them (`oospec serve
+--max-batch`): the replies they decode at the same time share the engine's verify forwards (the
+engine's batched rounds, batching.py). This module owns the queue behind them: its order, its depth,
+and leaving it. `ThreadPoolExecutor` runs its jobs in submission order. At most `max_queue` replies
+wait while `max_batch` decode; the next is refused (`QueueFull`, a 429).
 
 A cancelled job (its client went away) sets the event the engine polls every round: the reply ends
 after the round in progress, whether or not that round had an event to send, so the engine is free
@@ -38,12 +39,14 @@ class Job(Bridge):
 
 
 class Scheduler:
-    def __init__(self, max_queue: int, on_depth: Callable[[int], None] = lambda n: None):
+    def __init__(self, max_queue: int, on_depth: Callable[[int], None] = lambda n: None, max_batch: int = 1):
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
-        self.max_queue = max_queue
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        self.max_queue, self.max_batch = max_queue, max_batch
         self._on_depth = on_depth
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oospec-decode")
+        self._worker = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="oospec-decode")
         self._lock = threading.Lock()
         self._waiting = 0
         self._jobs: set[Job] = set()
@@ -57,9 +60,10 @@ class Scheduler:
         when `max_queue` replies already wait."""
         job = Job(events, cancelled, self._leave_queue)
         with self._lock:
-            if self._waiting >= self.max_queue and self._jobs:
-                raise QueueFull(f"the queue is full: {self._waiting} requests are waiting behind the one being "
-                                f"decoded (--max-queue {self.max_queue}); retry later")
+            if self._waiting >= self.max_queue and len(self._jobs) - self._waiting >= self.max_batch:
+                raise QueueFull(f"the queue is full: {self._waiting} requests are waiting behind the "
+                                f"{self.max_batch} being decoded (--max-queue {self.max_queue}, --max-batch "
+                                f"{self.max_batch}); retry later")
             self._jobs.add(job)
             job.waiting = True
             self._count(+1)
