@@ -4,7 +4,7 @@ Every reply keeps its own state (`engine._Reply`), its own KV cache and its own 
 forward is shared. A reply that wants the target hands `Batcher.run` a job and waits:
 
     verify job     one reply's draft tree on its own cache: batchable. The verify jobs of every reply
-                   decoding now join one forward, its rows padded to the longest tree.
+                   decoding now join one forward, their trees packed in one sequence.
     alone job      anything else (a prefill, a deterministic mode forward of fixed shapes): it has the
                    target to itself.
 
@@ -55,6 +55,7 @@ class Row:
     cache: Any                  # the reply's own DynamicCache
     make_mask: Callable[[], torch.Tensor]  # [1, 1, n, past + n] additive, as `Verifier._tree_mask`; built
     mask: torch.Tensor | None = None       # only when the row joins a batch (`batched_forward`)
+    offset: int = 0                        # where its tokens start in the batched forward's one sequence
 
 
 class RaggedKV:
@@ -67,7 +68,7 @@ class RaggedKV:
 
 class RoundCache:
     """The cache a batched forward is given: each layer's new keys and values go to each row's own
-    cache (the row's real tokens only, never the padding), and the attention reads them back whole."""
+    cache (its own span of the packed sequence), and the attention reads them back whole."""
 
     is_compileable = False
 
@@ -76,9 +77,9 @@ class RoundCache:
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         keys, values = [], []
-        for b, row in enumerate(self.rows):
-            n = len(row.tokens)
-            k, v = row.cache.update(key_states[b:b + 1, :, :n], value_states[b:b + 1, :, :n], layer_idx)
+        for row in self.rows:
+            at, n = row.offset, len(row.tokens)
+            k, v = row.cache.update(key_states[:, :, at:at + n], value_states[:, :, at:at + n], layer_idx)
             keys.append(k)
             values.append(v)
         return RaggedKV(keys), RaggedKV(values)
@@ -88,16 +89,16 @@ class RoundCache:
 
 
 def ragged_attention(module, query, key: RaggedKV, value: RaggedKV, rows: list[Row], **kwargs):
-    """Attention of a batched forward: each row over its own keys with its own mask, through
-    transformers' sdpa function (what the row's reply alone runs); padded query rows give zeros."""
+    """Attention of a batched forward: each row's queries over its own keys with its own mask, through
+    transformers' sdpa function (what the row's reply alone runs)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    out = query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])  # [B, q, heads, dim]
+    out = []
     for b, row in enumerate(rows):
-        n = len(row.tokens)
-        o, _ = sdpa_attention_forward(module, query[b:b + 1, :, :n], key.rows[b], value.rows[b], row.mask,
+        at, n = row.offset, len(row.tokens)
+        o, _ = sdpa_attention_forward(module, query[:, :, at:at + n], key.rows[b], value.rows[b], row.mask,
                                       dropout=0.0, scaling=kwargs.get("scaling"), is_causal=False)
-        out[b, :n] = o[0]
-    return out, None
+        out.append(o)  # [1, n, heads, dim]
+    return torch.cat(out, dim=1), None
 
 
 def round_attention(module, query, key: RaggedKV, value: RaggedKV, **kwargs):
@@ -147,24 +148,24 @@ def install(model, windows: dict) -> str | None:
 
 def batched_forward(model, cache_kw: str, rows: list[Row], device) -> list[torch.Tensor]:
     """One target forward over several replies' trees; each row's logits [n, vocab], and each row's
-    own cache grown by its tree's keys and values (rolled back by its reply, as after a lone forward)."""
-    width = max(len(r.tokens) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    pos = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, r in enumerate(rows):
-        r.mask = r.make_mask()
-        ids[b, :len(r.tokens)] = torch.tensor(r.tokens)
-        pos[b, :len(r.positions)] = torch.tensor(r.positions)
-        pos[b, len(r.positions):] = r.positions[-1]
-    dummy = torch.zeros(len(rows), 1, 1, 1, dtype=model.dtype, device=device)  # 4D: transformers passes it on
+    own cache grown by its tree's keys and values (rolled back by its reply, as after a lone forward).
+    The trees are packed one after another in a single sequence (no padding): the linear layers run
+    over exactly their tokens, the attention over each row's own span (`ragged_attention`)."""
+    ids, pos, at = [], [], 0
+    for r in rows:
+        r.mask, r.offset = r.make_mask(), at
+        ids += r.tokens
+        pos += r.positions
+        at += len(r.tokens)
+    dummy = torch.zeros(1, 1, 1, 1, dtype=model.dtype, device=device)  # 4D: transformers passes it on as is
     _ROUND.rows = rows
     try:
         with torch.inference_mode():
-            logits = model(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=dummy,
-                           use_cache=True, **{cache_kw: RoundCache(rows)}).logits
+            logits = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
+                           attention_mask=dummy, use_cache=True, **{cache_kw: RoundCache(rows)}).logits[0]
     finally:
         _ROUND.rows = []
-    return [logits[b, :len(r.tokens)] for b, r in enumerate(rows)]
+    return [logits[r.offset:r.offset + len(r.tokens)] for r in rows]
 
 
 # ---------------------------------------------------------------------------------------- the rendezvous
