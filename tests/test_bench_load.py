@@ -51,8 +51,9 @@ class _Scripted:
         self.resets.append((method, [r.id for r in requests]))
 
     def __call__(self, req, method):
-        thread = threading.current_thread().name  # the pool's threads: load-<N>_<i>
-        shared = thread.startswith("load-") and not thread.startswith("load-1_")
+        thread = threading.current_thread().name  # the pool's threads: load-<N>_<i>, load-sequential_0
+        assert thread.startswith("load-"), "every pass runs on client threads, the sequential one too"
+        shared = not thread.startswith(("load-1_", "load-sequential_"))
         same = (req.id, "other" if shared and req.id == "r1" else "")
         return Reply(same, 5, 2, [2] if shared else [1], 1, 0, 0.01, 0.02, "tool_calls")
 

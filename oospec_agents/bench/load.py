@@ -249,12 +249,11 @@ def _pass(client, requests: list[Request], method: str, workers: int | None, bar
             bar.update(1)
 
     t0 = time.perf_counter()
-    if workers is None:
-        for i in range(len(requests)):
-            one(i)
-    else:
-        with ThreadPoolExecutor(workers, thread_name_prefix=f"load-{workers}") as pool:
-            list(pool.map(one, range(len(requests))))  # re-raises a client thread's error here
+    # The sequential pass, too, runs on a client thread of its own (one after another): torch's CPU
+    # kernels run faster on the thread that loaded the model for as long as no other thread has run any
+    # (one OpenMP team; batching.py), which a server's or an async front-end's requests never do.
+    with ThreadPoolExecutor(workers or 1, thread_name_prefix=f"load-{workers or 'sequential'}") as pool:
+        list(pool.map(one, range(len(requests))))  # re-raises a client thread's error here
     return rows, time.perf_counter() - t0
 
 
