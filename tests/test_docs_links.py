@@ -120,10 +120,12 @@ def test_readme_is_a_front_door():
     for section in ("## Quick start", "## Use it", "## Benchmark", "## Agents: speculative tools", "## Limits",
                     "## Docs"):
         assert f"\n{section}\n" in text, section
-    # one headline plot, beside the decode table; the agent table (#55) may have its own; none elsewhere
+    # one headline plot, beside the decode table; the agent table (#55) and the load table (#58) may have
+    # their own; none elsewhere
     plots = {section.split("\n", 1)[0]: len(re.findall(r"!\[[^\]]*\]\([^)]+\.png\)", section))
              for section in text.split("\n## ")[1:]}
     assert plots.pop("Benchmark") == 1 and plots.pop("Agents: speculative tools") <= 1
+    assert plots.pop("Many agents at once", 0) <= 1
     assert not any(plots.values()), plots
 
 
