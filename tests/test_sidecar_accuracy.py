@@ -356,14 +356,20 @@ DOCUMENTED = {"type": "function", "function": {"name": "get_weather", "parameter
     "unit": {"type": "string", "default": "c"}, "days": {"type": "integer"}}, "required": ["city"]}}}
 
 
-def test_the_shipped_adapter_sees_todays_rows_exactly():
+def test_the_shipped_adapter_reads_each_parameters_documentation_and_one_without_rows_json_todays_rows():
+    """#56: the shipped adapter was retrained on documented slot rows (its rows.json says so); an adapter
+    without the file (an older one, a fresh `oospec adapt` of one) gets the rows it was trained on."""
     from oospec_agents.models import EMBEDDED_SIDECAR_ADAPTER
     from oospec_agents.sidecar.rows import RowOptions, expand_rows
-    assert RowOptions.for_adapter(EMBEDDED_SIDECAR_ADAPTER) == RowOptions() == RowOptions.for_adapter(None)
+    assert RowOptions.for_adapter(EMBEDDED_SIDECAR_ADAPTER) == RowOptions(param_docs=True)
+    assert RowOptions.for_adapter(None) == RowOptions()
     msgs, tools = normalize_messages(ASK), normalize_tools([DOCUMENTED])
     today = expand_rows(msgs, tools)
     assert expand_rows(msgs, tools, options=RowOptions()) == today
     assert today[1][1].suffix == '<tool_call>\n{"name": "get_weather", "arguments": {"city":'
+    shipped = expand_rows(msgs, tools, options=RowOptions.for_adapter(EMBEDDED_SIDECAR_ADAPTER))
+    assert "City and state, e.g. Berkeley, CA" in shipped[1][1].suffix
+    assert shipped[1][1].suffix.endswith('<tool_call>\n{"name": "get_weather", "arguments": {"city":')
 
 
 def test_param_docs_put_each_documented_parameter_before_its_rows_call(tmp_path):
