@@ -122,18 +122,18 @@ class _Round(threading.local):
 _ROUND = _Round()  # the rows of the batched forward this thread runs (the attention reads them)
 
 
-def install(model, windows: dict) -> str | None:
+def install(model, windows: dict, passes_on: tuple[str, ...] = ()) -> str | None:
     """Make the target able to run batched rounds; None where it can, else why not (its replies are
-    then verified one at a time, as before). Full attention through sdpa (ours: `BATCH_ATTENTION`, or
-    the exact prefill's, which passes batched rounds on: deterministic.py)."""
+    then verified one at a time, as before). Full attention through sdpa (ours: `BATCH_ATTENTION`), or
+    an implementation in `passes_on` that hands `RaggedKV` keys to `round_attention` (the exact
+    prefill's: deterministic.py)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
-    from .deterministic import EXACT_ATTENTION
     if any(w is not None for w in windows.values()):
         return "a sliding-window layer (one mask per layer type)"
     text = model.config.get_text_config(decoder=True)
     attn = getattr(text, "_attn_implementation", None)
-    if attn in (BATCH_ATTENTION, EXACT_ATTENTION):
+    if attn == BATCH_ATTENTION or attn in passes_on:
         return None
     if attn != "sdpa":
         return f"batched rounds run through sdpa attention (this target: {attn})"
@@ -147,7 +147,7 @@ def install(model, windows: dict) -> str | None:
     return None if text._attn_implementation == BATCH_ATTENTION else "its attention implementation did not switch"
 
 
-def batched_forward(model, cache_kw: str, rows: list[Row], device) -> list[torch.Tensor]:
+def batched_forward(model, cache_kw: str, rows: list[Row], device=None) -> list[torch.Tensor]:
     """One target forward over several replies' trees; each row's logits [n, vocab], and each row's
     own cache grown by its tree's keys and values (rolled back by its reply, as after a lone forward).
     The trees are packed one after another in a single sequence (no padding): the linear layers run

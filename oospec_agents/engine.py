@@ -13,6 +13,7 @@ enters the KV cache in the next forward, ahead of the drafts.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -172,9 +173,12 @@ class Engine:
         self._grammars = Grammars(tokenizer, self.fmt, self.eos_ids, target.config.get_text_config().vocab_size)
         # Replies from several threads share the target: their verify forwards are batched, the rest take
         # turns (batching.py). `batching_refusal`: why this target's rounds are not batched (None: they are).
-        self.batching_refusal = batching.install(target, self._verifier.layout.windows) if max_batch > 1 \
-            else "max_batch=1"
-        self._batcher = Batcher(self._batched_forward, max_batch, batched=self.batching_refusal is None)
+        self.batching_refusal = batching.install(target, self._verifier.layout.windows, (det.EXACT_ATTENTION,)) \
+            if max_batch > 1 else "max_batch=1"
+        # the forward holds the target, not the engine: an engine dropped is freed (no cycle through it)
+        self._batcher = Batcher(functools.partial(batching.batched_forward, target, self._verifier.cache_kw,
+                                                  device=self._verifier.device),
+                                max_batch, batched=self.batching_refusal is None)
         self._logged_faults: set[str] = set()
         self._jump_forward = True  # private switch: tests compare forwards without it
 
@@ -411,8 +415,6 @@ class Engine:
             finally:
                 self._batcher.leave(seat)
 
-    def _batched_forward(self, rows):
-        return batching.batched_forward(self.target, self._verifier.cache_kw, rows, self._verifier.device)
 
     # ------------------------------------------------------------------ the loop
 

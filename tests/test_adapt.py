@@ -221,7 +221,13 @@ def test_adapting_the_shipped_sidecar_loads_like_the_shipped_one(tiny_log, tmp_p
     assert main(["adapt", "--log", str(tiny_log), "--out", str(out), "--min-records", "5", "--holdout", "0.3",
                  "--max-steps", "1", "--batch-size", "2", "--no-progress"]) == 0
     m = json.loads((out / "metrics.json").read_text())
-    assert m["replay"]["files"] == [str((DATA / "train.jsonl").resolve())] and m["replay"]["records"] == 2
+    assert m["replay"]["files"] == [str((DATA / "train.jsonl").resolve())]
+    # two records drawn: each replayed, or left out as longer than --max-len in the shipped adapter's
+    # documented rows (#56), which the adapted adapter keeps
+    assert m["replay"]["records"] + m["examples"]["replay"]["too_long"] == 2
+    from oospec_agents.models import EMBEDDED_SIDECAR_ADAPTER
+    from oospec_agents.sidecar.rows import RowOptions
+    assert RowOptions.for_adapter(out) == RowOptions.for_adapter(EMBEDDED_SIDECAR_ADAPTER) == RowOptions(param_docs=True)
     assert m["config"]["r"] == 16 and m["max_null_rows"] == 1  # the shipped adapter's shape and recipe
     assert m["held_out"]["after"]["overall"]["n"] == 2
     engine = Engine.from_pretrained("embedded", sidecar_adapter=str(out), sidecar_placement="thread")
