@@ -173,9 +173,10 @@ def batched_forward(model, cache_kw: str, rows: list[Row], device=None) -> list[
 
 @dataclass(eq=False)
 class Job:
-    """Work on the target: `fn()` runs it alone. A verify job also has its `row`, to join a batched
-    forward, and its `fn` then returns (logits, forward seconds), as a batched forward gives the row."""
-    row: Row | None = None
+    """Work on the target: `fn()` runs it alone. A verify job also has `row()`, which makes its `Row` only
+    when it joins a batched forward (a reply alone never builds one), and its `fn` then returns (logits,
+    forward seconds), as a batched forward gives the row."""
+    row: Callable[[], Row] | None = None
     fn: Callable[[], Any] | None = None
     result: Any = None
     error: BaseException | None = None
@@ -291,7 +292,7 @@ class Batcher:
             if len(jobs) == 1:
                 results = [jobs[0].fn()]
             else:
-                logits = self._forward([j.row for j in jobs])
+                logits = self._forward([j.row() for j in jobs])
                 results = [(rows, time.perf_counter() - t0) for rows in logits]
         except BaseException as e:  # every job of the forward gets its error
             for j in jobs:

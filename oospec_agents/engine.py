@@ -415,7 +415,6 @@ class Engine:
             finally:
                 self._batcher.leave(seat)
 
-
     # ------------------------------------------------------------------ the loop
 
     def _prediction_ids(self, prediction) -> list[int]:
@@ -428,7 +427,7 @@ class Engine:
         return ids
 
     def _decode(self, req: Prepared, method: str, hint_text: str | None, record_margins: bool,
-                cancel: threading.Event | None, predicted: list[int] | None = None, seat=None):
+                cancel: threading.Event | None, predicted: list[int] | None, seat: batching.Seat):
         stats = DecodeStats(method, prompt_tokens=len(req.prompt_ids), margins=[] if record_margins else None)
         ids = "call_" + uuid.uuid4().hex[:12]
         reading = self.fmt.for_forced_reply(req.choice[0])  # a forced opener makes the reply calls
@@ -439,7 +438,7 @@ class Engine:
         choose = Choice.for_reply(req.guide, req.sampling.sampler(), req.top_logprobs)  # None: the plain argmax
         reply = _Reply(req, state, self._reply_text, self.eos_ids,
                        ReplyEvents(reading, lambda i: f"{ids}_{i}", req.reasoning), choose)
-        reply.seat = seat if seat is not None else self._batcher.seat()
+        reply.seat = seat
         hints = self._open_hints(req, method, hint_text, stats)
         if self.deterministic:  # every decode forward of the reply has these shapes
             reply.shapes = det.Shapes.for_reply(len(req.prompt_ids), req.max_new_tokens)
@@ -548,7 +547,7 @@ class Engine:
 
         # beside other replies' trees, a normal mode tree is one row of a batched forward (batching.py)
         batchable = reply.shapes is None and self._batcher.max_batch > 1
-        job = Job(fn=alone, row=verifier.row(tree, cache, past) if batchable else None)
+        job = Job(fn=alone, row=(lambda: verifier.row(tree, cache, past)) if batchable else None)
         out, seconds = reply.seat.run(job)
         path, nxt, logits = out if job.batch == 1 else verifier.accept(tree, out, cache, past, choose)
         stats.target_forwards += len(fed)

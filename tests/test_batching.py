@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from oospec_testing import tiny_model
+from oospec_testing import greedy, tiny_model
 from oospec_agents import Engine
 from oospec_agents.batching import Batcher, Job, Row
 
@@ -68,8 +68,10 @@ def test_every_reply_in_a_batch_is_its_reply_alone(engine, method):
     engine.clear_prefix_cache()
     engine.clear_call_memory()
     batched = together([lambda q=q: engine.generate(ask(q), [WEATHER, SEARCH], **kw) for q in QUESTIONS])
-    for a, b in zip(alone, batched):
+    for q, a, b in zip(QUESTIONS, alone, batched):
         assert b.token_ids == a.token_ids
+        # and both are plain transformers greedy decoding (generate(do_sample=False)) of the prompt
+        assert b.token_ids == greedy(engine, engine.prompt_ids(ask(q), [WEATHER, SEARCH]), 40)[:len(b.token_ids)]
         assert b.text == a.text and b.tool_calls == [dict(c, id=c2["id"]) for c, c2 in zip(a.tool_calls, b.tool_calls)]
     sizes = [s for g in batched for s in g.stats.batch_sizes]
     assert max(sizes) > 1, "no round was shared: the replies did not decode at the same time"
@@ -183,7 +185,7 @@ def test_an_abandoned_stream_does_not_hold_up_the_others(engine):
 # ---------------------------------------------------------------- the rendezvous alone, on a fake forward
 
 def fake_row(n):
-    return Row(list(range(n)), list(range(n)), None, lambda: torch.zeros(1))
+    return lambda: Row(list(range(n)), list(range(n)), None, lambda: torch.zeros(1))
 
 
 def test_verify_jobs_of_waiting_replies_share_one_forward_up_to_max_batch():
@@ -196,7 +198,7 @@ def test_verify_jobs_of_waiting_replies_share_one_forward_up_to_max_batch():
     alone = sum(1 for o in out if o[0] == "alone")
     assert sum(forwards) + alone == 5 and forwards and max(forwards) <= 3
     assert all(j.batch <= 3 for j in jobs)
-    assert all(o[0] == "alone" or o[0].shape == (len(j.row.tokens),) for o, j in zip(out, jobs))
+    assert all(o[0] == "alone" or o[0].shape == (len(j.row().tokens),) for o, j in zip(out, jobs))
 
 
 def test_a_round_waits_for_busy_replies_but_not_parked_ones():
