@@ -237,3 +237,48 @@ def test_max_batch_is_checked():
         Batcher(lambda rows: [], max_batch=0)
     with pytest.raises(ValueError, match="max_batch"):
         Batcher(lambda rows: [], max_batch=True)
+
+
+def test_a_reasoning_targets_batch_mixes_methods_thinking_on_and_off_and_a_strict_call(with_template):
+    """A reasoning target (a Qwen3-style template: the reply may open `<think>`), one batch of replies with
+    thinking on and off (`enable_thinking`), each method, a strict forced call and a seeded sample: each
+    greedy reply is its reply alone, reasoning state and all, and transformers' greedy decoding of its
+    prompt."""
+    from oospec_agents.formats import Reasoning
+    from oospec_testing import TEMPLATES, tiny_qwen3
+    tok = with_template(TEMPLATES["qwen3"])
+    engine = Engine(tiny_qwen3(tok), tok, model_name="tiny-qwen3", memory_size=0)
+    off = {"enable_thinking": False}
+    hint = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    requests = [
+        dict(messages=ask(QUESTIONS[0]), method="ar"),
+        dict(messages=ask(QUESTIONS[1]), method="toolspec", chat_template_kwargs=off),
+        dict(messages=ask(QUESTIONS[2]), method="oospec", hint=hint),
+        dict(messages=ask(QUESTIONS[3]), method="oospec", hint=hint, chat_template_kwargs=off),
+        dict(messages=ask(QUESTIONS[4]), method="toolspec", tools=[WEATHER], tool_choice="required", strict=True,
+             chat_template_kwargs=off),
+        dict(messages=ask(QUESTIONS[5]), method="toolspec", temperature=0.8, seed=3),
+    ]
+
+    def run(r):
+        r = dict(r)
+        return engine.generate(r.pop("messages"), r.pop("tools", [WEATHER, SEARCH]), max_new_tokens=24, **r)
+    alone = [run(r) for r in requests]
+    engine.clear_prefix_cache()
+    batched = together([lambda r=r: run(r) for r in requests])
+    states = [engine.prepare(r["messages"], r.get("tools", [WEATHER, SEARCH]), r.get("tool_choice", "auto"),
+                             chat_template_kwargs=r.get("chat_template_kwargs")).reasoning for r in requests[:4]]
+    assert states == [Reasoning(), None, Reasoning(), None]  # thinking on and off in one batch
+    for r, a, b in zip(requests, alone, batched):
+        assert not isinstance(b, BaseException), b
+        if r.get("temperature"):
+            assert b.stats.new_tokens == len(b.token_ids) > 0
+            continue
+        assert (b.token_ids, b.reasoning, b.text, b.finish_reason, b.tool_calls) == \
+            (a.token_ids, a.reasoning, a.text, a.finish_reason, [dict(c, id=c2["id"]) for c, c2 in
+                                                                 zip(a.tool_calls, b.tool_calls)]), r
+        if not r.get("strict"):
+            ids = engine.prompt_ids(r["messages"], r.get("tools", [WEATHER, SEARCH]),
+                                    chat_template_kwargs=r.get("chat_template_kwargs"))
+            assert b.token_ids == greedy(engine, ids, 24)[:len(b.token_ids)]
+    assert max(s for g in batched for s in g.stats.batch_sizes) > 1

@@ -382,10 +382,14 @@ def test_a_wave_begun_while_the_target_lent_it_cores_leaves_the_target_threads_c
         release.wait(10)
         return [' "get_weather"', ' "Paris"', " null", " null", " null"]
     sidecar = WaveSidecar(wave, threads=1)
-    sidecar.host._one_wave.acquire()            # hold the wave thread until the loan has begun
+    host = sidecar.host
+    with host._turn:                           # hold the wave thread until the loan has begun
+        host._busy = True
     ticket = sidecar.submit(_request())
     torch.set_num_threads(max(before - 1, 1))  # the loan (session._lend_cores)
-    sidecar.host._one_wave.release()
+    with host._turn:
+        host._busy = False
+        host._turn.notify_all()
     while not seen:
         time.sleep(0.001)
     torch.set_num_threads(before)          # given back before the wave ends

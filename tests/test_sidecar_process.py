@@ -150,6 +150,22 @@ def test_the_worker_posts_the_hint_a_thread_would_and_poll_never_blocks(side, ti
     assert side.wait_idle(10)
 
 
+def test_the_worker_runs_the_waves_that_queued_meanwhile_as_one_batch(side, tiny_spec):
+    """Requests sent while a wave runs reach the worker's queue and go together into its next wave
+    (`WaveHost.run_many`, `Wave.many`); each hint is the one a wave alone writes."""
+    alone = InTime(WaveSidecar(load_wave(tiny_spec))).submit(_request()).poll().text
+    tickets = [side.submit(_request()) for _ in range(6)]
+    hints = []
+    for ticket in tickets:
+        while (hint := ticket.poll()) is None and ticket.error is None:
+            time.sleep(0.002)
+        assert ticket.error is None, ticket.error
+        hints.append(hint)
+    assert [h.text for h in hints] == [alone] * 6
+    assert max(h.profile.get("batched", 1) for h in hints) >= 2, [h.profile for h in hints]
+    assert side.wait_idle(10)
+
+
 # ---------------------------------------------------------------- faults change nothing in the target's output
 
 @pytest.mark.parametrize("fault", ["oom", "memory_error"])

@@ -98,48 +98,96 @@ def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.dev
              stream: torch.cuda.Stream | None = None) -> dict | None:
     """rows -> wave -> join -> payload for one request. Returns `Ticket.post`'s keywords: the payload,
     a decline or the error, with the wave's profile; None once the request is cancelled."""
+    return run_waves(wave, [(request, cancelled)], device=device, stream=stream)[0]
+
+
+def run_waves(wave: WaveFn, jobs: list[tuple[HintRequest, threading.Event]], *, device: torch.device,
+              stream: torch.cuda.Stream | None = None) -> list[dict | None]:
+    """`run_wave` for several requests at once: where the wave batches requests (`Wave.many`) and more
+    than one is ready, their rows share the sidecar's forwards; otherwise they run one after another.
+    A request's own fault (its rows, its join) is its own error; a fault of the shared wave is each one's."""
+    outcomes: list[dict | None] = [None] * len(jobs)
+    ready = []  # (job index, rows, prefix, choices)
+    for n, (request, cancelled) in enumerate(jobs):
+        try:
+            ready.append((n, *wave_rows(request, options=getattr(wave, "row_options", None))))
+        except Exception as e:
+            outcomes[n] = _fault(e, device)
+    many = getattr(wave, "many", None)
     try:
-        rows, prefix, choices = wave_rows(request, options=getattr(wave, "row_options", None))
         start = time.perf_counter()
-        texts = wave(prefix, rows, cancelled, choices)
+        if many is not None and len(ready) > 1:
+            results = many([(prefix, rows, jobs[n][1], choices) for n, rows, prefix, choices in ready])
+        else:
+            results = []
+            for n, rows, prefix, choices in ready:
+                texts = wave(prefix, rows, jobs[n][1], choices)
+                results.append((texts, getattr(wave, "row_logprobs", None), getattr(wave, "profile", None)))
         if stream is not None:
             stream.synchronize()
-        profile = {"queued_s": start - request.arrived, "wave_s": time.perf_counter() - start,
-                   **(getattr(wave, "profile", None) or {})}
+        wave_s = time.perf_counter() - start
+    except Exception as e:
+        for n, *_ in ready:
+            outcomes[n] = _fault(e, device)
+        return outcomes
+    for (n, rows, _, _), (texts, logprobs, profile) in zip(ready, results):
+        request, cancelled = jobs[n]
         if cancelled.is_set():
-            return None
+            continue
+        profile = {"queued_s": start - request.arrived, "wave_s": wave_s, **(profile or {})}
         try:
             call = join(rows, texts, request.tools, request.tool_choice)
+            outcomes[n] = {"payload": encode_payload(call), "profile": profile,
+                           "confidence": call_confidence(wave, rows, call, request.tool_choice, logprobs)}
         except NoCall:
-            return {"declined": True, "profile": profile}
-        return {"payload": encode_payload(call), "profile": profile,
-                "confidence": call_confidence(wave, rows, call, request.tool_choice)}
-    except JoinError as e:
+            outcomes[n] = {"declined": True, "profile": profile}
+        except Exception as e:
+            outcomes[n] = _fault(e, device)
+    return outcomes
+
+
+def _fault(e: Exception, device: torch.device) -> dict:
+    """A wave's exception as `Ticket.post`'s error."""
+    if isinstance(e, JoinError):
         return {"error": f"sidecar gave no usable call: {e}"}
-    except (torch.OutOfMemoryError, MemoryError) as e:
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return {"error": f"sidecar out of memory on {device}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"}
-    except Exception as e:
-        return {"error": f"sidecar failed: {type(e).__name__}: {e}"}
+    return {"error": f"sidecar failed: {type(e).__name__}: {e}"}
 
 
-def call_confidence(wave, rows: list[Row], call: dict, tool_choice) -> float | None:
+def call_confidence(wave, rows: list[Row], call: dict, tool_choice, row_logprobs=None) -> float | None:
     """The probability that `call` is exact: the wave's calibration of its rows' log-probability
-    (confidence.py); None for a wave function that keeps neither."""
+    (`row_logprobs`, else the wave's last; confidence.py); None for a wave function that keeps neither."""
     calibration = getattr(wave, "calibration", None)
     if calibration is None:
         return None
-    return calibration(call_logprob(rows, getattr(wave, "row_logprobs", None), call, tool_choice))
+    if row_logprobs is None:
+        row_logprobs = getattr(wave, "row_logprobs", None)
+    return calibration(call_logprob(rows, row_logprobs, call, tool_choice))
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A request waiting for the wave, then its outcome."""
+    tid: int
+    request: HintRequest
+    cancelled: threading.Event
+    on_start: Callable[[], None] | None = None
+    outcome: dict | None = None
+    done: bool = False
 
 
 class WaveHost:
-    """A loaded wave and the rules of running it: one wave at a time (a cancelled wave ends at its next
-    step before the next one begins), cancel by ticket id (also before the wave has begun), and the
-    estimate of a wave's seconds (payback.py)."""
+    """A loaded wave and the rules of running it: one wave at a time, and the requests that wait for it
+    meanwhile run together in the next (`Wave.many`: they share the sidecar's forwards); cancel by
+    ticket id (also before the wave has begun), and the estimate of a wave's seconds (payback.py)."""
 
     #: cancels kept for waves not (yet) running: a late cancel of a finished wave is forgotten after this many
     EARLY_CANCELS = 256
+    #: the most requests one wave takes (the rest wait for the next)
+    MAX_REQUESTS = 8
 
     def __init__(self, wave: WaveFn, device: torch.device | str = "cpu", stream: torch.cuda.Stream | None = None,
                  spec: WorkerSpec | None = None):
@@ -148,7 +196,9 @@ class WaveHost:
         self.stream = stream
         #: what `wave` was loaded from (None: a wave handed in, which cannot swap its adapter)
         self.spec = spec
-        self._one_wave = threading.Lock()
+        self._turn = threading.Condition()  # guards _busy and _pending: whose wave runs next
+        self._busy = False
+        self._pending: list[_Pending] = []
         self._swap = threading.Lock()  # one adapter load at a time
         self._lock = threading.Lock()  # guards the two maps below
         self._running: dict[int, threading.Event] = {}
@@ -157,29 +207,83 @@ class WaveHost:
     def run(self, tid: int, request: HintRequest, *, cancelled: threading.Event | None = None,
             wait_s: float | None = None, on_start: Callable[[], None] | None = None,
             placement: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> dict | None:
-        """Run ticket `tid`'s wave once the wave before it has ended (an error after `wait_s`); None
-        when it was cancelled. `on_start` is called as the wave begins; `placement` is entered around it."""
-        event = cancelled or threading.Event()
+        """Run ticket `tid`'s wave once the wave before it has ended (an error after `wait_s`), beside
+        the other requests waiting then; None when it was cancelled. `on_start` is called as the wave
+        begins; `placement` is entered around the wave that this thread runs."""
+        return self.run_many([(tid, request, on_start)], cancelled=[cancelled], wait_s=wait_s,
+                             placement=placement)[0]
+
+    def run_many(self, jobs: list[tuple[int, HintRequest, Callable[[], None] | None]], *,
+                 cancelled: list[threading.Event | None] | None = None, wait_s: float | None = None,
+                 placement: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+                 ) -> list[dict | None]:
+        """`run` for several tickets `(tid, request, on_start)` that arrived together (a worker process
+        reads them off its pipe at once): one outcome each."""
+        events = [e or threading.Event() for e in (cancelled or [None] * len(jobs))]
+        pending = [_Pending(tid, request, event, on_start) for (tid, request, on_start), event in zip(jobs, events)]
         with self._lock:
-            if tid in self._early:  # cancelled before it began
-                del self._early[tid]
-                event.set()
-            self._running[tid] = event
+            for job in pending:
+                if job.tid in self._early:  # cancelled before it began
+                    del self._early[job.tid]
+                    job.cancelled.set()
+                self._running[job.tid] = job.cancelled
         try:
-            if not self._one_wave.acquire(timeout=-1 if wait_s is None else wait_s):
-                return {"error": f"sidecar timeout: an earlier wave has held the sidecar for over {wait_s:g}s"}
-            try:
-                if event.is_set():
-                    return None
-                if on_start is not None:
-                    on_start()
-                with placement():
-                    return run_wave(self.wave, request, event, device=self.device, stream=self.stream)
-            finally:
-                self._one_wave.release()
+            self._wait_turn(pending, wait_s, placement)
+            return [job.outcome for job in pending]
         finally:
             with self._lock:
-                self._running.pop(tid, None)
+                for job in pending:
+                    self._running.pop(job.tid, None)
+
+    def _wait_turn(self, mine: list[_Pending], wait_s: float | None, placement) -> None:
+        """Queue `mine`, and run waves (of whatever waits) until they are done. The thread that finds
+        the wave free runs the next one for everyone waiting; a job still queued after `wait_s` ends
+        with a timeout error."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        with self._turn:
+            self._pending.extend(mine)
+            while not all(job.done for job in mine):
+                if not self._busy and self._pending:
+                    batch, self._pending = self._pending[:self.MAX_REQUESTS], self._pending[self.MAX_REQUESTS:]
+                    self._busy = True
+                    self._turn.release()
+                    try:
+                        self._run_batch(batch, placement)
+                    finally:
+                        self._turn.acquire()
+                        self._busy = False
+                        for job in batch:
+                            job.done = True
+                        self._turn.notify_all()
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    for job in mine:
+                        if job in self._pending:
+                            self._pending.remove(job)
+                            job.outcome = {"error": f"sidecar timeout: an earlier wave has held the sidecar for "
+                                                    f"over {wait_s:g}s"}
+                            job.done = True
+                    deadline = None  # a job already taken into a wave is waited for
+                    continue
+                self._turn.wait(left)
+
+    def _run_batch(self, batch: list[_Pending], placement) -> None:
+        wave = self.wave  # an adapter swapped in meanwhile serves the next wave
+        live = []
+        for job in batch:
+            if job.cancelled.is_set():
+                continue
+            if job.on_start is not None:
+                job.on_start()
+            live.append(job)
+        if not live:
+            return
+        with placement():
+            outcomes = run_waves(wave, [(job.request, job.cancelled) for job in live], device=self.device,
+                                 stream=self.stream)
+        for job, outcome in zip(live, outcomes):
+            job.outcome = outcome
 
     def cancel(self, tid: int) -> None:
         with self._lock:
@@ -238,11 +342,9 @@ class WaveHost:
         return spec
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
-        """Wait until no wave runs; False on timeout."""
-        if not self._one_wave.acquire(timeout=timeout_s):
-            return False
-        self._one_wave.release()
-        return True
+        """Wait until no wave runs and none waits; False on timeout."""
+        with self._turn:
+            return self._turn.wait_for(lambda: not self._busy and not self._pending, timeout_s)
 
 
 def load_adapter_here(host: WaveHost, adapter: str) -> dict:

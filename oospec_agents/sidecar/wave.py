@@ -32,9 +32,11 @@ import functools
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ..prefix_cache import DEFAULT_TOKENS, PrefixCache
 from ..verify import cache_kwarg, eos_ids
@@ -49,9 +51,27 @@ ROW_WORK = 8
 #: multi-turn's 17-39, BFCL live_multiple's largest) the function row decides first and only its
 #: tool's rows follow. docs/sidecar.md, "Large tool sets", has the measurements behind 16.
 MAX_ROWS = 16
+#: the most KV a batched wave (`Wave.many`) fans out: batch elements x the longest shared prefix, in tokens.
+#: Each row's element holds its request's prefix (the fan-out copies it), so eight requests of 16 rows over
+#: 2,000-token prompts would hold 256k tokens' KV; requests past the budget wait for the next batch.
+MAX_BATCH_TOKENS = 65536
 #: logits the function row adds per unit of a tool's lexical prior (`rank.tool_prior`, in [-1, 0]);
 #: docs/sidecar.md ("A lexical prior over the tools") has the sweep that chose it
 PRIOR_WEIGHT = 6.0
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request's rows in a decode loop: its constraints, and where its tokens and scores go."""
+    rows: list[Row]
+    tries: dict        # row -> its choices, as token ids
+    bias: dict         # row -> the prior of each choice, in logits
+    out: list          # row -> the tokens it generated
+    scores: list       # row -> its log-probability (None: not decoded)
+    cancel: threading.Event | None = None
+
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
 
 
 class Wave:
@@ -148,6 +168,118 @@ class Wave:
         self.row_logprobs = scores
         return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
+    def many(self, waves: list[tuple]) -> list[tuple[list[str], list, dict]]:
+        """Several requests' waves at once, each `(prefix, rows, cancel, choices)` as `__call__` takes
+        them; returns, per wave, (texts, row log-probabilities, profile).
+
+        Requests decoding at once share the sidecar's forwards: each prefix is prefilled on its own
+        (from the prefix cache), the prefilled prefixes are stacked left-padded into one batch (pads
+        masked out, positions kept), and every row of every request then decodes in one lockstep
+        batch, each row over its own request's prefix (`_decode`). A request leaves the batch when it
+        is cancelled; a function row rules out only its own request's other tools. A two-phase wave
+        (a large tool set), a model whose cache is not a plain one per layer (sliding windows), and
+        requests past MAX_BATCH_TOKENS run on their own, as `__call__`."""
+        results: list = [None] * len(waves)
+        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        groups: list[list[int]] = []
+        if self._stackable():
+            size = longest = 0
+            for n, (prefix, rows, _, choices) in enumerate(waves):
+                if not rows or self.two_phases(rows, choices):
+                    continue
+                width = len(enc(prefix)) + 64  # its prefix and a call opener
+                if groups and (size + len(rows)) * max(longest, width) <= MAX_BATCH_TOKENS:
+                    groups[-1].append(n)
+                    size, longest = size + len(rows), max(longest, width)
+                else:
+                    groups.append([n])
+                    size, longest = len(rows), width
+        groups = [g for g in groups if len(g) > 1]
+        for group in groups:
+            for n, res in zip(group, self._together([waves[n] for n in group])):
+                results[n] = res
+        for n, (prefix, rows, cancel, choices) in enumerate(waves):
+            if results[n] is None:
+                texts = self(prefix, rows, cancel, choices)
+                results[n] = (texts, self.row_logprobs, dict(self.profile))
+        return results
+
+    def _stackable(self) -> bool:
+        """Whether prefilled prefixes of different lengths can be stacked into one batch: every layer's
+        cache is a plain `DynamicLayer` (a sliding window's layer crops, which left pads would upset)."""
+        return all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
+
+    def _together(self, waves: list[tuple]) -> list[tuple[list[str], list, dict]]:
+        """`many`'s shared batch: the waves' rows in one prefill fan-out and one decode loop."""
+        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        t0 = time.perf_counter()
+        jobs, parts, items, profiles = [], [], [], []
+        with torch.inference_mode():
+            for prefix, rows, cancel, choices in waves:
+                tries = {i: [enc(c) for c in cs] for i, cs in (choices or {}).items()}
+                bias = {i: [self.prior_weight * float(p) for p in cs.values()]
+                        for i, cs in (choices or {}).items() if isinstance(cs, dict) and self.prior_weight}
+                job = _Job(rows, tries, bias, [[] for _ in rows], [None] * len(rows), cancel)
+                prefix_ids, suffixes = enc(prefix), [enc(r.suffix) for r in rows]
+                common = _keep_one(_common_prefix(suffixes), suffixes)
+                shared = prefix_ids + common
+                hit, cache = self.prefix_cache.lookup(shared, lambda: DynamicCache(config=self.model.config))
+                mask = torch.ones(1, hit, dtype=torch.long, device=self.device)
+                pos = torch.full((1,), hit, dtype=torch.long, device=self.device)
+                _, mask, pos = self._feed(cache, mask, pos, [0], [shared[hit:]])
+                self.prefix_cache.store(shared, cache)
+                jobs.append(job)
+                parts.append((cache, mask, pos, [s[len(common):] for s in suffixes]))
+                items += [(job, i) for i in range(len(rows))]
+                profiles.append({"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": hit, "rows": len(rows),
+                                 "rows_offered": len(rows), "max_rows": self.max_rows})
+            cache, mask, pos = self._stack([(c, m, p) for c, m, p, _ in parts])
+            # the fan-out of every request at once: each tool's call opener, then each row's own rest
+            opener_parent, openers, tails, tail_opener = [], [], [], []
+            for n, ((_, _, _, rests), job) in enumerate(zip(parts, jobs)):
+                groups = [r.tool for r in job.rows]
+                group_ids = list(dict.fromkeys(groups))
+                members = [[r for r, g in zip(rests, groups) if g == gid] for gid in group_ids]
+                first = len(openers)
+                for m in members:
+                    opener_parent.append(n)
+                    openers.append(_keep_one(_common_prefix(m), m))
+                for r, g in zip(rests, groups):
+                    o = first + group_ids.index(g)
+                    tails.append(r[len(openers[o]):])
+                    tail_opener.append(o)
+            if any(openers):
+                logits, mask, pos = self._feed(cache, mask, pos, opener_parent, openers)
+                logits, mask, pos = self._feed(cache, mask, pos, tail_opener, tails)
+            else:
+                logits, mask, pos = self._feed(cache, mask, pos, [opener_parent[o] for o in tail_opener], tails)
+            prefill_s = time.perf_counter() - t0
+            steps = self._decode(items, cache, logits, mask, pos)
+        decode_s = time.perf_counter() - t0 - prefill_s
+        work = sum(p["prefix_tokens"] - p["cached_prefix_tokens"] + ROW_WORK * p["rows"] for p, job in
+                   zip(profiles, jobs) if not job.cancelled())
+        if work:
+            self.cost.add(work, time.perf_counter() - t0)
+        return [([self.tokenizer.decode(o, skip_special_tokens=True) for o in job.out], job.scores,
+                 p | {"prefill_s": prefill_s, "steps": steps.get(n, 0), "decode_s": decode_s, "batched": len(jobs)})
+                for n, (job, p) in enumerate(zip(jobs, profiles))]
+
+    def _stack(self, parts: list[tuple]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """One batch of the prefilled prefixes (cache, mask [1, L], next position [1]) of several requests,
+        each left-padded to the longest: the pads' keys and values are zeros that the mask hides."""
+        width = max(m.shape[1] for _, m, _ in parts)
+        stacked = DynamicCache(config=self.model.config)
+        for li in range(len(parts[0][0].layers)):
+            keys, values = [], []
+            for cache, mask, _ in parts:
+                k, v = cache.layers[li].keys, cache.layers[li].values
+                pad = width - mask.shape[1]
+                keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+                values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+            stacked.update(torch.cat(keys), torch.cat(values), li)
+        mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for _, m, _ in parts])
+        return stacked, mask, torch.cat([p for _, _, p in parts])
+
     def _two_phases(self, prefix_ids: list[int], rows: list[Row], tries: dict, bias: dict, out: list[list[int]],
                     scores: list, cancel):
         """A large tool set: the function row first (beside the rows of the `top_tools` tools that its
@@ -207,37 +339,55 @@ class Wave:
         tokens' log-softmax under those constraints; a choice completed once it is the only one left
         adds nothing: it had probability 1). Returns (steps, cached prefix tokens, prefill seconds)."""
         enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-        live = list(idx)      # the row of each batch element still decoding
         t0 = time.perf_counter()
-        steps = 0
         cache, logits, mask, pos, cached = self._prefill(prefix_ids, [enc(rows[i].suffix) for i in idx],
                                                          [rows[i].tool for i in idx], cancel, kept)
         prefill_s = time.perf_counter() - t0
-        for i in idx:
-            scores[i] = 0.0
+        job = _Job(rows, tries, bias, out, scores, cancel)
+        steps = self._decode([(job, i) for i in idx], cache, logits, mask, pos)
+        return steps.get(0, 0), cached, prefill_s
+
+    def _decode(self, items: list[tuple[_Job, int]], cache, logits, mask, pos) -> dict[int, int]:
+        """Decode every (job, row) item in lockstep, one batch element each, until its JSON value is
+        complete: the loop of `_lockstep`, over the rows of one request or of several (`many`). A row
+        of a job constrained by its `tries` is masked to its choices; a required row is kept off null;
+        once a function row has chosen, its job's rows of the other tools leave the batch; a job
+        whose `cancel` is set leaves it at the next step. Returns the steps each job decoded (by its
+        position among the items' jobs, in order of first appearance)."""
+        jobs = list(dict.fromkeys(job for job, _ in items))
+        order = {id(job): n for n, job in enumerate(jobs)}
+        live = list(range(len(items)))      # the item of each batch element still decoding
+        steps: dict[int, int] = {}
+        for job, i in items:
+            job.scores[i] = 0.0
         for _ in range(self.max_row_tokens):
-            if cancel is not None and cancel.is_set():
+            if all(items[k][0].cancelled() for k in live):
                 break
             last = logits[:, -1]
-            for b, row in enumerate(live):
-                if row in tries:
-                    last[b] = _constrain(last[b], tries[row], out[row], bias.get(row))
-                elif rows[row].required and not self.tokenizer.decode(out[row]).strip():
+            for b, k in enumerate(live):
+                job, row = items[k]
+                if row in job.tries:
+                    last[b] = _constrain(last[b], job.tries[row], job.out[row], job.bias.get(row))
+                elif job.rows[row].required and not self.tokenizer.decode(job.out[row]).strip():
                     last[b, self.null_starts()] = float("-inf")  # a required parameter has a value
             tokens = last.argmax(-1)
             chosen = last.float().log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
-            for row, lp in zip(live, chosen):
-                scores[row] += lp
-            steps += 1  # one more token for every live row
+            for k, lp in zip(live, chosen):
+                job, row = items[k]
+                job.scores[row] += lp
+            for n in {order[id(items[k][0])] for k in live}:
+                steps[n] = steps.get(n, 0) + 1  # one more token for every live row of job n
             done, ruled_out = set(), set()
-            for row, t in zip(live, tokens.tolist()):
-                if self._append(out[row], t, tries.get(row)):
-                    done.add(row)
-                    if rows[row].kind == "function":
+            for k, t in zip(live, tokens.tolist()):
+                job, row = items[k]
+                if self._append(job.out[row], t, job.tries.get(row)):
+                    done.add(k)
+                    if job.rows[row].kind == "function":
                         # Slots of the tools it ruled out cannot reach the call: stop decoding them.
-                        name = parse_value(self.tokenizer.decode(out[row], skip_special_tokens=True))
-                        ruled_out = {i for i in idx if rows[i].tool not in (None, name)}
-            keep = [b for b, row in enumerate(live) if row not in done | ruled_out]
+                        name = parse_value(self.tokenizer.decode(job.out[row], skip_special_tokens=True))
+                        ruled_out |= {k2 for k2, (j2, i2) in enumerate(items)
+                                      if j2 is job and j2.rows[i2].tool not in (None, name)}
+            keep = [b for b, k in enumerate(live) if k not in done | ruled_out and not items[k][0].cancelled()]
             if not keep:
                 break
             if len(keep) < len(live):
@@ -248,7 +398,7 @@ class Wave:
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             logits = self._forward(tokens[:, None], cache, mask, pos[:, None])
             pos = pos + 1
-        return steps, cached, prefill_s
+        return steps
 
     def _prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list, cancel=None, kept=None):
         """Feed prefix + suffix of every row, sharing the KV cache of every common part.

@@ -381,8 +381,9 @@ def _stop_at_exit() -> None:
 # ---------------------------------------------------------------------- in the worker process
 
 def _serve(conn, spec: WorkerSpec) -> None:
-    """The worker's main: load the model, then run waves in order until "stop" or the parent's death.
-    A reader thread takes cancels and estimates off the pipe while a wave runs."""
+    """The worker's main: load the model, then run waves in order until "stop" or the parent's death;
+    the waves that queued while one ran go together into the next (`Wave.many`). A reader thread takes
+    cancels and estimates off the pipe while a wave runs."""
     conn.send(("alive",))  # past the re-import of the parent's main module: what fails now is the worker's
     if spec.cores:
         cores.pin_process(spec.cores)
@@ -424,14 +425,26 @@ def _serve(conn, spec: WorkerSpec) -> None:
 
     threading.Thread(target=read, name="oospec-sidecar-reader", daemon=True).start()
     send(("ready",))
+    held = None  # a message read while gathering waves: the next in order
     while True:
-        message = work.get()
+        message, held = (held, None) if held is not None else (work.get(), None)
         if message[0] == "stop":
             break
         if message[0] == "clear":
             host.clear_prefix_cache()
             continue
-        _, tid, request = message
-        outcome = host.run(tid, from_plain(request), on_start=lambda: send(("started", tid)))
-        send(("done", tid, outcome))
+        waves = [message]  # the waves that queued meanwhile run together (WaveHost.run_many)
+        while held is None and len(waves) < host.MAX_REQUESTS:
+            try:
+                more = work.get_nowait()
+            except queue.Empty:
+                break
+            if more[0] == "wave":
+                waves.append(more)
+            else:
+                held = more
+        outcomes = host.run_many([(tid, from_plain(request), lambda tid=tid: send(("started", tid)))
+                                  for _, tid, request in waves])
+        for (_, tid, _), outcome in zip(waves, outcomes):
+            send(("done", tid, outcome))
     conn.close()

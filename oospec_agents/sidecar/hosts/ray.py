@@ -30,7 +30,8 @@ READY_TIMEOUT_S = 600.0
 
 class _WaveActor:
     """Inside the actor: the sidecar model on its `WaveHost`. Threaded (max_concurrency), so that
-    `cancel` and `load_adapter` run beside `run`; waves themselves take turns."""
+    `cancel` and `load_adapter` run beside `run`; the runs that wait while a wave runs go together into the
+    next (`WaveHost`)."""
 
     def __init__(self, spec: WorkerSpec):
         if spec.threads:
@@ -69,8 +70,9 @@ class RaySidecar(SidecarBase):
         # Ray gives a GPU actor its own device as cuda:0 (CUDA_VISIBLE_DEVICES).
         self.spec = spec if device.type != "cuda" else WorkerSpec(**{**spec.__dict__, "device": "cuda:0"})
         self.device = torch.device("cpu") if device.type != "cuda" else torch.device("cuda", 0)
-        # three threads: a wave, a cancel for it, and an adapter that loads beside it
-        options = {"num_gpus": 1 if device.type == "cuda" else 0, "num_cpus": 1, "max_concurrency": 3,
+        # threads for the runs that one wave takes together, a cancel, and an adapter that loads beside them
+        options = {"num_gpus": 1 if device.type == "cuda" else 0, "num_cpus": 1,
+                   "max_concurrency": WaveHost.MAX_REQUESTS + 2,
                    **(actor_options or {})}
         self._actor_class = ray.remote(_WaveActor).options(**options)
         self._lock = threading.Lock()
