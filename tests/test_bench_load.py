@@ -14,9 +14,9 @@ from oospec_agents.cli import main
 from oospec_testing import DATA
 
 FIGURE_KEYS = {"n", "wall_s", "req_s", "tok_s", "new_tokens", "latency_p50_s", "latency_p95_s", "forwards_per_request",
-               "forwards_total", "mean_batch", "x_sequential", "replies_differ", "rows"}
+               "forwards_total", "mean_batch", "x_sequential", "replies_differ", "rows", "hints", "mean_wave_batch"}
 ROW_KEYS = {"id", "source", "latency_s", "new_tokens", "target_forwards", "distinct_forwards", "batch_sizes",
-            "verify_forwards", "differs"}
+            "verify_forwards", "differs", "wave_batch"}
 SMALL = ["--limit", "2", "--concurrency", "1,2", "--methods", "toolspec", "--max-new-tokens", "24", "--no-warmup",
          "--quiet"]
 
@@ -55,7 +55,8 @@ class _Scripted:
         assert thread.startswith("load-"), "every pass runs on client threads, the sequential one too"
         shared = not thread.startswith(("load-1_", "load-sequential_"))
         same = (req.id, "other" if shared and req.id == "r1" else "")
-        return Reply(same, 5, 2, [2] if shared else [1], 1, 0, 0.01, 0.02, "tool_calls")
+        return Reply(same, 5, 2, [2] if shared else [1], 1, 0, 0.01, 0.02, "tool_calls",
+                     wave_batch=(2 if shared else 1) if req.id != "r0" else None)  # r0: no hint
 
 
 class _NoForwards(_Scripted):
@@ -84,12 +85,13 @@ def test_every_level_serves_the_same_requests_and_is_compared_with_the_sequentia
         assert seq["mean_batch"] == levels["1"]["mean_batch"] == 1.0 and levels["2"]["mean_batch"] == 2.0
         assert seq["forwards_total"] == 6.0 and levels["2"]["forwards_total"] == 4.5
         assert seq["forwards_per_request"] == levels["2"]["forwards_per_request"] == 2.0
+        assert (seq["hints"], seq["mean_wave_batch"]) == (2, 1.0) and levels["2"]["mean_wave_batch"] == 2.0
         assert seq["x_sequential"] == 1.0 and levels["2"]["x_sequential"] == pytest.approx(
             levels["2"]["req_s"] / seq["req_s"])
     results["env"] = {"target": "t", "dtype": "float32", "target_device_name": "cpu", "torch": "2", "torch_threads": 1}
     md = markdown(results)
     assert "## Scenario: cold" in md and "(command not recorded)" in md
-    assert "| toolspec | sequential |" in md and "| ar | 2 |" in md and "| 1 of 3 |" in md
+    assert "| toolspec | sequential |" in md and "| ar | 2 |" in md and "| 1 of 3 | 2 (2.00) |" in md
 
 
 def test_requests_fill_the_largest_level_and_the_agent_loop_warms_turn_one():

@@ -87,6 +87,9 @@ class Reply:
     prefill_s: float | None = None
     decode_s: float | None = None
     finish_reason: str | None = None
+    #: requests that shared this reply's sidecar wave (1: alone; None: no wave's hint reached the reply,
+    #: or the client cannot see it)
+    wave_batch: int | None = None
 
 
 # ------------------------------------------------------------------ requests
@@ -133,9 +136,10 @@ class EngineClient:
                                    max_new_tokens=self.max_new_tokens, method=method)
         s = gen.stats
         batch = list(getattr(s, "batch_sizes", None) or [])
+        wave = getattr(s, "sidecar_profile", None)
         return Reply(tuple(gen.token_ids), s.new_tokens or len(gen.token_ids), s.target_forwards, batch,
                      len(batch) if batch else len(s.rounds), s.cached_prompt_tokens, s.prefill_s, s.decode_s,
-                     getattr(gen, "finish_reason", None))
+                     getattr(gen, "finish_reason", None), None if not wave else int(wave.get("batched", 1)))
 
 
 class ServerClient:
@@ -280,7 +284,7 @@ def row(req: Request, reply: Reply, latency: float) -> dict:
             "target_forwards": reply.target_forwards, "distinct_forwards": distinct, "batch_sizes": batch,
             "verify_forwards": verify, "verify_shares": shares, "cached_prompt_tokens": reply.cached_prompt_tokens,
             "prefill_s": reply.prefill_s, "decode_s": reply.decode_s, "finish_reason": reply.finish_reason,
-            "same": reply.same}
+            "wave_batch": reply.wave_batch, "same": reply.same}
 
 
 def figures(rows: list[dict], wall: float) -> dict:
@@ -294,6 +298,7 @@ def figures(rows: list[dict], wall: float) -> dict:
     verify_rows = sum(s[0] for s in shares) if known else 0
     verify_distinct = sum(s[1] for s in shares) if known else 0.0
     cached = [r["cached_prompt_tokens"] for r in rows]
+    waves = [r["wave_batch"] for r in rows if r.get("wave_batch")]
     return {
         "n": len(rows), "wall_s": wall,
         "req_s": len(rows) / wall if wall > 0 else None,
@@ -306,6 +311,9 @@ def figures(rows: list[dict], wall: float) -> dict:
         # replies per verify forward: rows (one per reply per forward) over the distinct verify forwards
         "mean_batch": (verify_rows / verify_distinct) if known and verify_distinct > 0 else None,
         "cached_prompt_tokens": None if None in cached else float(np.mean(cached)),
+        # the replies a sidecar wave's hint reached, and how many requests shared those waves on average
+        "hints": len(waves),
+        "mean_wave_batch": float(np.mean(waves)) if waves else None,
     }
 
 
@@ -327,6 +335,12 @@ _SCENARIO_TEXT = {
 
 def _f(x, fmt="{:.2f}", suffix=""):
     return "–" if x is None else fmt.format(x) + suffix
+
+
+def _hints(f: dict) -> str:
+    if f.get("hints") is None:  # a results.json from before the column
+        return "–"
+    return f"{f['hints']} ({_f(f.get('mean_wave_batch'))})" if f["hints"] else "0"
 
 
 def table_rows(results: dict) -> list[tuple[str, str, dict]]:
@@ -354,17 +368,18 @@ def markdown(results: dict) -> str:
              "total: the distinct target forwards of the pass (a verify forward that b replies shared counts "
              "1/b for each; prefills whole). Mean batch: replies per verify forward. x sequential: requests/s "
              "over the method's sequential pass. Replies differ: replies whose tokens (through a server: text "
-             "and calls) differ from the same request's sequential reply.", "",
+             "and calls) differ from the same request's sequential reply. Hints (wave batch): replies that a "
+             "sidecar wave's hint reached, and the requests that shared those waves on average.", "",
              f"## Scenario: {scenario}", "", f"{_SCENARIO_TEXT.get(scenario, scenario)}.", "",
              "| method | concurrency | req/s | tok/s | p50 | p95 | forwards/request | forwards total | mean batch "
-             "| x sequential | replies differ |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| x sequential | replies differ | hints (wave batch) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, n, f in table_rows(results):
         lines.append(f"| {m} | {n} | {_f(f['req_s'])} | {_f(f['tok_s'], '{:.1f}')} "
                      f"| {_f(f['latency_p50_s'], '{:.2f}', ' s')} | {_f(f['latency_p95_s'], '{:.2f}', ' s')} "
                      f"| {_f(f['forwards_per_request'], '{:.1f}')} | {_f(f['forwards_total'], '{:.1f}')} "
                      f"| {_f(f['mean_batch'])} | {_f(f['x_sequential'], suffix='x')} "
-                     f"| {f['replies_differ']} of {f['n']} |")
+                     f"| {f['replies_differ']} of {f['n']} | {_hints(f)} |")
     lines.append("")
     return "\n".join(lines)
 
