@@ -35,6 +35,11 @@ EMBEDDED_THINKING_REF = "embedded-thinking"
 #: the references that load the embedded model, and the hub id an adapter trained on it names as its base
 EMBEDDED_REFS = ("embedded", "smollm2", "smollm2-instruct")
 EMBEDDED_BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: the reference that loads the embedded Gemma-3-270M (base) GGUF, the hub id its adapters name, and the
+#: sidecar adapter trained on it (#56 item 5: a larger sidecar for a device of its own)
+GEMMA3_REF = "gemma3"
+GEMMA3_BASE_ID = "google/gemma-3-270m"
+EMBEDDED_GEMMA3_SIDECAR_ADAPTER = ADAPTER_DIR / "gemma3-sidecar"
 #: chat templates shipped for checkpoints that carry none (pass one as `chat_template=`)
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 GEMMA3_CHAT_TEMPLATE = TEMPLATE_DIR / "gemma3.jinja"
@@ -225,6 +230,8 @@ def resolve_reference(ref: str | os.PathLike) -> str:
     ref = str(ref)
     if ref in EMBEDDED_REFS:
         return str(gguf_to_safetensors(embedded_gguf("smollm2")))
+    if ref == GEMMA3_REF:
+        return str(gguf_to_safetensors(embedded_gguf("gemma3")))
     path = Path(ref).expanduser()
     if ref.endswith(".gguf"):
         if not path.is_file():
@@ -320,7 +327,16 @@ def base_id(ref) -> str | None:
     ref = str(ref)
     if ref in EMBEDDED_REFS:
         return EMBEDDED_BASE_ID
+    if ref == GEMMA3_REF:
+        return GEMMA3_BASE_ID
     return None if _local(ref) else ref
+
+
+def adapter_base(path) -> str:
+    """The model reference to load under the adapter in directory `path`: "smollm2" or "gemma3" where it
+    names an embedded model's hub id, else the base it names (a hub id or a path)."""
+    named = read_adapter(path).get("base_model_name_or_path") or EMBEDDED_BASE_ID
+    return {EMBEDDED_BASE_ID.lower(): "smollm2", GEMMA3_BASE_ID.lower(): GEMMA3_REF}.get(named.lower(), named)
 
 
 def _local(ref: str) -> bool:

@@ -121,6 +121,27 @@ def test_gguf_file_reference_resolves_to_the_cache():
     assert source == str(gguf_to_safetensors(embedded_gguf()))
 
 
+def test_gemma3_names_the_embedded_gemma_and_its_adapters_name_its_hub_id(tmp_path):
+    """"gemma3" loads the Gemma-3-270M GGUF of its PyPI package (#56 item 5: the larger sidecar); an adapter
+    trained on it names google/gemma-3-270m, and `adapter_base` reads either embedded base back."""
+    import json
+    from oospec_agents import models
+    from oospec_agents.train.run import label_base
+    assert resolve_reference("gemma3") == str(gguf_to_safetensors(embedded_gguf("gemma3")))
+    assert models.base_id("gemma3") == "google/gemma-3-270m"
+    assert models.base_id("embedded") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert models.adapter_base(models.EMBEDDED_SIDECAR_ADAPTER) == "smollm2"
+    for base, named in (("gemma3", "google/gemma-3-270m"), ("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+                        (str(embedded_gguf("gemma3")), str(embedded_gguf("gemma3")))):
+        out = tmp_path / base.replace("/", "_")
+        out.mkdir()
+        (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "target_modules": ["v", "q"]}))
+        label_base(out, base)
+        assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == named
+    if models.EMBEDDED_GEMMA3_SIDECAR_ADAPTER.exists():
+        assert models.adapter_base(models.EMBEDDED_GEMMA3_SIDECAR_ADAPTER) == "gemma3"
+
+
 def test_hub_ids_pass_through_for_transformers_to_resolve():
     assert resolve_reference("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
 

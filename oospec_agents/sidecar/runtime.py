@@ -58,7 +58,7 @@ class WorkerSpec:
     @property
     def name(self) -> str:
         """What stats and reports call the sidecar: its model, and its adapter's directory name."""
-        base = "embedded:SmolLM2-135M-Instruct" if self.ref == "embedded" else self.ref
+        base = {"embedded": "embedded:SmolLM2-135M-Instruct", "gemma3": "embedded:Gemma-3-270M"}.get(self.ref, self.ref)
         return base if self.adapter is None else f"{base}+{Path(self.adapter).name}"
 
 

@@ -181,6 +181,8 @@ def main(argv=None) -> int:
     p.add_argument("--details", action="store_true", help="list every record that is not exact")
     p.add_argument("--target-adapter", default=None, help="score this target adapter (default: the embedded one)")
     p.add_argument("--sidecar-adapter", default=None, help="score this sidecar adapter (default: the embedded one)")
+    p.add_argument("--sidecar-base", default=None,
+                   help='the sidecar adapter\'s base model (default: the one it names: "smollm2", "gemma3", a hub id)')
     p.add_argument("--labels", default="gold", metavar="gold|target|gold,target",
                    help="sidecar: score against the records' gold calls, the embedded target's own calls, or both")
     p.add_argument("--calibration", default=None, metavar="FILE",
@@ -256,7 +258,8 @@ def _sidecar(a, recs: list[dict], sources, labels: list[str]) -> int:
                                target_labelled)
     dev = torch.device("cpu")
     adapter = a.sidecar_adapter or models.EMBEDDED_SIDECAR_ADAPTER
-    m, t = models.load_model("smollm2", device=dev, dtype=models.resolve_dtype(None, dev), adapter=adapter)
+    base = a.sidecar_base or models.adapter_base(adapter)
+    m, t = models.load_model(base, device=dev, dtype=models.resolve_dtype(None, dev), adapter=adapter)
     options = RowOptions.for_adapter(adapter)  # its rows, as the runtime writes them
     if a.what == "calibrate":
         res = evaluate_sidecar(m, t, recs, sources=sources, limit_per_source=a.limit, prior_weight=a.prior_weight,

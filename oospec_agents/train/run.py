@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .. import models
 from .data import TrainDataError, load_many, select, source_counts
 from .lora import LoraConfigArgs, train_lora
 from .traces import build_traces
@@ -42,7 +43,7 @@ def label_base(out: Path, base: str) -> None:
     """Name the base model in adapter_config.json by its reference, not this machine's cache path."""
     cfg_path = Path(out) / "adapter_config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct" if base in ("smollm2", "embedded") else base
+    cfg["base_model_name_or_path"] = models.base_id(base) or base
     if isinstance(cfg.get("target_modules"), list):  # peft writes a set in hash order: keep the file stable
         cfg["target_modules"] = sorted(cfg["target_modules"])
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
