@@ -16,7 +16,7 @@ from oospec_testing import DATA
 FIGURE_KEYS = {"n", "wall_s", "req_s", "tok_s", "new_tokens", "latency_p50_s", "latency_p95_s", "forwards_per_request",
                "forwards_total", "mean_batch", "x_sequential", "replies_differ", "rows", "hints", "mean_wave_batch"}
 ROW_KEYS = {"id", "source", "latency_s", "new_tokens", "target_forwards", "distinct_forwards", "batch_sizes",
-            "verify_forwards", "differs", "wave_batch"}
+            "verify_forwards", "differs", "wave_batch", "tie"}
 SMALL = ["--limit", "2", "--concurrency", "1,2", "--methods", "toolspec", "--max-new-tokens", "24", "--no-warmup",
          "--quiet"]
 
@@ -38,6 +38,15 @@ def test_a_shared_forward_counts_once_over_the_replies_that_shared_it():
     assert row(req, Reply((1,), 10, 4, [], 3), 0.5)["distinct_forwards"] == 4.0
     # a server that reports no forwards: none counted
     assert row(req, Reply((1,), 10, None, [], None), 0.5)["distinct_forwards"] is None
+
+
+def test_a_reply_that_differs_at_a_near_tie_is_counted_a_tie():
+    from oospec_agents.bench.load import _tie
+    ref, ref_margins = (1, 2, 3), [5.0, 0.1, 5.0]
+    assert _tie(ref, ref_margins, (1, 9, 3), None, 0.3) is True            # the reference's margin there is 0.1
+    assert _tie(ref, [5.0, 2.0, 5.0], (1, 9, 3), [5.0, 0.2, 1.0], 0.3) is True   # the other side's
+    assert _tie(ref, [5.0, 2.0, 5.0], (1, 9, 3), [5.0, 2.0, 1.0], 0.3) is False  # a loss
+    assert _tie("text", None, "other", None, 0.3) is None                  # a server's text: no margins
 
 
 class _Scripted:
@@ -82,6 +91,7 @@ def test_every_level_serves_the_same_requests_and_is_compared_with_the_sequentia
             assert FIGURE_KEYS <= set(f) and [r["id"] for r in f["rows"]] == ["r0", "r1", "r2"]
             assert all(ROW_KEYS <= set(r) and "same" not in r for r in f["rows"])
         assert seq["replies_differ"] == levels["1"]["replies_differ"] == 0 and levels["2"]["replies_differ"] == 1
+        assert levels["2"]["replies_tie"] is None  # the scripted replies carry no margins
         assert seq["mean_batch"] == levels["1"]["mean_batch"] == 1.0 and levels["2"]["mean_batch"] == 2.0
         assert seq["forwards_total"] == 6.0 and levels["2"]["forwards_total"] == 4.5
         assert seq["forwards_per_request"] == levels["2"]["forwards_per_request"] == 2.0

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from .metrics import compare, tie_tolerance
 from .scenarios import turns
 
 #: the methods a load bench serves: the engine's own
@@ -90,6 +91,9 @@ class Reply:
     #: requests that shared this reply's sidecar wave (1: alone; None: no wave's hint reached the reply,
     #: or the client cannot see it)
     wave_batch: int | None = None
+    #: the top-2 logit margin of each new token (the engine's `record_margins`): a reply that differs from
+    #: its sequential one at a token whose margin is within the dtype's tolerance differs by a numerical tie
+    margins: list[float] | None = None
 
 
 # ------------------------------------------------------------------ requests
@@ -133,13 +137,14 @@ class EngineClient:
 
     def __call__(self, req: Request, method: str) -> Reply:
         gen = self.engine.generate(req.messages, req.tools, tool_choice=req.tool_choice,
-                                   max_new_tokens=self.max_new_tokens, method=method)
+                                   max_new_tokens=self.max_new_tokens, method=method, record_margins=True)
         s = gen.stats
         batch = list(getattr(s, "batch_sizes", None) or [])
         wave = getattr(s, "sidecar_profile", None)
         return Reply(tuple(gen.token_ids), s.new_tokens or len(gen.token_ids), s.target_forwards, batch,
                      len(batch) if batch else len(s.rounds), s.cached_prompt_tokens, s.prefill_s, s.decode_s,
-                     getattr(gen, "finish_reason", None), None if not wave else int(wave.get("batched", 1)))
+                     getattr(gen, "finish_reason", None), None if not wave else int(wave.get("batched", 1)),
+                     getattr(s, "margins", None))
 
 
 class ServerClient:
@@ -195,6 +200,7 @@ def run_load_bench(engine, records: list[dict], config: LoadConfig = LoadConfig(
         raise ValueError(f"concurrency levels must be integers >= 1, got {list(config.levels)}")
     requests = load_requests(records, levels, config.scenario, config.tool_choice)
     client = client or EngineClient(engine, config.max_new_tokens)
+    tol = tie_tolerance(getattr(getattr(engine, "target", None), "dtype", None))
     started = time.time()
     bar = tqdm(total=len(methods) * (int(config.warmup) + len(requests) * (1 + len(levels))),
                desc="oospec bench --concurrency", unit="req", disable=not config.progress)
@@ -208,18 +214,23 @@ def run_load_bench(engine, records: list[dict], config: LoadConfig = LoadConfig(
         bar.set_postfix_str(f"{method} sequential")
         base_rows, base_wall = _pass(client, requests, method, None, bar)
         base = figures(base_rows, base_wall)
-        same = [r.pop("same") for r in base_rows]
+        same = [(r.pop("same"), r.pop("margins")) for r in base_rows]
         for r in base_rows:
-            r["differs"] = False
-        base.update(replies_differ=0, x_sequential=1.0, rows=base_rows)
+            r["differs"], r["tie"] = False, None
+        base.update(replies_differ=0, replies_tie=0, x_sequential=1.0, rows=base_rows)
         per_level = {}
         for n in levels:
             bar.set_postfix_str(f"{method} x{n}")
             rows, wall = _pass(client, requests, method, n, bar)
             figs = figures(rows, wall)
-            for r, s in zip(rows, same):
-                r["differs"] = r.pop("same") != s
+            for r, (s, margins) in zip(rows, same):
+                got, got_margins = r.pop("same"), r.pop("margins")
+                r["differs"] = got != s
+                r["tie"] = _tie(s, margins, got, got_margins, tol) if r["differs"] else None
             figs["replies_differ"] = sum(r["differs"] for r in rows)
+            # of those, the ones whose first differing token is a numerical tie (None: margins unknown)
+            ties = [r["tie"] for r in rows if r["differs"]]
+            figs["replies_tie"] = None if None in ties else sum(ties)
             figs["x_sequential"] = figs["req_s"] / base["req_s"] if base["req_s"] else None
             figs["rows"] = rows
             per_level[str(n)] = figs
@@ -234,6 +245,16 @@ def run_load_bench(engine, records: list[dict], config: LoadConfig = LoadConfig(
                        "server": getattr(client, "root", None), "wall_s": round(time.time() - started, 1)},
             "scenario": config.scenario,
             "methods": out}
+
+
+def _tie(ref, ref_margins, out, out_margins, tol: float) -> bool | None:
+    """Whether two replies' token ids first differ at a numerical tie: either side's top-2 logit margin
+    there within `tol` (`metrics.compare`); None where margins are unknown (a server's text)."""
+    if not ref_margins or not isinstance(ref, tuple) or not isinstance(out, tuple):
+        return None
+    if compare(list(ref), ref_margins, list(out), tol)["verdict"] == "tie":
+        return True
+    return bool(out_margins) and compare(list(out), out_margins, list(ref), tol)["verdict"] == "tie"
 
 
 def _pass(client, requests: list[Request], method: str, workers: int | None, bar) -> tuple[list[dict], float]:
@@ -284,7 +305,7 @@ def row(req: Request, reply: Reply, latency: float) -> dict:
             "target_forwards": reply.target_forwards, "distinct_forwards": distinct, "batch_sizes": batch,
             "verify_forwards": verify, "verify_shares": shares, "cached_prompt_tokens": reply.cached_prompt_tokens,
             "prefill_s": reply.prefill_s, "decode_s": reply.decode_s, "finish_reason": reply.finish_reason,
-            "wave_batch": reply.wave_batch, "same": reply.same}
+            "wave_batch": reply.wave_batch, "same": reply.same, "margins": reply.margins}
 
 
 def figures(rows: list[dict], wall: float) -> dict:
@@ -337,6 +358,10 @@ def _f(x, fmt="{:.2f}", suffix=""):
     return "–" if x is None else fmt.format(x) + suffix
 
 
+def _ties(f: dict) -> str:
+    return f" ({f['replies_tie']} ties)" if f.get("replies_differ") and f.get("replies_tie") is not None else ""
+
+
 def _hints(f: dict) -> str:
     if f.get("hints") is None:  # a results.json from before the column
         return "–"
@@ -368,7 +393,9 @@ def markdown(results: dict) -> str:
              "total: the distinct target forwards of the pass (a verify forward that b replies shared counts "
              "1/b for each; prefills whole). Mean batch: replies per verify forward. x sequential: requests/s "
              "over the method's sequential pass. Replies differ: replies whose tokens (through a server: text "
-             "and calls) differ from the same request's sequential reply. Hints (wave batch): replies that a "
+             "and calls) differ from the same request's sequential reply; ties: those whose first differing token "
+             "is a numerical tie (either side's top-2 logit margin there within the dtype's tolerance, "
+             "as `oospec bench` counts them). Hints (wave batch): replies that a "
              "sidecar wave's hint reached, and the requests that shared those waves on average.", "",
              f"## Scenario: {scenario}", "", f"{_SCENARIO_TEXT.get(scenario, scenario)}.", "",
              "| method | concurrency | req/s | tok/s | p50 | p95 | forwards/request | forwards total | mean batch "
@@ -379,7 +406,7 @@ def markdown(results: dict) -> str:
                      f"| {_f(f['latency_p50_s'], '{:.2f}', ' s')} | {_f(f['latency_p95_s'], '{:.2f}', ' s')} "
                      f"| {_f(f['forwards_per_request'], '{:.1f}')} | {_f(f['forwards_total'], '{:.1f}')} "
                      f"| {_f(f['mean_batch'])} | {_f(f['x_sequential'], suffix='x')} "
-                     f"| {f['replies_differ']} of {f['n']} | {_hints(f)} |")
+                     f"| {f['replies_differ']} of {f['n']}{_ties(f)} | {_hints(f)} |")
     lines.append("")
     return "\n".join(lines)
 
