@@ -12,7 +12,6 @@ next turn), one thread each; the medians are reported with the prefill and decod
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -32,17 +31,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     from oospec_agents import models
-    from oospec_agents.bench.records import spread
-    from oospec_agents.chat import normalize_messages
-    from oospec_agents.formats import HermesFormat
-    from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.runtime import WorkerSpec, load_wave, wave_rows
-    from oospec_agents.tools import normalize_tools
+    from wave_records import pick, request, save
 
-    recs = [json.loads(line) for f in a.data for line in open(f) if line.strip()]
-    if a.sources:
-        recs = [r for r in recs if r.get("source") in a.sources.split(",")]
-    recs = spread(recs, a.n)
+    recs = pick(a.data, a.sources, a.n)
     dtype = getattr(torch, a.dtype) if a.dtype else models.resolve_dtype(None, torch.device("cpu"))
     adapters = {"embedded": a.smollm2_adapter or str(models.EMBEDDED_SIDECAR_ADAPTER),
                 "gemma3": a.gemma3_adapter}
@@ -50,7 +42,7 @@ def main(argv=None) -> int:
     times: dict = {(ref, c): [] for ref in waves for c in ("cold", "warm")}
     split: dict = {ref: [] for ref in waves}
     for i, r in enumerate(recs):
-        req = HintRequest(normalize_messages(r["messages"]), normalize_tools(r["tools"]), HermesFormat(), ("auto", None))
+        req = request(r)
         for ref in list(waves)[::1 if i % 2 == 0 else -1]:
             wave = waves[ref]
             rows, prefix, choices = wave_rows(req, options=wave.row_options)
@@ -73,9 +65,7 @@ def main(argv=None) -> int:
         result[ref] = row
         print(f"| {ref} | {row['cold_s']:.2f} s | {row['warm_s']:.2f} s | {row['prefill_s']:.2f} s | "
               f"{row['decode_s']:.2f} s | {row['prefix_tokens']:.0f} |")
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=2)
+    save(a.out, result)
     return 0
 
 

@@ -11,7 +11,6 @@ request's texts are the same both ways.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -29,23 +28,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     from oospec_agents import models
-    from oospec_agents.bench.records import spread
-    from oospec_agents.chat import normalize_messages
-    from oospec_agents.formats import HermesFormat
-    from oospec_agents.sidecar import HintRequest
     from oospec_agents.sidecar.runtime import WorkerSpec, load_wave, wave_rows
-    from oospec_agents.tools import normalize_tools
+    from wave_records import pick, request, save
 
-    recs = [json.loads(line) for f in a.data for line in open(f) if line.strip()]
-    if a.sources:
-        recs = [r for r in recs if r.get("source") in a.sources.split(",")]
-    recs = spread(recs, a.n)
+    recs = pick(a.data, a.sources, a.n)
     cpu = torch.device("cpu")
     dtype = getattr(torch, a.dtype) if a.dtype else models.resolve_dtype(None, cpu)
     wave = load_wave(WorkerSpec("embedded", "cpu", dtype, str(models.EMBEDDED_SIDECAR_ADAPTER), 32))
     waves = []
     for r in recs:
-        req = HintRequest(normalize_messages(r["messages"]), normalize_tools(r["tools"]), HermesFormat(), ("auto", None))
+        req = request(r)
         rows, prefix, choices = wave_rows(req, options=wave.row_options)
         waves.append((prefix, rows, None, choices))
     calls = []
@@ -83,9 +75,7 @@ def main(argv=None) -> int:
         print(f"| {cache} | {sa:.2f} s | {st:.2f} s | {sa / st:.2f}x | {fa} -> {ft} | {same} of {len(waves)} |")
         result[cache] = {"alone_s": sa, "together_s": st, "forwards_alone": fa, "forwards_together": ft,
                          "same_texts": same}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=2)
+    save(a.out, result)
     return 0
 
 
