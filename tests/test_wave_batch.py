@@ -245,3 +245,25 @@ def test_an_engines_concurrent_replies_share_sidecar_waves_and_each_reply_is_its
     assert wave.batches[0] == 1 and max(wave.batches) >= 2, wave.batches
     assert sum((g.stats.sidecar_profile or {}).get("batched", 1) >= 2 for g in gens) == max(wave.batches)
     engine.close()
+
+
+def test_a_row_bias_hook_reaches_each_rows_logits_before_its_constraints(smollm2_tokenizer):
+    """`Wave.row_bias` (an experiment's hook, examples/copy_prior.py) sees each live row with its tokens so
+    far and may add to its logits; the function row's choices still hold."""
+    from oospec_testing import tiny_model
+    tok = smollm2_tokenizer
+    wave = Wave(tiny_model("llama", tok, seed=3), tok, max_row_tokens=4)
+    rec = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER]}
+    rows, prefix, choices = wave_rows(_request(rec, ("required", None)))
+    quote = tok.encode(' "', add_special_tokens=False)[0]
+    seen = []
+
+    def bias(rows_, i, so_far, logits):
+        seen.append((rows_[i].kind, list(so_far)))
+        if rows_[i].kind == "slot" and not so_far:
+            logits[quote] += 1e4
+    wave.row_bias = bias
+    texts = wave(prefix, rows, None, choices)
+    assert texts[0].strip() == '"get_weather"'  # constrained to the offered name regardless
+    assert texts[1].startswith(' "')             # the slot row's first token is the biased one
+    assert {k for k, _ in seen} == {"function", "slot"}

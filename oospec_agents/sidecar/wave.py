@@ -118,6 +118,9 @@ class Wave:
         #: how the adapter's rows are written (`rows.RowOptions`; None: today's rows); the runtime's
         #: `wave_rows` reads it
         self.row_options = None
+        #: an experiment's hook (None: none): `row_bias(rows, i, tokens so far, logits)` may add to row i's
+        #: next-token logits in place, before its constraints (examples/copy_prior.py)
+        self.row_bias = None
 
     def estimate(self, prefix: str, rows: list[Row]) -> float | None:
         """Seconds a wave over `prefix` and `rows` is expected to take; None before any has finished."""
@@ -366,6 +369,8 @@ class Wave:
             last = logits[:, -1]
             for b, k in enumerate(live):
                 job, row = items[k]
+                if self.row_bias is not None:
+                    self.row_bias(job.rows, row, job.out[row], last[b])
                 if row in job.tries:
                     last[b] = _constrain(last[b], job.tries[row], job.out[row], job.bias.get(row))
                 elif job.rows[row].required and not self.tokenizer.decode(job.out[row]).strip():
