@@ -39,6 +39,8 @@ EMBEDDED_BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 #: item 5 trained a sidecar adapter on it: docs/sidecar-accuracy.md, "A larger sidecar"; none ships)
 GEMMA3_REF = "gemma3"
 GEMMA3_BASE_ID = "google/gemma-3-270m"
+#: each reference to an embedded model -> (its `EMBEDDED_GGUF` name, the hub id its adapters name)
+_EMBEDDED = {**{ref: ("smollm2", EMBEDDED_BASE_ID) for ref in EMBEDDED_REFS}, GEMMA3_REF: ("gemma3", GEMMA3_BASE_ID)}
 #: chat templates shipped for checkpoints that carry none (pass one as `chat_template=`)
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 GEMMA3_CHAT_TEMPLATE = TEMPLATE_DIR / "gemma3.jinja"
@@ -227,10 +229,8 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
 def resolve_reference(ref: str | os.PathLike) -> str:
     """What to pass to `from_pretrained` for a model reference (checked; GGUF files converted once)."""
     ref = str(ref)
-    if ref in EMBEDDED_REFS:
-        return str(gguf_to_safetensors(embedded_gguf("smollm2")))
-    if ref == GEMMA3_REF:
-        return str(gguf_to_safetensors(embedded_gguf("gemma3")))
+    if ref in _EMBEDDED:
+        return str(gguf_to_safetensors(embedded_gguf(_EMBEDDED[ref][0])))
     path = Path(ref).expanduser()
     if ref.endswith(".gguf"):
         if not path.is_file():
@@ -324,10 +324,8 @@ def base_id(ref) -> str | None:
     if ref is None:
         return None
     ref = str(ref)
-    if ref in EMBEDDED_REFS:
-        return EMBEDDED_BASE_ID
-    if ref == GEMMA3_REF:
-        return GEMMA3_BASE_ID
+    if ref in _EMBEDDED:
+        return _EMBEDDED[ref][1]
     return None if _local(ref) else ref
 
 
@@ -335,7 +333,8 @@ def adapter_base(path) -> str:
     """The model reference to load under the adapter in directory `path`: "smollm2" or "gemma3" where it
     names an embedded model's hub id, else the base it names (a hub id or a path)."""
     named = read_adapter(path).get("base_model_name_or_path") or EMBEDDED_BASE_ID
-    return {EMBEDDED_BASE_ID.lower(): "smollm2", GEMMA3_BASE_ID.lower(): GEMMA3_REF}.get(named.lower(), named)
+    return next((ref for ref, (gguf, hub_id) in _EMBEDDED.items() if hub_id.lower() == named.lower() and ref == gguf),
+                named)
 
 
 def _local(ref: str) -> bool:

@@ -128,7 +128,7 @@ def test_a_calls_log_probability_sums_its_function_row_and_its_tools_slot_rows()
     assert call_logprob(rows[1:], [-0.2, -0.3, -9.0], call, ("named", "f")) == pytest.approx(-0.5)
     assert call_logprob(rows, [-0.1, None, -0.3, -1.0], call, ("auto", None)) is None  # a row not decoded
     assert call_logprob(rows, None, call, ("auto", None)) is None                        # a wave without them
-    assert call_confidence(lambda *a: [], rows, call, ("auto", None)) is None           # a plain wave function
+    assert call_confidence(lambda *a: [], rows, call, ("auto", None), None) is None     # a plain wave function
 
 
 # ---------------------------------------------------------------- the wave's log-probabilities

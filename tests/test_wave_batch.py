@@ -17,6 +17,7 @@ from oospec_agents.formats import HermesFormat
 from oospec_agents.sidecar import HintRequest
 from oospec_agents.sidecar import wave as wave_module
 from oospec_agents.sidecar.hosts.thread import WaveSidecar
+from oospec_agents.sidecar.rows import RowOptions
 from oospec_agents.sidecar.runtime import WaveHost, wave_rows
 from oospec_agents.sidecar.wave import Wave
 from oospec_agents.tools import normalize_tools
@@ -50,6 +51,14 @@ def _counting(model):
     return calls, lambda: setattr(model, "forward", original)
 
 
+def _wave(sidecar_fp32, **kw) -> Wave:
+    """A wave of the float32 sidecar that writes its adapter's rows, as the runtime loads it."""
+    model, tok = sidecar_fp32
+    wave = Wave(model, tok, **kw)
+    wave.row_options = RowOptions.for_adapter(models.EMBEDDED_SIDECAR_ADAPTER)
+    return wave
+
+
 def _waves(records, wave):
     out = []
     for rec in records:
@@ -59,11 +68,9 @@ def _waves(records, wave):
 
 
 def test_each_request_of_a_batched_wave_writes_what_its_wave_alone_writes_in_fewer_forwards(sidecar_fp32, records):
-    model, tok = sidecar_fp32
-    wave = Wave(model, tok, prefix_cache_tokens=0)
-    wave.row_options = models_row_options()
+    wave = _wave(sidecar_fp32, prefix_cache_tokens=0)
     waves = _waves(records, wave)
-    calls, restore = _counting(model)
+    calls, restore = _counting(wave.model)
     try:
         alone = []
         for prefix, rows, cancel, choices in waves:
@@ -82,15 +89,8 @@ def test_each_request_of_a_batched_wave_writes_what_its_wave_alone_writes_in_few
     assert forwards_together < forwards_alone / 2, (forwards_together, forwards_alone)
 
 
-def models_row_options():
-    from oospec_agents.sidecar.rows import RowOptions
-    return RowOptions.for_adapter(models.EMBEDDED_SIDECAR_ADAPTER)
-
-
 def test_a_cancelled_request_leaves_the_batch_and_the_others_write_as_alone(sidecar_fp32, records):
-    model, tok = sidecar_fp32
-    wave = Wave(model, tok, prefix_cache_tokens=0)
-    wave.row_options = models_row_options()
+    wave = _wave(sidecar_fp32, prefix_cache_tokens=0)
     waves = _waves(records[:3], wave)
     alone = [wave(p, r, c, ch) for p, r, c, ch in waves]
     stop = threading.Event()
@@ -102,9 +102,7 @@ def test_a_cancelled_request_leaves_the_batch_and_the_others_write_as_alone(side
 
 
 def test_requests_past_the_kv_budget_wait_for_their_own_batch(sidecar_fp32, records, monkeypatch):
-    model, tok = sidecar_fp32
-    wave = Wave(model, tok, prefix_cache_tokens=0)
-    wave.row_options = models_row_options()
+    wave = _wave(sidecar_fp32, prefix_cache_tokens=0)
     waves = _waves(records[:4], wave)
     alone = [wave(p, r, c, ch) for p, r, c, ch in waves]
     monkeypatch.setattr(wave_module, "MAX_BATCH_TOKENS", 1)  # no two requests fit
@@ -114,21 +112,18 @@ def test_requests_past_the_kv_budget_wait_for_their_own_batch(sidecar_fp32, reco
 
 
 def test_a_large_tool_set_runs_its_two_phases_on_its_own_beside_a_batch(sidecar_fp32, records):
-    model, tok = sidecar_fp32
-    wave = Wave(model, tok, prefix_cache_tokens=0, max_rows=3)  # every multi-tool request: two phases
-    wave.row_options = models_row_options()
+    wave = _wave(sidecar_fp32, prefix_cache_tokens=0, max_rows=3)  # every multi-tool request: two phases
     waves = _waves(records, wave)
     alone = [wave(p, r, c, ch) for p, r, c, ch in waves]
     together = wave.many(waves)
     assert [t for t, _, _ in together] == alone
     phased = [p for (_, _, p) in together if "phases" in p]
     assert phased and all("batched" not in p for p in phased)
+    assert any("batched" in p for (_, _, p) in together)  # the small tool sets still shared a wave
 
 
 def test_the_prefix_cache_serves_a_batched_wave_and_keeps_its_prefixes(sidecar_fp32, records):
-    model, tok = sidecar_fp32
-    wave = Wave(model, tok)
-    wave.row_options = models_row_options()
+    wave = _wave(sidecar_fp32)
     waves = _waves(records[:3], wave)
     cold = wave.many(waves)
     warm = wave.many(waves)
@@ -154,7 +149,7 @@ class _Recorder:
 
     def many(self, waves):
         self.calls.append(len(waves))
-        return [(self(p, r, c, ch), None, {"batched": len(waves)}) for p, r, c, ch in waves][:len(waves)]
+        return [(self(p, r, c, ch), None, {"batched": len(waves)}) for p, r, c, ch in waves]
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

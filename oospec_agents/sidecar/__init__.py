@@ -2,7 +2,7 @@
 own, while the target decodes. Words: docs/glossary.md.
 
     protocol.py   HintRequest, Hint, Ticket, the Sidecar protocol and SidecarBase   (the contract)
-    runtime.py    load_wave, wave_rows, run_wave, WaveHost                           (where a wave runs)
+    runtime.py    load_wave, wave_rows, run_waves, WaveHost                          (where a wave runs)
     cores.py      core sets as devices; every torch thread-count change
     hosts/        thread.py, process.py, ray.py: transport only, each around a WaveHost
     load.py       load_sidecar(): the one module that imports hosts/

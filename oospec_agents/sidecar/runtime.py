@@ -2,9 +2,11 @@
 
     load_wave(spec)                     the sidecar model and its `Wave`, from a `WorkerSpec`
     wave_rows(request)                  the rows a request needs, with the function row's choices
-    run_wave(wave, request, cancelled)  rows -> wave -> join -> payload; every fault becomes an error
-    WaveHost                            one wave at a time, cancel by ticket id, a wave's estimated cost,
-                                        and the adapter's hot swap (`load_adapter`)
+    run_waves(wave, [(request, cancelled)])  rows -> wave -> join -> payload, per request (concurrent
+                                        requests share one batched wave); every fault becomes an error
+    WaveHost                            one wave at a time (the requests that wait go into the next
+                                        together), cancel by ticket id, a wave's estimated cost, and the
+                                        adapter's hot swap (`load_adapter`)
 
 The hosts (hosts/thread.py, process.py, ray.py) only carry requests to a `WaveHost` and its outcomes
 back into a `protocol.Ticket`. Words: docs/glossary.md.
@@ -94,18 +96,13 @@ def wave_rows(request: HintRequest, *, priors: bool = True,
     return rows, prefix, {0: names if mode == "required" else names | {" null": 0.0}}
 
 
-def run_wave(wave: WaveFn, request: HintRequest, cancelled, *, device: torch.device,
-             stream: torch.cuda.Stream | None = None) -> dict | None:
-    """rows -> wave -> join -> payload for one request. Returns `Ticket.post`'s keywords: the payload,
-    a decline or the error, with the wave's profile; None once the request is cancelled."""
-    return run_waves(wave, [(request, cancelled)], device=device, stream=stream)[0]
-
-
 def run_waves(wave: WaveFn, jobs: list[tuple[HintRequest, threading.Event]], *, device: torch.device,
               stream: torch.cuda.Stream | None = None) -> list[dict | None]:
-    """`run_wave` for several requests at once: where the wave batches requests (`Wave.many`) and more
-    than one is ready, their rows share the sidecar's forwards; otherwise they run one after another.
-    A request's own fault (its rows, its join) is its own error; a fault of the shared wave is each one's."""
+    """rows -> wave -> join -> payload for each `(request, cancelled)`: `Ticket.post`'s keywords (the
+    payload, a decline or the error, with the wave's profile), or None once the request is cancelled.
+    Where the wave batches requests (`Wave.many`) and more than one is ready, their rows share the
+    sidecar's forwards; otherwise they run one after another. A request's own fault (its rows, its
+    join) is its own error; a fault of the shared wave is each one's."""
     outcomes: list[dict | None] = [None] * len(jobs)
     ready = []  # (job index, rows, prefix, choices)
     for n, (request, cancelled) in enumerate(jobs):
@@ -157,14 +154,13 @@ def _fault(e: Exception, device: torch.device) -> dict:
     return {"error": f"sidecar failed: {type(e).__name__}: {e}"}
 
 
-def call_confidence(wave, rows: list[Row], call: dict, tool_choice, row_logprobs=None) -> float | None:
+def call_confidence(wave, rows: list[Row], call: dict, tool_choice, row_logprobs) -> float | None:
     """The probability that `call` is exact: the wave's calibration of its rows' log-probability
-    (`row_logprobs`, else the wave's last; confidence.py); None for a wave function that keeps neither."""
+    (`row_logprobs`, the wave's own for these rows; confidence.py); None for a wave function that keeps
+    no calibration."""
     calibration = getattr(wave, "calibration", None)
     if calibration is None:
         return None
-    if row_logprobs is None:
-        row_logprobs = getattr(wave, "row_logprobs", None)
     return calibration(call_logprob(rows, row_logprobs, call, tool_choice))
 
 

@@ -124,7 +124,7 @@ class Wave:
 
     def estimate(self, prefix: str, rows: list[Row]) -> float | None:
         """Seconds a wave over `prefix` and `rows` is expected to take; None before any has finished."""
-        ids = self.tokenizer.encode(prefix, add_special_tokens=False)
+        ids = self._enc(prefix)
         return self.cost(len(ids) - self.prefix_cache.peek(ids) + ROW_WORK * self._work_rows(rows))
 
     def _work_rows(self, rows: list[Row]) -> int:
@@ -147,13 +147,10 @@ class Wave:
         """
         if not rows:
             return []
-        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-        tries = {i: [enc(c) for c in cs] for i, cs in (choices or {}).items()}
-        bias = {i: [self.prior_weight * float(p) for p in cs.values()]
-                for i, cs in (choices or {}).items() if isinstance(cs, dict) and self.prior_weight}
+        tries, bias = self._constraints(choices)
         out: list[list[int]] = [[] for _ in rows]
         scores: list[float | None] = [None] * len(rows)
-        prefix_ids = enc(prefix)
+        prefix_ids = self._enc(prefix)
         t0 = time.perf_counter()
         with torch.inference_mode():
             if self.two_phases(rows, choices):
@@ -183,23 +180,23 @@ class Wave:
         (a large tool set), a model whose cache is not a plain one per layer (sliding windows), and
         requests past MAX_BATCH_TOKENS run on their own, as `__call__`."""
         results: list = [None] * len(waves)
-        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-        groups: list[list[int]] = []
-        if self._stackable():
+        groups: list[list[tuple]] = []  # each: (wave index, prefix ids) of the requests one batch takes
+        if self._stackable:
             size = longest = 0
             for n, (prefix, rows, _, choices) in enumerate(waves):
                 if not rows or self.two_phases(rows, choices):
                     continue
-                width = len(enc(prefix)) + 64  # its prefix and a call opener
+                ids = self._enc(prefix)
+                width = len(ids) + 64  # its prefix and a call opener
                 if groups and (size + len(rows)) * max(longest, width) <= MAX_BATCH_TOKENS:
-                    groups[-1].append(n)
+                    groups[-1].append((n, ids))
                     size, longest = size + len(rows), max(longest, width)
                 else:
-                    groups.append([n])
+                    groups.append([(n, ids)])
                     size, longest = len(rows), width
-        groups = [g for g in groups if len(g) > 1]
-        for group in groups:
-            for n, res in zip(group, self._together([waves[n] for n in group])):
+        for group in (g for g in groups if len(g) > 1):
+            together = self._together([(ids, *waves[n][1:]) for n, ids in group])
+            for (n, _), res in zip(group, together):
                 results[n] = res
         for n, (prefix, rows, cancel, choices) in enumerate(waves):
             if results[n] is None:
@@ -207,55 +204,40 @@ class Wave:
                 results[n] = (texts, self.row_logprobs, dict(self.profile))
         return results
 
+    @functools.cached_property
     def _stackable(self) -> bool:
         """Whether prefilled prefixes of different lengths can be stacked into one batch: every layer's
         cache is a plain `DynamicLayer` (a sliding window's layer crops, which left pads would upset)."""
         return all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
 
     def _together(self, waves: list[tuple]) -> list[tuple[list[str], list, dict]]:
-        """`many`'s shared batch: the waves' rows in one prefill fan-out and one decode loop."""
-        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        """`many`'s shared batch, each wave `(prefix ids, rows, cancel, choices)`: the waves' rows in one
+        fan-out (`_stack`, then the levels of `_prefill` over every request) and one decode loop."""
         t0 = time.perf_counter()
         jobs, parts, items, profiles = [], [], [], []
+        opener_parent, openers, row_opener, rests = [], [], [], []
         with torch.inference_mode():
-            for prefix, rows, cancel, choices in waves:
-                tries = {i: [enc(c) for c in cs] for i, cs in (choices or {}).items()}
-                bias = {i: [self.prior_weight * float(p) for p in cs.values()]
-                        for i, cs in (choices or {}).items() if isinstance(cs, dict) and self.prior_weight}
-                job = _Job(rows, tries, bias, [[] for _ in rows], [None] * len(rows), cancel)
-                prefix_ids, suffixes = enc(prefix), [enc(r.suffix) for r in rows]
-                common = _keep_one(_common_prefix(suffixes), suffixes)
-                shared = prefix_ids + common
-                hit, cache = self.prefix_cache.lookup(shared, lambda: DynamicCache(config=self.model.config))
-                mask = torch.ones(1, hit, dtype=torch.long, device=self.device)
-                pos = torch.full((1,), hit, dtype=torch.long, device=self.device)
-                _, mask, pos = self._feed(cache, mask, pos, [0], [shared[hit:]])
-                self.prefix_cache.store(shared, cache)
+            for n, (prefix_ids, rows, cancel, choices) in enumerate(waves):
+                job = _Job(rows, *self._constraints(choices), [[] for _ in rows], [None] * len(rows), cancel)
+                cache, _, mask, pos, hit, own = self._shared_level(prefix_ids, [self._enc(r.suffix) for r in rows])
+                mine, groups = self._openers(own, [r.tool for r in rows])
+                row_opener += [len(openers) + g for g in groups]
+                openers += mine
+                opener_parent += [n] * len(mine)
+                rests += own
                 jobs.append(job)
-                parts.append((cache, mask, pos, [s[len(common):] for s in suffixes]))
+                parts.append((cache, mask, pos))
                 items += [(job, i) for i in range(len(rows))]
                 profiles.append({"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": hit, "rows": len(rows),
                                  "rows_offered": len(rows), "max_rows": self.max_rows})
-            cache, mask, pos = self._stack([(c, m, p) for c, m, p, _ in parts])
-            # the fan-out of every request at once: each tool's call opener, then each row's own rest
-            opener_parent, openers, tails, tail_opener = [], [], [], []
-            for n, ((_, _, _, rests), job) in enumerate(zip(parts, jobs)):
-                groups = [r.tool for r in job.rows]
-                group_ids = list(dict.fromkeys(groups))
-                members = [[r for r, g in zip(rests, groups) if g == gid] for gid in group_ids]
-                first = len(openers)
-                for m in members:
-                    opener_parent.append(n)
-                    openers.append(_keep_one(_common_prefix(m), m))
-                for r, g in zip(rests, groups):
-                    o = first + group_ids.index(g)
-                    tails.append(r[len(openers[o]):])
-                    tail_opener.append(o)
+            cache, mask, pos = self._stack(parts)
             if any(openers):
-                logits, mask, pos = self._feed(cache, mask, pos, opener_parent, openers)
-                logits, mask, pos = self._feed(cache, mask, pos, tail_opener, tails)
+                _, mask, pos = self._feed(cache, mask, pos, opener_parent, openers)
+                parents = row_opener
             else:
-                logits, mask, pos = self._feed(cache, mask, pos, [opener_parent[o] for o in tail_opener], tails)
+                parents = [opener_parent[o] for o in row_opener]
+            tails = [r[len(openers[o]):] for r, o in zip(rests, row_opener)]
+            logits, mask, pos = self._feed(cache, mask, pos, parents, tails)
             prefill_s = time.perf_counter() - t0
             steps = self._decode(items, cache, logits, mask, pos)
         decode_s = time.perf_counter() - t0 - prefill_s
@@ -300,7 +282,7 @@ class Wave:
         first, prefill_s, extra = [0], 0.0, {}
         if self.top_tools:
             t = time.perf_counter()
-            fn_suffix = self.tokenizer.encode(rows[0].suffix, add_special_tokens=False)
+            fn_suffix = self._enc(rows[0].suffix)
             _, logits, _, _, ranked_hit = self._prefill(prefix_ids, [fn_suffix], [None], cancel, kept)
             prefill_s += time.perf_counter() - t
             ranked = self._rank(logits[0, -1], tries[0], bias.get(0), by_tool)[:self.top_tools]
@@ -341,9 +323,8 @@ class Wave:
         choices, plus its `bias` per choice), and each row's log-probability into scores[i] (the chosen
         tokens' log-softmax under those constraints; a choice completed once it is the only one left
         adds nothing: it had probability 1). Returns (steps, cached prefix tokens, prefill seconds)."""
-        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         t0 = time.perf_counter()
-        cache, logits, mask, pos, cached = self._prefill(prefix_ids, [enc(rows[i].suffix) for i in idx],
+        cache, logits, mask, pos, cached = self._prefill(prefix_ids, [self._enc(rows[i].suffix) for i in idx],
                                                          [rows[i].tool for i in idx], cancel, kept)
         prefill_s = time.perf_counter() - t0
         job = _Job(rows, tries, bias, out, scores, cancel)
@@ -357,8 +338,7 @@ class Wave:
         once a function row has chosen, its job's rows of the other tools leave the batch; a job
         whose `cancel` is set leaves it at the next step. Returns the steps each job decoded (by its
         position among the items' jobs, in order of first appearance)."""
-        jobs = list(dict.fromkeys(job for job, _ in items))
-        order = {id(job): n for n, job in enumerate(jobs)}
+        order = {job: n for n, job in enumerate(dict.fromkeys(job for job, _ in items))}  # jobs hash by identity
         live = list(range(len(items)))      # the item of each batch element still decoding
         steps: dict[int, int] = {}
         for job, i in items:
@@ -380,7 +360,7 @@ class Wave:
             for k, lp in zip(live, chosen):
                 job, row = items[k]
                 job.scores[row] += lp
-            for n in {order[id(items[k][0])] for k in live}:
+            for n in {order[items[k][0]] for k in live}:
                 steps[n] = steps.get(n, 0) + 1  # one more token for every live row of job n
             done, ruled_out = set(), set()
             for k, t in zip(live, tokens.tolist()):
@@ -413,12 +393,24 @@ class Wave:
         each row's own rest (its key). Every row keeps at least one token for the last level. The
         first level starts from the prefix cache's (or `kept`'s) longest hit, and is cached in turn.
         Returns (cache, logits, attention mask so far, each row's next position, tokens reused)."""
+        cache, logits, mask, pos, hit, rests = self._shared_level(prefix, suffixes, kept)
+        if cancel is not None and cancel.is_set():  # the request is over: skip the fan-out
+            return cache, logits, mask, pos, hit
+        openers, row_group = self._openers(rests, groups)
+        if any(openers):
+            logits, mask, pos = self._feed(cache, mask, pos, [0] * len(openers), openers)
+            parents = row_group
+        else:
+            parents = [0] * len(rests)
+        tails = [r[len(openers[g]):] for r, g in zip(rests, row_group)]
+        logits, mask, pos = self._feed(cache, mask, pos, parents, tails)
+        return cache, logits, mask, pos, hit
+
+    def _shared_level(self, prefix: list[int], suffixes: list[list[int]], kept=None):
+        """The first level of `_prefill`: the prefix plus what every suffix shares, from the prefix cache's
+        (or `kept`'s) longest hit, then cached in turn. Returns (cache, logits, mask, next position,
+        tokens reused, each suffix's rest)."""
         common = _keep_one(_common_prefix(suffixes), suffixes)
-        rests = [s[len(common):] for s in suffixes]
-        group_ids = list(dict.fromkeys(groups))
-        members = [[r for r, g in zip(rests, groups) if g == gid] for gid in group_ids]
-        openers = [_keep_one(_common_prefix(m), m) for m in members]
-        row_group = [group_ids.index(g) for g in groups]
         shared = prefix + common
         kept = self.prefix_cache if kept is None else kept
         hit, cache = kept.lookup(shared, lambda: DynamicCache(config=self.model.config))
@@ -426,15 +418,26 @@ class Wave:
         pos = torch.full((1,), hit, dtype=torch.long, device=self.device)
         logits, mask, pos = self._feed(cache, mask, pos, [0], [shared[hit:]])
         kept.store(shared, cache)
-        if cancel is not None and cancel.is_set():  # the request is over: skip the fan-out
-            return cache, logits, mask, pos, hit
-        if any(openers):
-            logits, mask, pos = self._feed(cache, mask, pos, [0] * len(openers), openers)
-        else:
-            row_group = [0] * len(rests)
-        tails = [r[len(openers[g]):] for r, g in zip(rests, row_group)]
-        logits, mask, pos = self._feed(cache, mask, pos, row_group, tails)
-        return cache, logits, mask, pos, hit
+        return cache, logits, mask, pos, hit, [s[len(common):] for s in suffixes]
+
+    @staticmethod
+    def _openers(rests: list[list[int]], groups: list) -> tuple[list[list[int]], list[int]]:
+        """The second level: what each group's rests share (a tool's call opener, every rest keeping a
+        token of its own), and each rest's group as an index into those openers."""
+        group_ids = list(dict.fromkeys(groups))
+        members = [[r for r, g in zip(rests, groups) if g == gid] for gid in group_ids]
+        return [_keep_one(_common_prefix(m), m) for m in members], [group_ids.index(g) for g in groups]
+
+    def _constraints(self, choices: dict | None) -> tuple[dict, dict]:
+        """(tries, bias) of `choices`: each constrained row's choices as token ids, and where they carry a
+        prior, its logits (`prior_weight` x prior) per choice."""
+        tries = {i: [self._enc(c) for c in cs] for i, cs in (choices or {}).items()}
+        bias = {i: [self.prior_weight * float(p) for p in cs.values()]
+                for i, cs in (choices or {}).items() if isinstance(cs, dict) and self.prior_weight}
+        return tries, bias
+
+    def _enc(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _feed(self, cache, mask, pos, parents: list[int], segments: list[list[int]]):
         """Batch element i continues element parents[i] of the cache with segments[i], right-aligned

@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 def load_base(base: str, dtype="float32", device="cpu"):
     """(model, tokenizer) of a base model in training dtype on `device`; clear error if unknown."""
-    from .. import models
     from ..errors import ModelLoadError
     device = torch.device(device)
     try:
@@ -127,7 +126,6 @@ def train_target(*, base="smollm2", train, dev=None, out, teacher=None, cfg: Lor
 def evaluate_adapter(base, adapter, dev_records, *, sources=("bfcl_simple", "bfcl_multiple"), limit=None,
                      method="toolspec", progress=True, dtype=None, details=False) -> dict:
     """Load base + merged adapter the way `Engine.from_pretrained` does, and score it."""
-    from .. import models
     from ..engine import Engine
     from .target import evaluate_target
     dev = torch.device("cpu")
