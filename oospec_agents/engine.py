@@ -397,6 +397,11 @@ class Engine:
         """Replies decoding now (started and neither finished nor closed)."""
         return self._batcher.seated
 
+    @property
+    def max_batch(self) -> int:
+        """The most replies whose verify forwards run as one (`Engine(max_batch=...)`)."""
+        return self._batcher.max_batch
+
     def _seated(self, make):
         """A reply's events, with its seat at the target (batching.py): while its consumer holds an
         event the reply is parked, so the other replies' rounds do not wait for it."""

@@ -80,7 +80,7 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
     if (engine is None) == (loader is None):
         raise ValueError("create_app needs exactly one of engine= or loader=")
     if max_batch is None:
-        max_batch = getattr(getattr(engine, "_batcher", None), "max_batch", 1) if engine is not None \
+        max_batch = getattr(engine, "max_batch", 1) if engine is not None \
             else DEFAULT_MAX_BATCH
     state = _State(model, replica_id or default_replica_id(), max_queue, method, max_batch)
 

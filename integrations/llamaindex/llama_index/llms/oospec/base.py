@@ -51,7 +51,6 @@ from oospec_agents.sampling import Sampling
 
 from .events import CallPredictedEvent, ReplyEndEvent, ToolCallReadyEvent, dispatcher
 from .messages import assistant_message, to_engine_messages, tool_calls_of
-from .speculative import SpeculativeTool
 
 # The sampling settings: fields, and keyword arguments of a single call.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "top_logprobs")
@@ -411,7 +410,8 @@ class OoOSpec(FunctionCallingLLM):
         if strict or self.strict:  # written out either way, so a call's strict=False wins in `chat`
             for spec in specs:
                 spec["function"]["strict"] = strict
-        speculative = {t.metadata.get_name(): t.expected_latency for t in tools if isinstance(t, SpeculativeTool)}
+        # A speculative tool (speculative.py) says so itself: this module does not import that one (no circle).
+        speculative = {t.metadata.get_name(): t.expected_latency for t in tools if getattr(t, "is_speculative", False)}
         return {
             "messages": messages,
             "tools": specs,

@@ -47,6 +47,8 @@ class SpeculativeTool(AsyncBaseTool):
     speculative run's ToolOutput (or its exception), or else call the tool. A call with positional
     arguments, or arguments that are no JSON, is no call a model wrote: it runs the tool directly."""
 
+    is_speculative = True  # read by OoOSpec (base.py), which names these tools' seconds to the engine
+
     def __init__(self, tool: BaseTool, runner: SpeculativeTools, expected_s: Optional[float] = None) -> None:
         self._tool = adapt_to_async_tool(tool)
         self._given = tool
