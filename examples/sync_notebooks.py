@@ -12,7 +12,8 @@ from pathlib import Path
 import nbformat
 
 HERE = Path(__file__).parent
-TWINS = ["langchain_agent", "llamaindex_agent", "benchmark"]
+TWINS = ["langchain_agent", "llamaindex_agent", "benchmark", "speculative_tools_langchain", "speculative_tools_llamaindex",
+         "hf_model"]
 _ASYNCIO_RUN = re.compile(r"^(\s*(?:[\w, ]+ = )?)asyncio\.run\((.*)\)\s*$")
 
 

@@ -141,3 +141,173 @@ def test_anchors_are_githubs_heading_ids(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# Title\n## Layouts on a CPU (`--layout shared|split|both`)\n## Title\n```\n## not one\n```\n")
     assert anchors(page) == {"title", "layouts-on-a-cpu---layout-sharedsplitboth", "title-1"}
+
+
+# --- what the docs show must exist: every `oospec <command> --flag`, every imported Python name (#64) ---
+
+#: a fenced code block: its info string (language) and its body
+FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)^```", flags=re.S | re.M)
+#: an inline code span that is an `oospec` command line in prose
+INLINE_COMMAND = re.compile(r"`((?:\.venv/bin/)?oospec [^`]+)`")
+
+
+def shown_pages() -> list[Path]:
+    """The pages a user reads: README, docs/ (not the dated reports, which keep the exact commands
+    they ran, flags since renamed included) and the front-end packages' READMEs."""
+    return [p for p in markdown_files() if REPORTS not in p.parents]
+
+
+def cli_flags() -> dict[str, set[str]]:
+    """Each `oospec` subcommand's option strings, from the parsers the CLI builds (`oospec_agents.cli`)."""
+    import argparse
+    import importlib
+
+    from oospec_agents.cli import COMMANDS
+
+    sub = argparse.ArgumentParser(prog="oospec").add_subparsers()
+    flags = {}
+    for name, module in COMMANDS.items():
+        parser = importlib.import_module(module).add_parser(sub, name) or sub.choices[name]
+        flags[name] = {s for action in sub.choices[name]._actions for s in action.option_strings}
+        assert parser is not None
+    return flags
+
+
+def command_lines(text: str) -> list[str]:
+    """The `oospec ...` command lines shown in a page: in shell blocks (continuations joined) and in
+    inline code spans."""
+    lines = []
+    for lang, body in FENCE.findall(text):
+        if lang not in {"", "bash", "sh", "shell", "console", "text"}:
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            lines.append(re.sub(r"^\s*\$\s+", "", line))
+    lines += INLINE_COMMAND.findall(_without_code_blocks(text))
+    return lines
+
+
+def oospec_flags(line: str) -> list[tuple[str, str]]:
+    """(subcommand, flag) for each flag of each `oospec <subcommand>` in one shell line; a `#` comment,
+    `|`, `;`, `&&` or `>` ends a command."""
+    from oospec_agents.cli import COMMANDS
+
+    out = []
+    words = re.split(r"\s+", re.split(r"(?<!\S)#", line, maxsplit=1)[0].strip())
+    command = None
+    for i, word in enumerate(words):
+        if word in {"|", "||", ";", "&&", "&"} or word.startswith((">", "2>")):
+            command = None
+        elif word.rsplit("/", 1)[-1] == "oospec" and i + 1 < len(words) and words[i + 1] in COMMANDS:
+            command = words[i + 1]
+        elif command and re.match(r"^--[a-z][\w-]*", word):
+            out.append((command, re.match(r"^--[a-z][\w-]*", word).group(0)))
+    return out
+
+
+def test_every_oospec_flag_the_docs_show_exists():
+    flags = cli_flags()
+    unknown = sorted({f"{path.relative_to(ROOT)}: oospec {command} {flag}"
+                      for path in shown_pages()
+                      for line in command_lines(path.read_text(encoding="utf-8"))
+                      for command, flag in oospec_flags(line) if flag not in flags[command]})
+    assert not unknown, "flags that `oospec` does not take:\n" + "\n".join(unknown)
+
+
+#: `from X import a, b` (one line or parenthesised) and `import X` in a Python snippet
+FROM_IMPORT = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+(\([^)]*\)|[^\n#]+)", flags=re.M)
+PLAIN_IMPORT = re.compile(r"^\s*import\s+([\w.]+)(?:\s+as\s+(\w+))?\s*$", flags=re.M)
+
+
+def python_names(code: str) -> list[tuple[str, str]]:
+    """(module, dotted name) for each name a Python snippet imports and each `Name.attr(` it calls on
+    an imported name; `("x.y", "")` for `import x.y`."""
+    bound: dict[str, tuple[str, str]] = {}
+    names = []
+    for module, imported in FROM_IMPORT.findall(code):
+        for part in imported.strip("()").replace("\n", " ").split(","):
+            if part.strip():
+                name, _, alias = part.strip().partition(" as ")
+                names.append((module, name.strip()))
+                bound[(alias or name).strip()] = (module, name.strip())
+    for module, alias in PLAIN_IMPORT.findall(code):
+        names.append((module, ""))
+        bound[alias or module.split(".")[0]] = (module.split(".")[0], "") if not alias else (module, "")
+    for name, attr in re.findall(r"(?<![\w.])([A-Za-z_]\w*)\.([A-Za-z_]\w*)\(", code):
+        if name in bound:
+            module, prefix = bound[name]
+            names.append((module, f"{prefix}.{attr}".strip(".")))
+    return names
+
+
+def resolve(module: str, dotted: str) -> str | None:
+    """None where `module` has `dotted`; else what is missing. A third-party package that is not
+    installed here is not checked (its own docs own its names)."""
+    import importlib
+
+    try:
+        obj = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        ours = module.split(".")[0] in {"oospec_agents", "langchain_oospec"} or module.startswith("llama_index.llms.oospec")
+        return f"no module {e.name}" if ours or (e.name or "").split(".")[0] != (e.name or "") else None
+    for part in [p for p in dotted.split(".") if p]:
+        if not hasattr(obj, part):
+            try:
+                obj = importlib.import_module(f"{obj.__name__}.{part}")
+                continue
+            except (ImportError, AttributeError):
+                return f"no {part} in {getattr(obj, '__name__', obj)}"
+        obj = getattr(obj, part)
+    return None
+
+
+def test_every_python_name_the_docs_show_exists():
+    missing = set()
+    for path in shown_pages():
+        for lang, body in FENCE.findall(path.read_text(encoding="utf-8")):
+            if lang not in {"python", "py", "pycon"}:
+                continue
+            for module, dotted in python_names(body):
+                problem = resolve(module, dotted)
+                if problem:
+                    missing.add(f"{path.relative_to(ROOT)}: from {module} import {dotted}: {problem}")
+    assert not missing, "names the snippets use that do not exist:\n" + "\n".join(sorted(missing))
+
+
+def test_the_name_and_flag_checks_read_what_a_reader_sees():
+    assert oospec_flags(".venv/bin/oospec bench --data x.jsonl --limit=60 -m 3 # --not-a-flag") == \
+        [("bench", "--data"), ("bench", "--limit")]
+    assert oospec_flags("oospec serve --port 8000 | tee log --x && oospec adapt --log l") == \
+        [("serve", "--port"), ("adapt", "--log")]
+    assert command_lines("```bash\noospec serve \\\n    --port 1\n```\nsee `oospec demo --model m`\n") == \
+        ["oospec serve      --port 1", "oospec demo --model m"]
+    code = ("from oospec_agents import Engine, Generation as G\nfrom a.b import (c,\n d)\nimport json\n"
+            "Engine.from_pretrained(x)\nengine.generate()\n")
+    assert python_names(code) == [("oospec_agents", "Engine"), ("oospec_agents", "Generation"), ("a.b", "c"),
+                                  ("a.b", "d"), ("json", ""), ("oospec_agents", "Engine.from_pretrained")]
+    assert resolve("oospec_agents", "Engine.from_pretrained") is None
+    assert resolve("oospec_agents", "Engine.no_such_method") == "no no_such_method in Engine" or \
+        "no_such_method" in resolve("oospec_agents", "Engine.no_such_method")
+    assert resolve("oospec_agents.no_such_module", "") is not None
+    assert resolve("a_package_nobody_installed", "x") is None
+
+
+def test_every_example_is_listed_in_the_examples_index():
+    """examples/README.md names each user example and each experiment script once in its tables."""
+    examples = ROOT / "examples"
+    index = (examples / "README.md").read_text(encoding="utf-8")
+    linked = {(examples / t).resolve() for t in LINK.findall(index) if t}
+    files = [p for p in examples.rglob("*") if p.is_file() and p.name != "README.md" and "__pycache__" not in p.parts
+             and ".ipynb_checkpoints" not in p.parts]
+    assert not [p.relative_to(ROOT) for p in files if p.resolve() not in linked]
+    experiments = [p for p in files if p.parent.name == "experiments"]
+    assert experiments and not [p for p in files if p.parent == examples and p.stem not in _user_examples()], \
+        "an experiment script beside the user examples: move it to examples/experiments/"
+
+
+def _user_examples() -> set[str]:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from sync_notebooks import TWINS
+
+    return {*TWINS, "sync_notebooks"}

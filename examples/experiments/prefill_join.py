@@ -1,7 +1,7 @@
 """Should a new reply's prefill join a batched round, or run as its own forward? (#58 item 1, docs/engine.md
 "Many replies at once"). Times the two schedules' forwards on the embedded target as the engine loads it:
 
-    .venv/bin/python examples/prefill_join.py --prompt 400,1500 --rows 8 --nodes 10 --past 450 --reps 7
+    .venv/bin/python examples/experiments/prefill_join.py --prompt 400,1500 --rows 8 --nodes 10 --past 450 --reps 7
 
 - apart: the prompt's prefill (its own forward), then a round: `rows` draft chains of `nodes` tokens, each
   after `past` cached tokens (the replies decoding meanwhile);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark on one or two CUDA GPUs and print the report.
 #
-#   examples/gpu_bench.sh                                  # the embedded pair, fp32 then bf16 (OUT/float32, OUT/bfloat16)
-#   examples/gpu_bench.sh /models/Qwen3-8B /models/qwen3-sidecar   # any HF target + sidecar, local dirs
-#   examples/gpu_bench.sh Qwen/Qwen3-8B SIDECAR -- --limit 20       # extra args go to `oospec bench`
+#   examples/experiments/gpu_bench.sh                                  # the embedded pair, fp32 then bf16 (OUT/float32, OUT/bfloat16)
+#   examples/experiments/gpu_bench.sh /models/Qwen3-8B /models/qwen3-sidecar   # any HF target + sidecar, local dirs
+#   examples/experiments/gpu_bench.sh Qwen/Qwen3-8B SIDECAR -- --limit 20       # extra args go to `oospec bench`
 #
 # Two or more GPUs: the target on cuda:0, the sidecar on cuda:1. One GPU: both on cuda:0.
 #
@@ -23,7 +23,7 @@
 #   ASSISTANT=REF     draft model for `assisted` sharing the target's tokenizer (e.g. /models/Qwen3-0.6B);
 #                     with the embedded target it defaults to the embedded base model.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 TARGET=${1:-embedded}
 SIDECAR=${2:-}

@@ -8,9 +8,9 @@ target forwards, the draft nodes a round verifies, the decode seconds and the ms
 checks that every reply is token-identical to `toolspec`'s at the first budget given (lossless).
 docs/bench.md ("The tree budget on a CPU") has the run.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/tree_budget.py --set unseen --limit 20 --budgets 48,32,24,16,12,8
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/tree_budget.py --set unseen --limit 20 --budgets 48,32,24,16,12,8
 
-Sets as in examples/required_slots.py. Wall clock: run it on an idle machine, never beside tests.
+Sets as in examples/experiments/required_slots.py. Wall clock: run it on an idle machine, never beside tests.
 """
 from __future__ import annotations
 

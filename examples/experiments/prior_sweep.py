@@ -3,7 +3,7 @@ runtime's wave writes the function row once per weight (`Wave(prior_weight=w)`; 
 prefilled once and cached), and the script prints function-index accuracy per source and weight.
 docs/sidecar.md ("A lexical prior over the tools") has the tables.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/prior_sweep.py --set tune [--limit 40] [--adapter DIR]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/prior_sweep.py --set tune [--limit 40] [--adapter DIR]
         [--query all|last|last-twice]
 
 Sets: `tune` (train-extra sources that no committed adapter was trained on and no report judges:
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
 SETS = {
     "tune": ("train-extra.jsonl", ("acebench_normal", "hammerbench_single", "hammerbench_multi",
                                    "bfcl_exec_multiple", "apibank_l2", "hammerbench_irrelevant")),

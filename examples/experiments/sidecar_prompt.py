@@ -1,8 +1,8 @@
 """What the sidecar's prompt carries, re-checked on larger tool sets (#20). docs/sidecar.md, "The
 prompt on larger tool sets", has the tables this prints.
 
-    .venv/bin/python examples/sidecar_prompt.py lengths                 # prefix tokens per source
-    OMP_NUM_THREADS=1 .venv/bin/python examples/sidecar_prompt.py ablate [ADAPTER]
+    .venv/bin/python examples/experiments/sidecar_prompt.py lengths                 # prefix tokens per source
+    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/sidecar_prompt.py ablate [ADAPTER]
         # function accuracy on the unseen-tools sources with and without each tool's description sentence
 
 `lengths`: the sidecar's shared prefix (sidecar/rows.py `render_prefix`) per source of dev.jsonl and
@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
 HELD_OUT = ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first", "acebench_special")
 
 

@@ -1,8 +1,8 @@
 """#49's second table: a sidecar adapted on one source, measured on another (a deployment's tools drift).
 
-    .venv/bin/python examples/adapt_cross.py adapt-out/tooltalk adapt-out/nestful adapt-out/bfcl_multi_turn_base_first
+    .venv/bin/python examples/experiments/adapt_cross.py adapt-out/tooltalk adapt-out/nestful adapt-out/bfcl_multi_turn_base_first
 
-Each argument is an OUT of `examples/adapt_protocol.py` that has run through its labels (OUT/heldout.jsonl,
+Each argument is an OUT of `examples/experiments/adapt_protocol.py` that has run through its labels (OUT/heldout.jsonl,
 OUT/labels.json); one with an adapted sidecar (OUT/adapter) is also measured on the others. For every
 ordered pair (A adapted, B),
 A's adapted sidecar is scored on B's labelled last 40% (the target's greedy calls; no gold) with

@@ -7,7 +7,7 @@ with the embedded target's tokenizer and chat template is made to write them (te
 wrote those calls, and a forward costs milliseconds. Records run in file order through one engine per
 method, whose call memory keeps the replies (`history`), or is cleared before each record (`cold`).
 
-    .venv/bin/python examples/suffix_replay.py --sources tooltalk [--limit N] [--methods ar,toolspec,suffix,suffix_tree]
+    .venv/bin/python examples/experiments/suffix_replay.py --sources tooltalk [--limit N] [--methods ar,toolspec,suffix,suffix_tree]
         [--scenarios cold,history] [--out FILE.json]
 
 Per source and method: target forwards per record, tokens accepted from retrieval per record, and
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 #: method -> (engine method, retrieval drafter: None is the engine's n-gram one)

@@ -5,9 +5,9 @@ prints, per source, the target forwards, the hint tokens accepted and the follow
 and checks that every reply is token-identical to `toolspec`'s (lossless). docs/sidecar.md
 ("Follow-up waves") has the tables.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/follow_up.py --set unseen [--limit 40]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/follow_up.py --set unseen [--limit 40]
 
-Sets: as examples/required_slots.py (`unseen`: the held-out sources of docs/training.md, `dev`:
+Sets: as examples/experiments/required_slots.py (`unseen`: the held-out sources of docs/training.md, `dev`:
 dev.jsonl), with calls only. Counts only: no wall clock, so it may run beside other work.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from required_slots import print_sums, set_parser, set_records  # noqa: E402
 
 

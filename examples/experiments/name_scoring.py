@@ -14,7 +14,7 @@ ancestors), and scores per record, from the same logits:
 
 and prints function-index accuracy per source, method and prior weight.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/name_scoring.py --set tune [--limit 40] [--weights 0 6]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/name_scoring.py --set tune [--limit 40] [--weights 0 6]
 
 Sets as in `prior_sweep.py`: `tune` chooses, `unseen` and `dev` only report.
 """

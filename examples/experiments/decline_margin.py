@@ -2,7 +2,7 @@
 that of the best name's first token (' "' for every JSON name in SmolLM2's tokens), at the function
 row's first step, as the runtime's wave computes it. docs/training.md ("Declining") has the table.
 
-    OMP_NUM_THREADS=1 .venv/bin/python examples/decline_margin.py ADAPTER_DIR [--limit 40]
+    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/decline_margin.py ADAPTER_DIR [--limit 40]
 
 Call records (dev BFCL simple / multiple, API-Bank, and the held-out unseen sources) should not decline;
 "no call" records (acebench_special, held out) should. It prints, for a range of margins m, the share
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
 CALLS_DEV = ("bfcl_simple", "bfcl_multiple", "apibank_l1")
 CALLS_UNSEEN = ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first")
 NO_CALL = ("acebench_special",)

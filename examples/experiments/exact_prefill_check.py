@@ -1,12 +1,12 @@
 """Is a prefix-cache hit the cold prefill bit for bit, and what does each way of prefilling cost?
 (docs/deterministic.md, "Cold against warm").
 
-    .venv/bin/python examples/exact_prefill_check.py timing --threads 1 --reps 3 --out timing-t1.jsonl \\
+    .venv/bin/python examples/experiments/exact_prefill_check.py timing --threads 1 --reps 3 --out timing-t1.jsonl \\
         --ids "nestful/executable_4,tooltalk/easy/CreateEvent-easy#0,nestful/executable_0,tooltalk/tooltalk/Calendar-Email-Reminder-SendEmail-2#4,callnavi/hot020"
-    .venv/bin/python examples/exact_prefill_check.py summary --out timing-t1.jsonl
-    .venv/bin/python examples/exact_prefill_check.py replies --max-new-tokens 48 \\
+    .venv/bin/python examples/experiments/exact_prefill_check.py summary --out timing-t1.jsonl
+    .venv/bin/python examples/experiments/exact_prefill_check.py replies --max-new-tokens 48 \\
         --ids "nestful/executable_0,tooltalk/easy/CreateEvent-easy#0,nestful/executable_4"
-    .venv/bin/python examples/exact_prefill_check.py replies --threads 1 --engines plain,exact \\
+    .venv/bin/python examples/experiments/exact_prefill_check.py replies --threads 1 --engines plain,exact \\
         --sources tooltalk,nestful,bfcl_multi_turn_base_first,callnavi --limit 16
 
 Three engines on one bf16 embedded target: `plain` (`prefill_chunk=1`: the uncached tail in one forward),

@@ -1,6 +1,6 @@
 """What one deterministic decode forward costs against a normal one (docs/deterministic.md, "Decode forwards").
 
-    OMP_NUM_THREADS=1 .venv/bin/python examples/deterministic_forwards.py --threads 1 --reps 7 --past 700,4400
+    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/deterministic_forwards.py --threads 1 --reps 7 --past 700,4400
 
 The embedded target, one cache per length of past (random tokens, prefilled once). Per repetition every
 variant runs each forward once, in an order that rotates per repetition, so that a machine's load drifts

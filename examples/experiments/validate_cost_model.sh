@@ -3,15 +3,15 @@
 # pair here, price the bench's acceptance traces with the profile, and compare with the measured speedups.
 # Run it on an otherwise idle machine: other work on the cores skews both the profile and the bench.
 #
-#   examples/validate_cost_model.sh                      # 60 dev records, about 10-15 minutes on 2 cores
-#   LIMIT=3 K=1,4,16 CONTEXT=256,512 examples/validate_cost_model.sh   # a quick look that it works
+#   examples/experiments/validate_cost_model.sh                      # 60 dev records, about 10-15 minutes on 2 cores
+#   LIMIT=3 K=1,4,16 CONTEXT=256,512 examples/experiments/validate_cost_model.sh   # a quick look that it works
 #
 # Environment (all optional): LIMIT=60  OUT=bench-out/validate  K=1,2,4,8,16,32,48  CONTEXT=128,256,512,1024
 #   DATA=../shared/data/toolcalls/dev.jsonl  RESULTS=FILE (skip the bench; project this results.json instead)
 # Writes OUT/cost-cpu.json, OUT/results.json (+ report.md), OUT/projection.md/.json and OUT/validation.md:
 # projected against measured decode speedup per method; the issue asks for every one within 10%.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}
 OUT=${OUT:-bench-out/validate}
 mkdir -p "$OUT"

@@ -6,8 +6,8 @@ int8 by PyTorch's dynamic quantization (`torch.ao.quantization.quantize_dynamic`
 activations quantized per batch). Prints each mode's mean wave time, its function-row accuracy, and how
 many function rows differ from float32. docs/sidecar.md, "An int8 sidecar on the CPU", has the table.
 
-    .venv/bin/python examples/sidecar_int8.py [--limit 5]     # records per source, both sets
-    .venv/bin/python examples/sidecar_int8.py --bench int8|bf16 --limit 20 --out bench-out/int8
+    .venv/bin/python examples/experiments/sidecar_int8.py [--limit 5]     # records per source, both sets
+    .venv/bin/python examples/experiments/sidecar_int8.py --bench int8|bf16 --limit 20 --out bench-out/int8
 
 `--bench` runs `oospec bench --warm-tools`'s loop (ar, toolspec, oospec on `--limit` dev records, every
 wave run: `wave_payback=None`; the sidecar in a thread, in its default dtype or quantized to int8) and
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
 SETS = {"unseen": ("train-extra.jsonl", ["tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first"]),
         "dev": ("dev.jsonl", ["bfcl_simple", "bfcl_multiple", "apibank_l1"])}
 

@@ -6,7 +6,7 @@ round, so the counts do not depend on timing). It prints, per source, the target
 hint tokens the target accepted, beside `toolspec`'s forwards, and checks that every reply is
 token-identical to `toolspec`'s (lossless). docs/sidecar.md ("Required parameters") has the tables.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/required_slots.py --set unseen [--limit 40]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/required_slots.py --set unseen [--limit 40]
 
 Sets: the records `oospec bench` takes for `--limit N` (round-robin over sources, with calls only):
 `unseen` = the held-out sources of docs/training.md in train-extra.jsonl, `dev` = dev.jsonl.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
 SETS = {"unseen": ("train-extra.jsonl", ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first")),
         "dev": ("dev.jsonl", None)}
 

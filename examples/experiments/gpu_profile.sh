@@ -2,8 +2,8 @@
 # Cost tables of the shipped target configs on cuda:0 and of the embedded sidecar config on cuda:1 (cuda:0
 # with one GPU), then the projection of a committed CPU bench run's acceptance traces with each (#17).
 #
-#   examples/gpu_profile.sh                      # about 3-5 minutes on one H100/H200-class GPU
-#   RESULTS=bench-out/validate/results.json examples/gpu_profile.sh
+#   examples/experiments/gpu_profile.sh                      # about 3-5 minutes on one H100/H200-class GPU
+#   RESULTS=bench-out/validate/results.json examples/experiments/gpu_profile.sh
 #
 # Needs: one or two CUDA GPUs, torch and transformers 5.x, and this package's core imports (jsonschema:
 # `import oospec_agents` loads the engine). No weights, no model files, no network: every model is built
@@ -13,7 +13,7 @@
 #   CONTEXT=256,1024,4096  CONFIGS="qwen3-8b llama-3.1-8b qwen2.5-7b qwen3-32b"
 #   RESULTS=docs/reports/bench-validate-60-results.json  (a results.json of `oospec bench` with acceptance traces)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-bench-out/gpu-profile}

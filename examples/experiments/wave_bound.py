@@ -2,10 +2,10 @@
 against the bounded ones (`Wave(max_rows=..., top_tools=...)`), on the CPU. docs/sidecar.md, "Large tool
 sets", has the table this prints and the choice it led to.
 
-    OMP_NUM_THREADS=1 .venv/bin/python examples/wave_bound.py              # the timing table
-    OMP_NUM_THREADS=1 .venv/bin/python examples/wave_bound.py accuracy 30  # the function row on 30 records
-    OMP_NUM_THREADS=1 .venv/bin/python examples/wave_bound.py crossover    # one batch or two phases, by rows
-    OMP_NUM_THREADS=1 .venv/bin/python examples/wave_bound.py target       # the target's own prefill, same records
+    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/wave_bound.py              # the timing table
+    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/wave_bound.py accuracy 30  # the function row on 30 records
+    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/wave_bound.py crossover    # one batch or two phases, by rows
+    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/wave_bound.py target       # the target's own prefill, same records
 
 The embedded sidecar (SmolLM2-135M-Instruct and its adapter) in float32 on one thread, as the engine's
 sidecar thread runs on this CPU. `tool_choice="required"`. Every timed wave starts cold (its prefix
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
 KV_LIMIT_GB = 4.0
 VARIANTS = {"unbounded": dict(max_rows=10 ** 9), "bounded": dict(top_tools=0), "top-2": dict(top_tools=2)}
 

@@ -1,7 +1,7 @@
 """Do `ar`, `toolspec` and `oospec` give the same reply, with and without `deterministic=True`? And what
 does each mode cost? Side by side in one run, on one loaded target (docs/deterministic.md).
 
-    .venv/bin/python examples/deterministic_check.py --data ../shared/data/toolcalls/train-extra.jsonl \\
+    .venv/bin/python examples/experiments/deterministic_check.py --data ../shared/data/toolcalls/train-extra.jsonl \\
         --sources tooltalk,nestful,bfcl_multi_turn_base_first,callnavi --limit 40 --dtype bfloat16
 
 Per record, each mode (the order alternates per record, so that a machine's load drifts over both) decodes

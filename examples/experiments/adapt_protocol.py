@@ -1,7 +1,7 @@
 """#49's measurement protocol for one source of train-extra.jsonl: log the target's calls on the first
 60% of its records, `oospec adapt` on that log, and measure on the last 40%, before and after.
 
-    .venv/bin/python examples/adapt_protocol.py --source tooltalk --out adapt-out/tooltalk
+    .venv/bin/python examples/experiments/adapt_protocol.py --source tooltalk --out adapt-out/tooltalk
 
 1. Records: the source's, in file order (the converter's order: dialogue by dialogue), the first
    `--limit` of them. The first 60% are replayed through
@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toolcalls"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
 SHARE = 0.6
 
 

@@ -1,6 +1,6 @@
 """Compile and mask times of xgrammar 0.2.9 and llguidance 1.9.1 on the SmolLM2 tokenizer, interleaved
 (docs/strict.md). Needs both installed: pip install llguidance==1.9.1; pip install --no-deps xgrammar==0.2.9
-apache-tvm-ffi. Run from the repository root: python examples/strict_grammar_libraries.py"""
+apache-tvm-ffi. Run from the repository root: python examples/experiments/strict_grammar_libraries.py"""
 import json, statistics, time, sys
 import torch, llguidance, llguidance.hf, xgrammar as xgr
 from transformers import AutoTokenizer
