@@ -311,3 +311,9 @@ def _user_examples() -> set[str]:
     from sync_notebooks import TWINS
 
     return {*TWINS, "sync_notebooks"}
+
+
+def test_the_docs_index_names_every_page():
+    """docs/README.md gives the reading order: every guide in docs/ is in it, by link or by name."""
+    index = (DOCS / "README.md").read_text(encoding="utf-8")
+    assert not [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and p.name not in index]
