@@ -241,14 +241,15 @@ def python_names(code: str) -> list[tuple[str, str]]:
 
 def resolve(module: str, dotted: str) -> str | None:
     """None where `module` has `dotted`; else what is missing. A third-party package that is not
-    installed here is not checked (its own docs own its names)."""
+    installed here (an optional extra, or what one of our modules needs from it) is not checked."""
     import importlib
 
     try:
         obj = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        ours = module.split(".")[0] in {"oospec_agents", "langchain_oospec"} or module.startswith("llama_index.llms.oospec")
-        return f"no module {e.name}" if ours or (e.name or "").split(".")[0] != (e.name or "") else None
+    except ModuleNotFoundError as e:  # ours missing: stale; a third-party one (an extra) not installed: unchecked
+        missing = e.name or module
+        ours = missing.split(".")[0] in {"oospec_agents", "langchain_oospec"} or missing.startswith("llama_index.llms.oospec")
+        return f"no module {missing}" if ours else None
     for part in [p for p in dotted.split(".") if p]:
         if not hasattr(obj, part):
             try:
