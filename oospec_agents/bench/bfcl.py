@@ -6,14 +6,15 @@ Layout: `DIR/BFCL_v*_<category>.json` holds one question per line
 
 The conversion matches ../shared/data/toolcalls/README.md: BFCL types become JSON Schema types,
 `expected` takes the first acceptable value per argument, and an optional argument that may be ""
-is left out. Multi-turn, memory and web-search categories (which need an executor), questions without a ground
-truth (irrelevance) and files that hold no questions (v4's format_sensitivity, a list of ids) are
-skipped and counted.
+is left out. Multi-turn, memory and web-search categories (which need an executor), questions without
+a ground truth (irrelevance) and files that hold no questions (v4's format_sensitivity, a list of ids)
+are skipped and counted.
 
 `bfcl_data()` is the `bfcl-eval` package's copy of these files (`oospec bench --bfcl` with no DIR): the
 installed package's, else its wheel's, fetched once into the cache through pip without its ~60
-dependencies (oospec_agents/fetch.py). It is BFCL v4; ../shared/data/toolcalls/dev.jsonl took its BFCL
-records from BFCL v3 (../shared/data/toolcalls/README.md), so ids and a few questions differ.
+dependencies (oospec_agents/fetch.py). It is BFCL v4 as released on 2026-03-23; the project's own
+records (docs/own-model.md, "Where the shipped adapters' data came from") were converted from BFCL v4 at
+an earlier commit of its repository, so a few questions may differ.
 """
 from __future__ import annotations
 
