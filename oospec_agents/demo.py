@@ -175,7 +175,7 @@ def conditions(engine, shares: bool) -> dict:
     payback = "pay-back off" if engine.payback is None else "pay-back on (a first request runs the wave: no estimate yet)"
     return {"layout": f"{layout}; {payback}",
             "measured": f"one request; {engine.place.device.type}, {str(engine.target.dtype).removeprefix('torch.')}, "
-                        f"{torch.get_num_threads()} torch threads; {time.strftime('%Y-%m-%d', time.gmtime())}, "
+                        f"torch threads {torch.get_num_threads()}; {time.strftime('%Y-%m-%d', time.gmtime())}, "
                         f"git {git_commit() or 'unknown'}"}
 
 

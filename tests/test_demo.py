@@ -108,7 +108,7 @@ def test_run_prints_the_summary_of_a_real_engine(tiny, monkeypatch, capsys):
     assert out.startswith("oospec demo\n")
     assert "  target       tiny-llama (cpu, float32)\n  sidecar      none\n" in out
     assert "\n  layout       no sidecar; pay-back on (a first request runs the wave: no estimate yet)\n" in out
-    assert re.search(r"\n  measured     one request; cpu, float32, \d+ torch threads; \d{4}-\d\d-\d\d, git \S+\n", out)
+    assert re.search(r"\n  measured     one request; cpu, float32, torch threads \d+; \d{4}-\d\d-\d\d, git \S+\n", out)
     for method in demo.METHODS:
         assert f"\n  {method} " in out
     assert "lossless: every method's" in out  # float32: the tree methods equal ar token for token
