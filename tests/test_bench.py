@@ -511,3 +511,27 @@ def test_a_sampling_bench_draws_one_seed_per_record_for_every_method(tmp_path):
     assert "`--temperature 0.7`" in (tmp_path / "report.md").read_text()
     with pytest.raises(ValueError, match="engine's methods only"):
         run_bench(engine, records, BenchConfig(("ar", "prompt_lookup"), temperature=0.7, progress=False))
+
+
+def test_bench_with_bare_bfcl_reads_the_bfcl_eval_packages_data(monkeypatch, tmp_path):
+    """`oospec bench --bfcl` (no DIR) from a clone with no ../shared: BFCL's questions from the bfcl-eval
+    wheel, fetched through pip (without its ~60 dependencies) into a fresh cache, checked by its sha256."""
+    import importlib.util
+
+    from oospec_agents.bench import runner
+    from oospec_agents.bench.bfcl import BFCL_WHEEL
+    from oospec_agents.engine import Engine
+    if importlib.util.find_spec("bfcl_eval") is None:
+        monkeypatch.setenv("OOSPEC_CACHE", str(tmp_path / "cache"))  # the fetch itself, not an earlier run's copy
+    seen = {}
+
+    def bench(engine, records, config, **kw):
+        seen.update(records=records, data=kw["data"])
+        raise SystemExit(7)
+    monkeypatch.setattr(Engine, "from_pretrained", lambda *a, **kw: object())
+    monkeypatch.setattr(runner, "run_bench", bench)
+    with pytest.raises(SystemExit):
+        main(["bench", "--bfcl", "--sources", "bfcl_simple,bfcl_multiple", "--limit", "4", "--methods", "ar"])
+    assert [r["source"] for r in seen["records"]] == ["bfcl_multiple", "bfcl_simple"] * 2
+    assert all(r["expected"] and r["tools"] and r["messages"] for r in seen["records"])
+    assert seen["data"].startswith(BFCL_WHEEL.requirement)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import warnings
 
 import pytest
@@ -50,6 +51,17 @@ def test_the_summary_says_the_call_each_methods_figures_the_sources_and_that_it_
     assert "ready 0.48s after the request (65 B)" in text
     assert "lossless: every method's 24 tokens are identical to ar's" in text
     assert "NOT identical" not in text
+
+
+def test_end_to_end_counts_one_prefill_for_every_method_and_says_how_far_they_spread():
+    gens = _gens()
+    for method, prefill in (("ar", 4.16), ("toolspec", 3.80), ("oospec", 1.92)):
+        gens[method].stats.prefill_s = prefill
+    text = demo.summary("q", [demo.WEATHER_TOOL], "required", gens)
+    rows = {w[0]: w for w in map(str.split, text.splitlines()) if w[:1] in (["ar"], ["toolspec"], ["oospec"])}
+    assert rows["oospec"][-2:] == ["6.00x,", f"{(3.80 + 1.2) / (3.80 + 0.2):.2f}x"]  # not (4.16 + 1.2) / (1.92 + 0.2)
+    assert rows["oospec"][5] == "2.12s"  # the measured total stands beside
+    assert "the median 3.80s" in text and "the same 265-token prompt, in 1.92-4.16s" in text
 
 
 def test_the_summary_names_the_first_token_where_a_method_differs():
@@ -95,6 +107,8 @@ def test_run_prints_the_summary_of_a_real_engine(tiny, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.startswith("oospec demo\n")
     assert "  target       tiny-llama (cpu, float32)\n  sidecar      none\n" in out
+    assert "\n  layout       no sidecar; pay-back on (a first request runs the wave: no estimate yet)\n" in out
+    assert re.search(r"\n  measured     one request; cpu, float32, torch threads \d+; \d{4}-\d\d-\d\d, git \S+\n", out)
     for method in demo.METHODS:
         assert f"\n  {method} " in out
     assert "lossless: every method's" in out  # float32: the tree methods equal ar token for token

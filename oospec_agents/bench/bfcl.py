@@ -6,17 +6,39 @@ Layout: `DIR/BFCL_v*_<category>.json` holds one question per line
 
 The conversion matches ../shared/data/toolcalls/README.md: BFCL types become JSON Schema types,
 `expected` takes the first acceptable value per argument, and an optional argument that may be ""
-is left out. Multi-turn, memory and web-search categories (which need an executor) and questions
-without a ground truth (irrelevance) are skipped and counted.
+is left out. Multi-turn, memory and web-search categories (which need an executor), questions without
+a ground truth (irrelevance) and files that hold no questions (v4's format_sensitivity, a list of ids)
+are skipped and counted.
+
+`bfcl_data()` is the `bfcl-eval` package's copy of these files (`oospec bench --bfcl` with no DIR): the
+installed package's, else its wheel's, fetched once into the cache through pip without its ~60
+dependencies (oospec_agents/fetch.py). It is BFCL v4 as released on 2026-03-23; the project's own
+records (docs/own-model.md, "Where the shipped adapters' data came from") were converted from BFCL v4 at
+an earlier commit of its repository, so a few questions may differ.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
 from pathlib import Path
 
+from ..fetch import Wheel, unpacked
+
 log = logging.getLogger(__name__)
+
+#: the BFCL release `bfcl_data()` reads where the bfcl-eval package is not installed
+BFCL_WHEEL = Wheel("bfcl-eval==2026.3.23", "3bb6dfa5f0c68ad403c9ec50b00db2bb3b4cc9b38ab1ff33f48fe30d853d3a0a")
+
+
+def bfcl_data() -> Path:
+    """The `bfcl_eval/data` directory: the installed bfcl-eval package's (found, not imported: its
+    `__init__` needs its dependencies), else BFCL_WHEEL's, unpacked once into the cache."""
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is not None and spec.origin and (Path(spec.origin).parent / "data").is_dir():
+        return Path(spec.origin).parent / "data"
+    return unpacked(BFCL_WHEEL, "bfcl_eval/data/", error=ValueError)
 
 TYPE_MAP = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
 FILE_RE = re.compile(r"^BFCL_(v\d+)_(.+)\.json$")
@@ -30,8 +52,13 @@ def read_bfcl(directory: str | Path) -> list[dict]:
     records, skipped = [], 0
     for path in files:
         version, category = FILE_RE.match(path.name).groups()
+        try:
+            questions = _json_lines(path)
+        except ValueError:  # not one question a line
+            log.warning("BFCL: skipped %s, which holds no questions", path.name)
+            continue
         answers = {a["id"]: a["ground_truth"] for a in _json_lines(root / "possible_answer" / path.name)}
-        for q in _json_lines(path):
+        for q in questions:
             rec = _convert(q, answers.get(q.get("id")), version, category)
             if rec is None:
                 skipped += 1

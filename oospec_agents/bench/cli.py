@@ -14,8 +14,11 @@ def add_parser(sub, name):
     p = sub.add_parser(name, help="benchmark ar / hf_generate / prompt_lookup / assisted / toolspec / oospec / oracle / suffix",
                        description=__doc__, allow_abbrev=False)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", metavar="FILE.jsonl", help="records in the shared format (../shared/data/toolcalls)")
-    src.add_argument("--bfcl", metavar="DIR", help="BFCL's own data dir: BFCL_v*_*.json plus possible_answer/")
+    src.add_argument("--data", metavar="FILE.jsonl",
+                     help="your records, one JSON object a line (docs/own-model.md#records), e.g. a call log")
+    src.add_argument("--bfcl", metavar="DIR", nargs="?", const="",
+                     help="BFCL's own data dir (BFCL_v*_*.json plus possible_answer/); with no DIR, the bfcl-eval "
+                          "package's (installed, else its wheel fetched once through pip without its dependencies)")
     p.add_argument("--sources", default=None, metavar="A,B",
                    help="bench only the records of these sources (e.g. the unseen-tools sources of train-extra.jsonl)")
     p.add_argument("--limit", type=int, default=None, help="take N records, spread round-robin over sources")
@@ -147,7 +150,7 @@ def run(args):
                          warmup=not args.no_warmup, progress=not args.quiet, scenario=args.scenario,
                          strict=args.strict, temperature=args.temperature or None, seed=args.seed)
     results = run_bench(engine, records, config, assistant=assistant, assistant_tokenizer=assistant_tok,
-                        data=(args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else ""),
+                        data=_data_label(args) + (f" (sources {args.sources})" if args.sources else ""),
                         split_engine=split_engine)
     return _write(results, args, write_all)
 
@@ -166,10 +169,19 @@ def _records(args) -> list[dict]:
     """The records to bench: --data or --bfcl, only --sources' (a source with none is an error naming
     it), --limit of them spread over the sources."""
     from ..data import only_sources
-    from .bfcl import read_bfcl
+    from .bfcl import bfcl_data, read_bfcl
     from .records import load_records, spread
-    records = read_bfcl(args.bfcl) if args.bfcl else load_records(args.data)
-    return spread(only_sources(records, args.sources, args.bfcl or args.data) if args.sources else records, args.limit)
+    where = args.data if args.bfcl is None else args.bfcl or bfcl_data()
+    records = load_records(where) if args.bfcl is None else read_bfcl(where)
+    return spread(only_sources(records, args.sources, where) if args.sources else records, args.limit)
+
+
+def _data_label(args) -> str:
+    """Where the records came from, as results.json and the report name it."""
+    if args.bfcl is None:
+        return args.data
+    from .bfcl import BFCL_WHEEL
+    return args.bfcl or f"{BFCL_WHEEL.requirement} (the package's data)"
 
 
 def _engines(args):
@@ -214,7 +226,7 @@ def _check_sidecar(engine, sidecar) -> None:
     if sidecar is not False and engine.sidecar is None:
         # Without a sidecar `oospec` decodes as `toolspec`: a bench that compares them would say nothing.
         raise RuntimeError("method 'oospec' needs a sidecar, and none was loaded (see the warning above: is the "
-                           "'train' extra, with peft, installed?); pass --sidecar none to bench oospec without one")
+                           "'embedded' extra, with peft, installed?); pass --sidecar none to bench oospec without one")
 
 
 def run_agent(args):
@@ -224,7 +236,7 @@ def run_agent(args):
     from .agent_report import write_all
     from .agent_tools import Latency, recorded_results
 
-    if args.scenario != "cold" or args.server or args.strict or args.temperature or args.bfcl:
+    if args.scenario != "cold" or args.server or args.strict or args.temperature or args.bfcl is not None:
         raise ValueError("--agent runs its own episodes in process, greedy, on --data records: drop --warm-tools, "
                          "--agent-loop, --history, --server, --strict, --temperature and --bfcl")
     if args.tool_choice not in (None, "auto"):
@@ -343,7 +355,7 @@ def run_server(args):
     records = _records(args)
     results = run_server_bench(args.server, records, method=methods[0], tool_choice=args.tool_choice,
                                max_new_tokens=args.max_new_tokens, api_key=args.api_key,
-                               warmup=not args.no_warmup, progress=not args.quiet, data=args.bfcl or args.data)
+                               warmup=not args.no_warmup, progress=not args.quiet, data=_data_label(args))
     paths = write(results, args.out)
     if not args.quiet:
         print(paths["report"].read_text())
@@ -394,7 +406,7 @@ def run_load(args):
     config = LoadConfig(tuple(methods), tuple(args.concurrency), args.tool_choice or "required", args.max_new_tokens,
                         scenario=args.scenario, warmup=not args.no_warmup, progress=not args.quiet,
                         command=command)
-    data = (args.bfcl or args.data) + (f" (sources {args.sources})" if args.sources else "")
+    data = _data_label(args) + (f" (sources {args.sources})" if args.sources else "")
     if args.server:
         client = ServerClient(args.server, args.max_new_tokens, args.api_key)
         results = run_load_bench(None, records, config, data=data, client=client)

@@ -25,7 +25,8 @@ def device_name(device) -> str:
     return str(device)
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """This checkout's short commit, or None outside a git checkout (an installed wheel)."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                               cwd=Path(__file__).parent).stdout.strip() or None
@@ -61,5 +62,5 @@ def environment(engine, assistant=None) -> dict:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available() else [],
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
     }

@@ -1,4 +1,4 @@
-"""The shared tool-call records (see ../shared/data/toolcalls/README.md): read, then spread a limit."""
+"""Benchmark records (the format: docs/own-model.md#records): read, then spread a limit."""
 from __future__ import annotations
 
 from .. import data

@@ -53,9 +53,7 @@ def load_sidecar(ref, *, device, dtype, sidecar_adapter=None, sidecar_timeout_s:
     from .. import models
     where = place(device)
     placement = resolve_placement(sidecar_placement, where)
-    adapter = sidecar_adapter
-    if str(ref) == "embedded" and adapter is None and models.EMBEDDED_SIDECAR_ADAPTER.exists():
-        adapter = models.EMBEDDED_SIDECAR_ADAPTER
+    adapter = models.sidecar_adapter(ref, sidecar_adapter)
     threads = len(where.cores) if where.cores else sidecar_threads
     spec = WorkerSpec(str(ref), str(where.device), dtype, None if adapter is None else str(adapter),
                       sidecar_max_row_tokens, sidecar_prefix_cache_tokens, threads, sidecar_max_rows,
