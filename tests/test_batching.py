@@ -1,5 +1,5 @@
-"""Concurrent replies share each target forward (#58, batching.py): every reply in a batch is the reply
-the same request gets alone, whatever else is decoding beside it."""
+"""Concurrent replies share each target forward (#58: batching.py schedules, batch_attention.py attends):
+every reply in a batch is the reply the same request gets alone, whatever else is decoding beside it."""
 import threading
 import time
 
@@ -8,7 +8,8 @@ import torch
 
 from oospec_testing import greedy, tiny_model
 from oospec_agents import Engine
-from oospec_agents.batching import Batcher, Job, Row
+from oospec_agents.batch_attention import TreeRow
+from oospec_agents.batching import Batcher, Job
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -185,7 +186,7 @@ def test_an_abandoned_stream_does_not_hold_up_the_others(engine):
 # ---------------------------------------------------------------- the rendezvous alone, on a fake forward
 
 def fake_row(n):
-    return lambda: Row(list(range(n)), list(range(n)), None, lambda: torch.zeros(1))
+    return lambda: TreeRow(list(range(n)), list(range(n)), None, lambda: torch.zeros(1))
 
 
 def test_verify_jobs_of_waiting_replies_share_one_forward_up_to_max_batch():
