@@ -60,7 +60,7 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
     app = FastAPI(title="oospec serve", lifespan=lifespan)
     app.state.oospec = state
     install_error_handlers(app)
-    admin.install(app, state, api_key=api_key, adapter_root=adapter_root, on_swap=on_adapter_swap)
+    admin.install(app, api_key=api_key, adapter_root=adapter_root, on_swap=on_adapter_swap)
     app.include_router(routes.router)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, metrics=state.metrics,
                        chat_path=CHAT_PATH)
