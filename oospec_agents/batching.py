@@ -1,6 +1,6 @@
 """Concurrent replies share each target forward (#58): who runs the target next.
 
-Every reply keeps its own state (`engine._Reply`), its own KV cache and its own thread; only the target
+Every reply keeps its own state (engine.py), its own KV cache and its own thread; only the target
 forward is shared. A reply that wants the target hands its `Seat` a job and waits:
 
     verify job     one reply's draft tree on its own cache: batchable. The verify jobs of every reply

@@ -39,6 +39,9 @@ class QueuedReply(Bridge):
 
 
 class Scheduler:
+    """The queue in front of one engine: `submit` places a reply's event iterator (or refuses it, a 429),
+    `max_batch` workers decode the oldest ones, `waiting` is the depth (`on_depth` is told every change)."""
+
     def __init__(self, max_queue: int, on_depth: Callable[[int], None] = lambda n: None, max_batch: int = 1):
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
