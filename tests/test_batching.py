@@ -80,6 +80,27 @@ def test_every_reply_in_a_batch_is_its_reply_alone(engine, method):
     assert all(len(g.stats.batch_sizes) == len(g.stats.rounds) for g in batched)
 
 
+def test_a_target_on_the_exact_prefills_attention_batches_too(smollm2_tokenizer):
+    """attention_registry.py: every attention implementation of ours hands a batched round's keys to the
+    round's own attention, so a target switched to the exact prefill's (deterministic.py; the engine's
+    default on a bf16 CPU) batches its replies as one on batch_attention.py's does, each reply still
+    transformers' greedy decoding of its prompt."""
+    from oospec_agents import attention_registry
+    from oospec_agents import deterministic as det
+    model = tiny_model("llama", smollm2_tokenizer)
+    assert det.install_exact_attention(model)
+    engine = Engine(model, smollm2_tokenizer, model_name="tiny-llama-exact")
+    assert engine.batching_refusal is None
+    assert attention_registry.implementation(model) == det.EXACT_ATTENTION  # not switched back to ours
+    questions = QUESTIONS[:6]
+    out = together([lambda q=q: engine.generate(ask(q), [WEATHER], method="toolspec", max_new_tokens=24)
+                    for q in questions])
+    for q, g in zip(questions, out):
+        assert not isinstance(g, BaseException), g
+        assert g.token_ids == greedy(engine, engine.prompt_ids(ask(q), [WEATHER]), 24)[:len(g.token_ids)]
+    assert max(s for g in out for s in g.stats.batch_sizes) > 1
+
+
 def test_a_mixed_batch_keeps_each_requests_own_settings(engine):
     """Strict, sampling (each its own seed), a stop string, logprobs, a prediction and a forced call, in
     one batch: each greedy one is what it is alone. A sampled reply keeps its distribution

@@ -34,11 +34,14 @@ _HIDDEN_STATS = ("margins", "sidecar_profile", "rounds")
 
 
 class StreamOptions(BaseModel):
+    """`stream_options`: `include_usage` ends a stream with the usage chunk."""
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
+    """`POST /v1/chat/completions` as we accept it: OpenAI's fields, vLLM's sampling and template fields,
+    and our `method`. What is refused is `check_request`'s; what the engine gets, `to_chat_request`'s."""
     model_config = ConfigDict(extra="allow")
 
     model: str

@@ -4,8 +4,8 @@ folded into what the API sends, streamed as server-sent events or collected into
 A `Fold` is one request's reply as its API writes it (chat_output.py's `ChatFold`, responses_output.py's
 `ResponsesFold`): `apply(event)` folds in one engine event (its Generations too) and returns what to
 send now, so a non-streamed body is exactly the aggregate of the streamed events. `answer` is the
-routes' one way to reply: a stream (`stream`), or the body once every event is in (`collect`), with the
-client's leaving turned into a cancelled job either way.
+routes' one way to reply: a stream (`events`), or the body once every event is in (`collect`), with the
+client's leaving turned into a cancelled reply either way.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi.responses import Response, StreamingResponse
 
 from ..engine import Generation
+from .scheduler import QueuedReply
 
 log = logging.getLogger("oospec.serve")
 
@@ -63,43 +64,45 @@ class Fold:
         raise NotImplementedError
 
 
-async def answer(job, fold: Fold, finished: Callable[[Generation], None], stream: bool, request):
-    """A queued request's reply: its stream, or (not streamed) its body; `finished(gen)` is called per
-    choice that ended. A client that leaves before a body is ready gets a 499 (nobody reads it)."""
+async def answer(queued: QueuedReply, fold: Fold, finished: Callable[[Generation], None], stream: bool,
+                 request):
+    """The reply to a `queued` request (scheduler.py): its stream, or (not streamed) its body;
+    `finished(gen)` is called per choice that ended. A client that leaves before a body is ready gets a
+    499 (nobody reads it)."""
     if stream:
-        return StreamingResponse(events(job, fold, finished), media_type="text/event-stream",
+        return StreamingResponse(events(queued, fold, finished), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    if not await collect(job, fold, request):
+    if not await collect(queued, fold, request):
         return Response(status_code=499)
     for gen in fold.gens:
         finished(gen)
     return fold.body()
 
 
-async def collect(job, fold: Fold, request) -> bool:
-    """Every event of a non-streamed reply folded in; False when the client left before the end (the
-    job is then cancelled)."""
+async def collect(queued: QueuedReply, fold: Fold, request) -> bool:
+    """Every event of a non-streamed reply folded in; False when the client left before the end (its
+    reply is then cancelled)."""
     async def watch():
         while not await request.is_disconnected():
             await asyncio.sleep(0.25)
-        job.cancel()
+        queued.cancel()
 
     watcher = asyncio.create_task(watch())
     try:
-        async for item in job.events():
+        async for item in queued.events():
             fold.apply(item)
     finally:
         watcher.cancel()
     return fold.complete
 
 
-async def events(job, fold: Fold, finished: Callable[[Generation], None]) -> AsyncIterator[str]:
+async def events(queued: QueuedReply, fold: Fold, finished: Callable[[Generation], None]) -> AsyncIterator[str]:
     """A streamed reply's server-sent events. The client leaving closes this generator, and with it the
-    job's events: the job is cancelled."""
+    queued reply's events: it is cancelled."""
     for event in fold.opening():
         yield fold.encode(event)
     try:
-        async for item in job.events():
+        async for item in queued.events():
             if isinstance(item, Generation):
                 finished(item)
             for event in fold.apply(item):
