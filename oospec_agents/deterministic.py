@@ -53,8 +53,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from . import batching
-from .batching import BATCH_ATTENTION
+from . import attention_registry
 
 #: query rows of a decode forward are a multiple of this (fewer than 4 rows take other attention kernels)
 ROW_QUANTUM = 8
@@ -194,12 +193,12 @@ def exact_prefill_refusal(model, windows) -> str | None:
     transformers' `sdpa`, for full attention."""
     from .models import cpu_supports_bf16
     device, dtype = next(model.parameters()).device, model.dtype
-    attn = getattr(model.config.get_text_config(decoder=True), "_attn_implementation", None)
+    attn = attention_registry.implementation(model)
     if device.type != "cpu" or dtype != torch.bfloat16:
         return f"measured for bf16 on the CPU only (this target: {dtype} on {device.type})"
     if not cpu_supports_bf16():
         return "measured where the CPU computes bf16 natively (AVX512-BF16 or AMX); this one emulates it"
-    if attn not in ("sdpa", EXACT_ATTENTION, BATCH_ATTENTION):
+    if not attention_registry.computes_sdpa(attn):
         return f"measured for the sdpa attention only (this target: {attn})"
     if any(w is not None for w in windows.values()):
         return "a sliding-window layer"
@@ -210,16 +209,10 @@ def install_exact_attention(model) -> bool:
     """Make the target's attention `EXACT_ATTENTION`: transformers' `sdpa`, unchanged, except inside
     `exact_attention()` (this thread's prefill forwards) and `decode_attention()` (its deterministic
     decode forwards), where `_exact_sdpa` computes it. False where
-    the model did not take it (a model that cannot switch its attention)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-    if EXACT_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(EXACT_ATTENTION, _exact_sdpa)
-        AttentionMaskInterface.register(EXACT_ATTENTION, AttentionMaskInterface._global_mapping["sdpa"])
-    text = model.config.get_text_config(decoder=True)
-    if text._attn_implementation != EXACT_ATTENTION:
-        model.set_attn_implementation(EXACT_ATTENTION)
-    return text._attn_implementation == EXACT_ATTENTION
+    the model did not take it (a model that cannot switch its attention). Registered through
+    attention_registry.py, it passes a batched round's keys on to the round (batch_attention.py)."""
+    attention_registry.register(EXACT_ATTENTION, _exact_sdpa)
+    return attention_registry.switch(model, EXACT_ATTENTION)
 
 
 @contextmanager
@@ -260,10 +253,9 @@ def _exact_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
     explicit mask; the two give the same bits per row (measured; `tests/test_prefix_cache.py`).
 
     Inside `decode_attention()` (a deterministic decode forward) it is torch's kernel on the forward's
-    keys and mask as they come, with `enable_gqa`."""
+    keys and mask as they come, with `enable_gqa`. (A batched round's keys never reach it: the registry
+    hands them to the round, attention_registry.py.)"""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    if isinstance(key, batching.RaggedKV):  # a batched round (batching.py): each row over its own keys
-        return batching.round_attention(module, query, key, value, **kwargs)
     unsupported = {k for k in ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
                    if kwargs.get(k) is not None}
     if getattr(_exact, "decode", False) and not getattr(_exact, "on", False) and not unsupported \

@@ -1,5 +1,5 @@
-"""Concurrent replies share each target forward (#58, batching.py): every reply in a batch is the reply
-the same request gets alone, whatever else is decoding beside it."""
+"""Concurrent replies share each target forward (#58: batching.py schedules, batch_attention.py attends):
+every reply in a batch is the reply the same request gets alone, whatever else is decoding beside it."""
 import threading
 import time
 
@@ -8,7 +8,8 @@ import torch
 
 from oospec_testing import greedy, tiny_model
 from oospec_agents import Engine
-from oospec_agents.batching import Batcher, Job, Row
+from oospec_agents.batch_attention import TreeRow
+from oospec_agents.batching import Batcher, Job
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -77,6 +78,27 @@ def test_every_reply_in_a_batch_is_its_reply_alone(engine, method):
     assert max(sizes) > 1, "no round was shared: the replies did not decode at the same time"
     assert all(1 <= s <= 8 for s in sizes)
     assert all(len(g.stats.batch_sizes) == len(g.stats.rounds) for g in batched)
+
+
+def test_a_target_on_the_exact_prefills_attention_batches_too(smollm2_tokenizer):
+    """attention_registry.py: every attention implementation of ours hands a batched round's keys to the
+    round's own attention, so a target switched to the exact prefill's (deterministic.py; the engine's
+    default on a bf16 CPU) batches its replies as one on batch_attention.py's does, each reply still
+    transformers' greedy decoding of its prompt."""
+    from oospec_agents import attention_registry
+    from oospec_agents import deterministic as det
+    model = tiny_model("llama", smollm2_tokenizer)
+    assert det.install_exact_attention(model)
+    engine = Engine(model, smollm2_tokenizer, model_name="tiny-llama-exact")
+    assert engine.batching_refusal is None
+    assert attention_registry.implementation(model) == det.EXACT_ATTENTION  # not switched back to ours
+    questions = QUESTIONS[:6]
+    out = together([lambda q=q: engine.generate(ask(q), [WEATHER], method="toolspec", max_new_tokens=24)
+                    for q in questions])
+    for q, g in zip(questions, out):
+        assert not isinstance(g, BaseException), g
+        assert g.token_ids == greedy(engine, engine.prompt_ids(ask(q), [WEATHER]), 24)[:len(g.token_ids)]
+    assert max(s for g in out for s in g.stats.batch_sizes) > 1
 
 
 def test_a_mixed_batch_keeps_each_requests_own_settings(engine):
@@ -185,7 +207,7 @@ def test_an_abandoned_stream_does_not_hold_up_the_others(engine):
 # ---------------------------------------------------------------- the rendezvous alone, on a fake forward
 
 def fake_row(n):
-    return lambda: Row(list(range(n)), list(range(n)), None, lambda: torch.zeros(1))
+    return lambda: TreeRow(list(range(n)), list(range(n)), None, lambda: torch.zeros(1))
 
 
 def test_verify_jobs_of_waiting_replies_share_one_forward_up_to_max_batch():

@@ -17,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any, Callable
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import AdapterError
 from .errors import ServeError
 
 ADAPTER_PATH = "/v1/oospec/sidecar-adapter"
+
+router = APIRouter()
 
 
 class AdapterRequest(BaseModel):
@@ -42,14 +45,17 @@ def under_root(path: str, root: Path) -> Path:
     return real
 
 
-def install(app: FastAPI, state, *, api_key: str | None, adapter_root: str | None, on_swap=None) -> None:
-    """Add the admin route to `app` (create_app's, whose `state` holds the engine). `on_swap(path)`, where
-    given, tells the other replicas (ray_app.py): the reply's `all_replicas` says whether it was given."""
-    root = None if adapter_root is None else Path(adapter_root).expanduser().resolve()
+class Admin:
+    """The admin route's settings, as create_app was given them: the API key (none: the route answers
+    403), the adapter root, and `on_swap(path)`, which tells the other replicas (ray_app.py)."""
 
-    def sidecar():
-        """The engine's sidecar, once the call may touch it."""
-        if not api_key:
+    def __init__(self, api_key: str | None, adapter_root: str | None, on_swap: Callable[[str], Any] | None):
+        self.api_key, self.on_swap = api_key, on_swap
+        self.root = None if adapter_root is None else Path(adapter_root).expanduser().resolve()
+
+    def engine(self, state):
+        """The engine whose sidecar the call may touch (`state`: the app's ServerState)."""
+        if not self.api_key:
             raise ServeError(403, f"{ADAPTER_PATH} is served only when the server has an API key (--api-key): "
                                   "without one anybody could swap the sidecar's adapter", code="admin_disabled")
         engine = state.ready_engine()
@@ -58,30 +64,42 @@ def install(app: FastAPI, state, *, api_key: str | None, adapter_root: str | Non
                              code="no_sidecar")
         return engine
 
-    def described(engine, **more) -> dict:
-        return {"object": "oospec.sidecar_adapter", "sidecar": engine.sidecar.name,
-                "adapter": engine.sidecar.describe().get("adapter"), "replica": state.replica, **more}
 
-    @app.get(ADAPTER_PATH)
-    async def current_adapter():
-        return described(sidecar())
+def install(app: FastAPI, *, api_key: str | None, adapter_root: str | None, on_swap=None) -> None:
+    """Add the admin route to `app` (create_app's, whose `app.state.oospec` holds the engine). `on_swap(path)`,
+    where given, tells the other replicas (ray_app.py): the reply's `all_replicas` says whether it was given."""
+    app.state.oospec_admin = Admin(api_key, adapter_root, on_swap)
+    app.include_router(router)
 
-    @app.post(ADAPTER_PATH)
-    async def load_adapter(req: AdapterRequest):
-        engine = sidecar()
-        if root is None:
-            raise ServeError(403, "this server loads no adapter at run time: start it with --adapter-root DIR to "
-                                  "allow adapter directories under DIR", param="path", code="no_adapter_root")
-        path = under_root(req.path, root)
-        before, t0 = engine.sidecar.name, time.perf_counter()
-        try:
-            await asyncio.to_thread(engine.load_sidecar_adapter, path)
-        except AdapterError as e:
-            raise ServeError(400, f"{e}; the sidecar keeps {before!r}", param="path", code="invalid_adapter")
-        except Exception as e:  # a worker that died or ran out of memory loading it: the old adapter stays too
-            raise ServeError(500, f"the sidecar could not load adapter {str(path)!r}: {type(e).__name__}: {e}; it "
-                                  f"keeps {before!r}", code="adapter_load_failed")
-        if on_swap is not None:
-            on_swap(str(path))
-        return described(engine, previous=before, load_s=round(time.perf_counter() - t0, 3),
-                         all_replicas=on_swap is not None)
+
+def described(engine, replica: str, **more) -> dict:
+    return {"object": "oospec.sidecar_adapter", "sidecar": engine.sidecar.name,
+            "adapter": engine.sidecar.describe().get("adapter"), "replica": replica, **more}
+
+
+@router.get(ADAPTER_PATH)
+async def current_adapter(request: Request):
+    state = request.app.state.oospec
+    return described(request.app.state.oospec_admin.engine(state), state.replica)
+
+
+@router.post(ADAPTER_PATH)
+async def load_adapter(req: AdapterRequest, request: Request):
+    state, admin = request.app.state.oospec, request.app.state.oospec_admin
+    engine = admin.engine(state)
+    if admin.root is None:
+        raise ServeError(403, "this server loads no adapter at run time: start it with --adapter-root DIR to "
+                              "allow adapter directories under DIR", param="path", code="no_adapter_root")
+    path = under_root(req.path, admin.root)
+    before, t0 = engine.sidecar.name, time.perf_counter()
+    try:
+        await asyncio.to_thread(engine.load_sidecar_adapter, path)
+    except AdapterError as e:
+        raise ServeError(400, f"{e}; the sidecar keeps {before!r}", param="path", code="invalid_adapter")
+    except Exception as e:  # a worker that died or ran out of memory loading it: the old adapter stays too
+        raise ServeError(500, f"the sidecar could not load adapter {str(path)!r}: {type(e).__name__}: {e}; it "
+                              f"keeps {before!r}", code="adapter_load_failed")
+    if admin.on_swap is not None:
+        admin.on_swap(str(path))
+    return described(engine, state.replica, previous=before, load_s=round(time.perf_counter() - t0, 3),
+                     all_replicas=admin.on_swap is not None)

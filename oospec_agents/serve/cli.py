@@ -18,7 +18,8 @@ def add_parser(sub, name):
     p.add_argument("--model", default="embedded", help="the target: HF id, local dir, GGUF file, or 'embedded'")
     side = p.add_mutually_exclusive_group()
     side.add_argument("--sidecar", default=None, help="sidecar model (default: the embedded one, for every target)")
-    side.add_argument("--no-sidecar", action="store_true", help="load no sidecar: method 'oospec' decodes as 'toolspec'")
+    side.add_argument("--no-sidecar", action="store_true",
+                      help="load no sidecar: method 'oospec' decodes as 'toolspec'")
     p.add_argument("--served-model-name", default=None,
                    help="the id clients pass as `model` (default: the --model value)")
     p.add_argument("--sidecar-adapter", default=None, metavar="DIR",

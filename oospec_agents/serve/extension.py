@@ -17,7 +17,7 @@
   target cannot call them), as in the engine.
 
 This module owns the extension's reading (`Extension.of`: a bad value is a 400 naming the field,
-e.g. `oospec.predicted_calls`) and its wire shapes (`Predictions`); app.py and responses.py send them.
+e.g. `oospec.predicted_calls`) and its wire shapes (`Predictions`); chat_output.py and responses_output.py send them.
 """
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 
 
 class Metrics:
+    """One app's Prometheus metrics (`/metrics`): requests by status, tokens, forwards, accepted drafts by
+    source, hints in time or late, sidecar faults, queue depth, time to first token, request seconds."""
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self):
@@ -18,13 +20,14 @@ class Metrics:
         self.prompt_tokens = Counter("oospec_prompt_tokens", "Prompt tokens of served replies", registry=r)
         self.generated_tokens = Counter("oospec_generated_tokens", "Tokens the target committed", registry=r)
         self.target_forwards = Counter("oospec_target_forwards", "Target forward passes", registry=r)
-        self.accepted = Counter("oospec_accepted_tokens", "Tokens committed without a target forward of their own, by source: drafts the target accepted, and (grammar) tokens a strict grammar forced",
+        self.accepted = Counter("oospec_accepted_tokens", "Tokens committed without a target forward of their own, "
+                                "by source: drafts the target accepted, and (grammar) tokens a strict grammar forced",
                                 ["source"], registry=r)
         self.hints = Counter("oospec_hints", "Sidecar hints asked for: in time (used while the reply was "
                              "decoded) or late (the reply ended first)", ["arrival"], registry=r)
         self.sidecar_faults = Counter("oospec_sidecar_faults", "Sidecar faults (the target decodes on without "
                                       "the hint)", registry=r)
-        self.queue_depth = Gauge("oospec_queue_depth", "Requests waiting behind the one being decoded", registry=r)
+        self.queue_depth = Gauge("oospec_queue_depth", "Requests waiting behind the ones being decoded", registry=r)
         self.ttft = Histogram("oospec_time_to_first_token_seconds", "From request to its first content or "
                               "tool-call event", buckets=_LATENCY_BUCKETS, registry=r)
         self.latency = Histogram("oospec_request_seconds", "Whole chat completion requests",

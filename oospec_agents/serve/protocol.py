@@ -1,10 +1,12 @@
-"""The OpenAI Chat Completions request as we accept it, and the bodies we answer with.
+"""The wire protocol: the requests we accept (`ChatCompletionRequest`, and the Responses API's
+`ResponsesRequest`), the 400s a chat request gets before the engine runs (`check_request`), and the
+`oospec` object that closes every reply of both APIs (`oospec_object`).
 
-This module owns the wire format: the request model, the checks that answer a 400 before the engine
-runs (`refuse_sampling`, `refuse_unserved`, `check_tools`, `check_tool_messages`), the request's
-sampling settings as the engine takes them (`sampling`), and `Completion`, whose `Reply`s (one per
-choice, `n`) turn the engine's events into chunks and the same replies' body. Which tool calls a reply
-keeps (`parallel_tool_calls`) is the front-ends' one rule, `frontend.ParallelToolCalls`.
+As in vLLM's server, this module is the one place where the wire meets the engine:
+`ChatCompletionRequest.to_chat_request` turns a request's fields into the front-ends' one request,
+`frontend.ChatRequest`. A Responses request is translated into a chat request first
+(responses_request.py). How events become chunks is chat_output.py's and responses_output.py's; the
+routes (routes.py) only join these.
 
 Fields we do not use (`user`, `metadata`, `store`, ...) are accepted and ignored. Sampling is served
 as the engine serves it, keeping the target's distribution: `temperature`, `top_p`, `seed`, `n`,
@@ -19,27 +21,27 @@ stream, `message.reasoning_content` in the body; `chat_template_kwargs` (vLLM's 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS
 from ..errors import SamplingError
-from ..frontend import PENALTIES, CallsSoFar, ParallelToolCalls, Usage, call_problems, check_penalties, choice_count, \
-    openai_logprobs
+from ..frontend import PENALTIES, ChatRequest, call_problems, check_penalties, choice_count, openai_logprobs
 
 #: stats not worth a line in every response
 _HIDDEN_STATS = ("margins", "sidecar_profile", "rounds")
 
 
 class StreamOptions(BaseModel):
+    """`stream_options`: `include_usage` ends a stream with the usage chunk."""
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
+    """`POST /v1/chat/completions` as we accept it: OpenAI's fields, vLLM's sampling and template fields,
+    and our `method`. What is refused is `check_request`'s; what the engine gets, `to_chat_request`'s."""
     model_config = ConfigDict(extra="allow")
 
     model: str
@@ -76,6 +78,51 @@ class ChatCompletionRequest(BaseModel):
     #: oospec's own field: the decoding method (all three give the same tokens; only the speed differs)
     method: Literal[METHODS] | None = None  # type: ignore[valid-type]
 
+    def to_chat_request(self, method: str, speculative_tools: dict | None = None) -> ChatRequest:
+        """The engine's request for this one (checked by `check_request`): the one place where the
+        server's wire fields become a `frontend.ChatRequest`. `method` is the request's or the server's;
+        `speculative_tools` the `oospec` extension's (extension.py)."""
+        chat = ChatRequest(self.messages, self.tools, self.tool_choice or "auto", method=method,
+                           stop=[self.stop] if isinstance(self.stop, str) else self.stop,
+                           response_format=self.response_format, prediction=self.prediction,
+                           chat_template_kwargs=self.chat_template_kwargs, reasoning_effort=self.reasoning_effort,
+                           speculative_tools=speculative_tools, **sampling(self))
+        if self.max_completion_tokens or self.max_tokens:
+            chat.max_new_tokens = self.max_completion_tokens or self.max_tokens
+        return chat
+
+
+class ResponsesRequest(BaseModel):
+    """`POST /v1/responses` as we accept it (what is served: responses_request.py). Fields we do not use
+    (`user`, `metadata`, `service_tier`, `prompt_cache_key`, `safety_identifier`, `max_tool_calls`, ...)
+    are accepted and ignored."""
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None          # refused: no logprobs in a response here
+    text: dict[str, Any] | None = None       # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    store: bool | None = None                # nothing is stored, whatever it says
+    previous_response_id: str | None = None  # refused: nothing is stored
+    conversation: Any = None                 # refused: nothing is stored
+    background: bool | None = None           # refused when true
+    prompt: Any = None                       # refused: no stored prompt templates
+    reasoning: dict[str, Any] | None = None  # {"effort": "low" | "medium" | "high", "summary": ignored}
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: arguments of the chat template
+    include: list[str] | None = None
+    truncation: str | None = None            # "disabled" (the default); "auto" is refused
+    metadata: dict[str, Any] | None = None   # echoed in the response
+    #: oospec's own field: the decoding method (all three give the same tokens; only the speed differs)
+    method: Literal[METHODS] | None = None  # type: ignore[valid-type]
+
 
 class RequestError(ValueError):
     """A request the server understands but will not serve; `param` names the field."""
@@ -83,6 +130,14 @@ class RequestError(ValueError):
     def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param, self.code = param, code
+
+
+def check_request(req: ChatCompletionRequest) -> None:
+    """Every check a chat request gets before the engine sees it; the first that fails is a 400."""
+    refuse_sampling(req)
+    refuse_unserved(req)
+    check_tools(req)
+    check_tool_messages(req)
 
 
 def refuse_sampling(req: ChatCompletionRequest) -> None:
@@ -189,126 +244,3 @@ def oospec_object(gen, calls: list[dict], replica: str) -> dict:
     index = {c["id"]: i for i, c in enumerate(calls)}
     failures = [{"index": index.get(c["id"]), **c} for c in call_problems(gen)]
     return {"replica": replica, "stats": json.loads(json.dumps(stats, default=str)), "schema_failures": failures}
-
-
-class Completion:
-    """One request's replies, `n` choices of one id: each `Reply` folds its choice's events in. The
-    stream's role chunks, its usage chunk, and the body with every choice are the completion's."""
-
-    def __init__(self, model: str, replica: str, n: int = 1, parallel_tool_calls: bool | None = None,
-                 logprobs: bool = False):
-        self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.model, self.replica = model, replica
-        self.replies = [Reply(model, replica, ParallelToolCalls.openai(parallel_tool_calls), index=i,
-                              logprobs=logprobs, completion=self) for i in range(n)]
-
-    def first_chunks(self) -> list[dict]:
-        return [reply.first_chunk() for reply in self.replies]
-
-    def usage_chunk(self, gens: list) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [], "usage": Usage.of_choices(gens).openai()}
-
-    def body(self, gens: list) -> dict:
-        """The whole reply: a choice per Generation, usage over them all (the prompt counted once), and
-        the `oospec` object of choice 0, with one per choice under `"choices"` when there are several."""
-        extra = oospec_object(gens[0], self.replies[0].calls, self.replica)
-        if len(gens) > 1:
-            extra["choices"] = [oospec_object(gen, reply.calls, self.replica)
-                                for reply, gen in zip(self.replies, gens)]
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [reply.choice(gen) for reply, gen in zip(self.replies, gens)],
-                "usage": Usage.of_choices(gens).openai(), "oospec": extra}
-
-
-class Reply:
-    """One choice as it is sent: the chunks of a stream, or (aggregated from the same events) its part
-    of the body. With `logprobs`, a streamed round's log-probabilities go in the chunk of that round's
-    last text or call delta (`hold`/`logprobs`), as OpenAI sends a token's logprobs with its text."""
-
-    def __init__(self, model: str, replica: str, parallel: ParallelToolCalls | None = None, *, index: int = 0,
-                 logprobs: bool = False, completion: Completion | None = None):
-        self.id = completion.id if completion else "chatcmpl-" + uuid.uuid4().hex[:24]
-        self.created = completion.created if completion else int(time.time())
-        self.model = model
-        self.replica = replica
-        self.index = index
-        self.parallel = parallel or ParallelToolCalls()  # parallel_tool_calls=false: the first call only
-        self.wants_logprobs = logprobs
-        self.content = ""
-        self.reasoning = ""                     # the reasoning sent so far
-        self.logprobs_content: list[dict] = []  # every entry sent, with logprobs asked for
-        self._calls = CallsSoFar()
-        self._held: dict | None = None          # a chunk waiting for its round's logprobs
-
-    @property
-    def calls(self) -> list[dict]:
-        """{"id", "name", "arguments": JSON text as generated} per call sent."""
-        return self._calls.calls
-
-    def chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": self.index, "delta": delta, "finish_reason": finish_reason}], **extra}
-
-    def first_chunk(self) -> dict:
-        return self.chunk({"role": "assistant", "content": ""})
-
-    def text(self, text: str) -> dict:
-        self.content += text
-        return self.chunk({"content": text})
-
-    def reason(self, text: str) -> dict:
-        self.reasoning += text
-        return self.chunk({"reasoning_content": text})
-
-    def tool_call(self, ev) -> dict | None:
-        """The chunk for one ToolCallDelta (None when it belongs to a call that is not kept)."""
-        if not self.parallel.keeps(ev):
-            return None
-        self._calls.feed(ev)
-        if ev.id is not None:  # a call's first event: its id and whole name
-            fn = {"name": ev.name or "", "arguments": ev.arguments}
-            return self.chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function", "function": fn}]})
-        return self.chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})
-
-    def hold(self, chunk: dict | None) -> list[dict]:
-        """The chunks to send now, given a text or call chunk: with logprobs asked for, the chunk is held
-        until its round's `LogprobsDelta` (the one before it goes out); otherwise it goes at once."""
-        if chunk is None:
-            return []
-        if not self.wants_logprobs:
-            return [chunk]
-        sent, self._held = self.release(), chunk
-        return sent
-
-    def logprobs(self, ev) -> list[dict]:
-        """The chunk that carries a round's log-probabilities: the held chunk, or one with an empty delta."""
-        self.logprobs_content += ev.content
-        chunk, self._held = self._held or self.chunk({}), None
-        chunk["choices"][0]["logprobs"] = {"content": ev.content, "refusal": None}
-        return [chunk]
-
-    def release(self) -> list[dict]:
-        held, self._held = self._held, None
-        return [] if held is None else [held]
-
-    def last_chunk(self, gen) -> dict:
-        return self.chunk({}, gen.finish_reason, oospec=oospec_object(gen, self.calls, self.replica))
-
-    def choice(self, gen) -> dict:
-        """This choice in the body: its message (with `reasoning_content` where the reply reasoned),
-        finish_reason and logprobs."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.content or (None if self.calls else "")}
-        if self.reasoning:
-            message["reasoning_content"] = self.reasoning
-        if self.calls:
-            message["tool_calls"] = [{"id": c["id"], "type": "function",
-                                      "function": {"name": c["name"] or "", "arguments": c["arguments"]}}
-                                     for c in self.calls]
-        logprobs = {"content": gen.logprobs or [], "refusal": None} if self.wants_logprobs else None
-        return {"index": self.index, "message": message, "finish_reason": gen.finish_reason, "logprobs": logprobs}
-
-
-def sse(obj: dict | str) -> str:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"

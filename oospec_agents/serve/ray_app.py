@@ -1,7 +1,8 @@
 """The same app as Ray Serve replicas: each replica loads one engine (its own target and sidecar) and
 serves the FastAPI app as its ingress. With `sidecar_placement="ray"` a replica's sidecar is an actor
-of its own (sidecar/ray_actor.py), which Ray may place on another GPU or node. Ray places the replicas on whichever nodes have the resources
-and spreads requests over them behind one address; nothing here knows about nodes.
+of its own (sidecar/hosts/ray.py), which Ray may place on another GPU or node. Ray places the replicas
+on whichever nodes have the resources and spreads requests over them behind one address; nothing here
+knows about nodes.
 
 Serve routes the admin call that swaps the sidecar's adapter (admin.py) to one replica. That replica
 posts the adapter on an `AdapterBoard` actor, and every replica follows the board within `FOLLOW_S`,

@@ -24,11 +24,11 @@ class QueueFull(RuntimeError):
     pass
 
 
-class Job(Bridge):
+class QueuedReply(Bridge):
     """One reply's place in the queue: the front-ends' `Bridge` over its event iterator (made on the
     loop, so that bad input fails before it queues), driven by the scheduler's worker."""
 
-    def __init__(self, events: Iterator[Any], cancelled: threading.Event, on_cancel: Callable[["Job"], None]):
+    def __init__(self, events: Iterator[Any], cancelled: threading.Event, on_cancel: Callable[["QueuedReply"], None]):
         # `cancelled` is the event the engine's stream polls every round
         super().__init__(lambda: events, cancelled, on_cancel=lambda: on_cancel(self))
         self.waiting = False   # counted in the queue depth; the scheduler's lock guards it
@@ -39,6 +39,9 @@ class Job(Bridge):
 
 
 class Scheduler:
+    """The queue in front of one engine: `submit` places a reply's event iterator (or refuses it, a 429),
+    `max_batch` workers decode the oldest ones, `waiting` is the depth (`on_depth` is told every change)."""
+
     def __init__(self, max_queue: int, on_depth: Callable[[int], None] = lambda n: None, max_batch: int = 1):
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
@@ -49,16 +52,16 @@ class Scheduler:
         self._worker = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="oospec-decode")
         self._lock = threading.Lock()
         self._waiting = 0
-        self._jobs: set[Job] = set()
+        self._jobs: set[QueuedReply] = set()
 
     @property
     def waiting(self) -> int:
         return self._waiting
 
-    def submit(self, events: Iterator[Any], cancelled: threading.Event) -> Job:
+    def submit(self, events: Iterator[Any], cancelled: threading.Event) -> QueuedReply:
         """Queue a reply's event iterator, made with `cancelled` as its cancel event; raises QueueFull
         when `max_queue` replies already wait."""
-        job = Job(events, cancelled, self._leave_queue)
+        job = QueuedReply(events, cancelled, self._leave_queue)
         with self._lock:
             if self._waiting >= self.max_queue and len(self._jobs) - self._waiting >= self.max_batch:
                 raise QueueFull(f"the queue is full: {self._waiting} requests are waiting behind the "
@@ -70,7 +73,7 @@ class Scheduler:
         self._worker.submit(self._start, job)
         return job
 
-    def _start(self, job: Job) -> None:
+    def _start(self, job: QueuedReply) -> None:
         self._leave_queue(job)
         try:
             job.run()
@@ -78,7 +81,7 @@ class Scheduler:
             with self._lock:
                 self._jobs.discard(job)
 
-    def _leave_queue(self, job: Job) -> None:
+    def _leave_queue(self, job: QueuedReply) -> None:
         """On start, or when a client leaves while its job still waits: the place is free at once."""
         with self._lock:
             if job.waiting:
