@@ -1,7 +1,7 @@
 """#49's measurement protocol for one source of train-extra.jsonl: log the target's calls on the first
 60% of its records, `oospec adapt` on that log, and measure on the last 40%, before and after.
 
-    .venv/bin/python examples/experiments/adapt_protocol.py --source tooltalk --out adapt-out/tooltalk
+    .venv/bin/python examples/experiments/adapt_protocol.py --data TRAIN-EXTRA.jsonl --dev DEV.jsonl --source tooltalk --out adapt-out/tooltalk
 
 1. Records: the source's, in file order (the converter's order: dialogue by dialogue), the first
    `--limit` of them. The first 60% are replayed through
@@ -36,7 +36,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
 SHARE = 0.6
 
 
@@ -54,7 +53,7 @@ def main(argv=None) -> None:
         raise SystemExit("the target wrote no valid call on any of the last 40%: nothing to measure")
     adapter = adapt(out, a)
     functions = set(labelled["functions"])
-    agree = measure(held, functions, adapter, a.dev_limit, out)
+    agree = measure(held, functions, adapter, a.dev, a.dev_limit, out)
     bench = bench_runs(held, functions, adapter, out, a)
     summary = {"run": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:] if argv is None else argv),
                "source": a.source, "records": labelled["counts"], "adapt": _adapt_summary(adapter),
@@ -68,7 +67,11 @@ def main(argv=None) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", required=True, help="a source of train-extra.jsonl (tooltalk, nestful, ...)")
-    p.add_argument("--data", default=str(DATA / "train-extra.jsonl"), help="where the source's records are")
+    p.add_argument("--data", required=True, metavar="FILE.jsonl",
+                   help="where the source's records are (the project's train-extra.jsonl, or yours: "
+                        "docs/own-model.md#records)")
+    p.add_argument("--dev", required=True, metavar="FILE.jsonl",
+                   help="records with gold calls scored before and after (the project's dev.jsonl, or yours)")
     p.add_argument("--limit", type=int, default=None, help="the source's first N records (default: all)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--epochs", type=float, default=2.0, help="oospec adapt --epochs")
@@ -177,7 +180,7 @@ def _run(cmd: list[str]) -> None:
 
 # --------------------------------------------------------------------------- 3, 5. agreement
 
-def measure(held: list[dict], functions: set[str], adapter: Path, dev_limit: int, out: Path) -> dict:
+def measure(held: list[dict], functions: set[str], adapter: Path, dev: str, dev_limit: int, out: Path) -> dict:
     """The wave's agreement on the labelled last 40% and on dev (gold), with the shipped adapter and
     `adapter`; read back from OUT/agreement.json when there."""
     done = out / "agreement.json"
@@ -189,7 +192,7 @@ def measure(held: list[dict], functions: set[str], adapter: Path, dev_limit: int
     from oospec_agents.train.adapt import agreement
     from oospec_agents.train.data import select
     from oospec_agents.train.sidecar_train import evaluate_sidecar
-    dev = select([r for r in load_records(DATA / "dev.jsonl") if len(r["expected"]) == 1], None, dev_limit)
+    dev = select([r for r in load_records(dev) if len(r["expected"]) == 1], None, dev_limit)
     cpu = torch.device("cpu")
     res: dict = {"held": {}, "dev": {}}
     for when, path in (("before", models.EMBEDDED_SIDECAR_ADAPTER), ("after", adapter)):

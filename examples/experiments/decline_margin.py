@@ -2,7 +2,7 @@
 that of the best name's first token (' "' for every JSON name in SmolLM2's tokens), at the function
 row's first step, as the runtime's wave computes it. docs/training.md ("Declining") has the table.
 
-    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/decline_margin.py ADAPTER_DIR [--limit 40]
+    OMP_NUM_THREADS=1 .venv/bin/python examples/experiments/decline_margin.py ADAPTER_DIR --data-dir DIR [--limit 40]
 
 Call records (dev BFCL simple / multiple, API-Bank, and the held-out unseen sources) should not decline;
 "no call" records (acebench_special, held out) should. It prints, for a range of margins m, the share
@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
+from required_slots import add_data_dir
+
 CALLS_DEV = ("bfcl_simple", "bfcl_multiple", "apibank_l1")
 CALLS_UNSEEN = ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first")
 NO_CALL = ("acebench_special",)
@@ -55,13 +55,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("adapter", nargs="?", default=None)
     p.add_argument("--limit", type=int, default=40)
+    add_data_dir(p)
     a = p.parse_args()
     torch.set_num_threads(1)
     model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
                                    adapter=a.adapter or models.EMBEDDED_SIDECAR_ADAPTER)
     model.eval()
-    dev = load_many([DATA / "dev.jsonl"])
-    extra = load_many([DATA / "train-extra.jsonl"])
+    dev = load_many([a.data_dir / "dev.jsonl"])
+    extra = load_many([a.data_dir / "train-extra.jsonl"])
     groups = {"dev calls": select([r for r in dev if len(r["expected"]) == 1], CALLS_DEV, a.limit),
               "unseen calls": select([r for r in extra if len(r["expected"]) == 1], CALLS_UNSEEN, a.limit),
               "unseen no call": select(extra, NO_CALL, a.limit)}

@@ -1,7 +1,7 @@
 """Do `ar`, `toolspec` and `oospec` give the same reply, with and without `deterministic=True`? And what
 does each mode cost? Side by side in one run, on one loaded target (docs/deterministic.md).
 
-    .venv/bin/python examples/experiments/deterministic_check.py --data ../shared/data/toolcalls/train-extra.jsonl \\
+    .venv/bin/python examples/experiments/deterministic_check.py --data RECORDS.jsonl \\
         --sources tooltalk,nestful,bfcl_multi_turn_base_first,callnavi --limit 40 --dtype bfloat16
 
 Per record, each mode (the order alternates per record, so that a machine's load drifts over both) decodes
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -30,7 +31,9 @@ MODES = ("normal", "deterministic")
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default="../shared/data/toolcalls/train-extra.jsonl")
+    p.add_argument("--data", default=os.environ.get("OOSPEC_DATA"), metavar="FILE.jsonl",
+                   help="records (docs/own-model.md#records; docs/deterministic.md's runs took the project's "
+                        "train-extra.jsonl); default: $OOSPEC_DATA")
     p.add_argument("--sources", default="tooltalk,nestful,bfcl_multi_turn_base_first,callnavi")
     p.add_argument("--limit", type=int, default=40)
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -42,6 +45,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="deterministic-check.jsonl")
     p.add_argument("--summary", action="store_true", help="only summarise --out")
     args = p.parse_args(argv)
+    if not args.summary and not args.data:
+        p.error("--data FILE.jsonl is required (or set OOSPEC_DATA): records in the format of "
+                "docs/own-model.md#records")
     if not args.summary:
         run(args)
     print(summary([json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]))

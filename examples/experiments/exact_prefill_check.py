@@ -1,12 +1,12 @@
 """Is a prefix-cache hit the cold prefill bit for bit, and what does each way of prefilling cost?
 (docs/deterministic.md, "Cold against warm").
 
-    .venv/bin/python examples/experiments/exact_prefill_check.py timing --threads 1 --reps 3 --out timing-t1.jsonl \\
+    .venv/bin/python examples/experiments/exact_prefill_check.py timing --data RECORDS.jsonl --threads 1 --reps 3 --out timing-t1.jsonl \\
         --ids "nestful/executable_4,tooltalk/easy/CreateEvent-easy#0,nestful/executable_0,tooltalk/tooltalk/Calendar-Email-Reminder-SendEmail-2#4,callnavi/hot020"
     .venv/bin/python examples/experiments/exact_prefill_check.py summary --out timing-t1.jsonl
-    .venv/bin/python examples/experiments/exact_prefill_check.py replies --max-new-tokens 48 \\
+    .venv/bin/python examples/experiments/exact_prefill_check.py replies --data RECORDS.jsonl --max-new-tokens 48 \\
         --ids "nestful/executable_0,tooltalk/easy/CreateEvent-easy#0,nestful/executable_4"
-    .venv/bin/python examples/experiments/exact_prefill_check.py replies --threads 1 --engines plain,exact \\
+    .venv/bin/python examples/experiments/exact_prefill_check.py replies --data RECORDS.jsonl --threads 1 --engines plain,exact \\
         --sources tooltalk,nestful,bfcl_multi_turn_base_first,callnavi --limit 16
 
 Three engines on one bf16 embedded target: `plain` (`prefill_chunk=1`: the uncached tail in one forward),
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -40,7 +41,9 @@ PARTIAL = 300  # tokens of a new turn, uncached
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=("timing", "replies", "summary"))
-    p.add_argument("--data", default="../shared/data/toolcalls/train-extra.jsonl")
+    p.add_argument("--data", default=os.environ.get("OOSPEC_DATA"), metavar="FILE.jsonl",
+                   help="records (docs/own-model.md#records; the default --ids are records of the project's "
+                        "train-extra.jsonl, which docs/deterministic.md's runs took); default: $OOSPEC_DATA")
     p.add_argument("--ids", required=False, default="nestful/executable_0,tooltalk/easy/CreateEvent-easy#0,"
                                                    "nestful/executable_4")
     p.add_argument("--sources", default=None, help="instead of --ids: the first --limit records of these "
@@ -54,6 +57,9 @@ def main(argv=None) -> int:
                    help="torch threads (default: torch's); 1 makes CPU seconds a count of the work alone")
     p.add_argument("--out", default="exact-prefill-timing.jsonl")
     args = p.parse_args(argv)
+    if args.mode != "summary" and not args.data:
+        p.error("--data FILE.jsonl is required (or set OOSPEC_DATA): records in the format of "
+                "docs/own-model.md#records")
     if args.mode == "replies":
         return replies(args)
     if args.mode == "timing":

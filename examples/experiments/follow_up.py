@@ -5,7 +5,7 @@ prints, per source, the target forwards, the hint tokens accepted and the follow
 and checks that every reply is token-identical to `toolspec`'s (lossless). docs/sidecar.md
 ("Follow-up waves") has the tables.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/follow_up.py --set unseen [--limit 40]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/follow_up.py --data-dir DIR --set unseen [--limit 40]
 
 Sets: as examples/experiments/required_slots.py (`unseen`: the held-out sources of docs/training.md, `dev`:
 dev.jsonl), with calls only. Counts only: no wall clock, so it may run beside other work.
@@ -29,7 +29,7 @@ def main() -> None:
     from oospec_agents.sidecar.load import load_sidecar
     from oospec_testing import InTime
     a = set_parser(40).parse_args()
-    recs = set_records(a.set, a.limit)
+    recs = set_records(a.set, a.limit, a.data_dir)
     cpu = torch.device("cpu")
     target = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
     side = InTime(load_sidecar("embedded", device=cpu, dtype=resolve_dtype(None, cpu), sidecar_placement="thread"))

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark on one or two CUDA GPUs and print the report.
 #
-#   examples/experiments/gpu_bench.sh                                  # the embedded pair, fp32 then bf16 (OUT/float32, OUT/bfloat16)
-#   examples/experiments/gpu_bench.sh /models/Qwen3-8B /models/qwen3-sidecar   # any HF target + sidecar, local dirs
-#   examples/experiments/gpu_bench.sh Qwen/Qwen3-8B SIDECAR -- --limit 20       # extra args go to `oospec bench`
+#   BFCL=package examples/experiments/gpu_bench.sh              # the embedded pair, fp32 then bf16 (OUT/float32, OUT/bfloat16)
+#   DATA=my-records.jsonl examples/experiments/gpu_bench.sh /models/Qwen3-8B /models/qwen3-sidecar   # any HF target + sidecar
+#   DATA=my-records.jsonl examples/experiments/gpu_bench.sh Qwen/Qwen3-8B SIDECAR -- --limit 20   # extra args go to `oospec bench`
 #
 # Two or more GPUs: the target on cuda:0, the sidecar on cuda:1. One GPU: both on cuda:0.
 #
@@ -12,10 +12,12 @@
 #     converted once to ~/.cache/oospec/gguf, which a machine that ran it before already has), gguf, and
 #     peft (the embedded target's LoRA adapter, shipped in oospec_agents/adapters, is merged at load);
 #   - any other target: its weights and tokenizer in a local directory (no hub access is assumed);
-#   - the records: ../shared/data/toolcalls/dev.jsonl (or DATA=, or BFCL=).
+#   - the records, named (no default): DATA=FILE.jsonl (or OOSPEC_DATA=), or BFCL=package / BFCL=DIR.
 # The embedded pair with the default ar,toolspec,oospec on 60 records takes a few minutes per dtype on one GPU.
-# Environment (all optional):
-#   DATA=FILE.jsonl   records (default: ../shared/data/toolcalls/dev.jsonl)   BFCL=DIR   BFCL's own data dir instead
+# Environment (one of the two record sources is required):
+#   DATA=FILE.jsonl   your records (docs/own-model.md#records; the reports' GPU runs took the project's dev.jsonl)
+#   BFCL=package      BFCL's own questions from the bfcl-eval package (`oospec bench --bfcl`); BFCL=DIR: a bfcl_eval/data dir
+# Optional:
 #   LIMIT=60  OUT=bench-out/gpu  MAX_NEW_TOKENS=256  PYTHON=python
 #   DTYPES="float32 bfloat16"  one bench per dtype (default: both for the embedded target, else bfloat16)
 #   METHODS=...       default: ar,toolspec,oospec for the embedded target (the engine's methods, whose
@@ -30,6 +32,15 @@ SIDECAR=${2:-}
 shift $(( $# < 2 ? $# : 2 ))
 [[ "${1:-}" == "--" ]] && shift
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}
+DATA=${DATA:-${OOSPEC_DATA:-}}
+if [[ -n "$DATA" ]]; then SRC=(--data "$DATA")
+elif [[ "${BFCL:-}" == package ]]; then SRC=(--bfcl)
+elif [[ -n "${BFCL:-}" ]]; then SRC=(--bfcl "$BFCL")
+else
+  echo "gpu_bench.sh: name the records: DATA=FILE.jsonl (or OOSPEC_DATA=FILE.jsonl; docs/own-model.md#records)," \
+       "or BFCL=package (BFCL's own questions, from the bfcl-eval package) or BFCL=DIR" >&2
+  exit 2
+fi
 
 NGPU=$("$PYTHON" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if (( NGPU == 0 )); then
@@ -60,7 +71,6 @@ if [[ "$TARGET" != embedded && -z "${ASSISTANT:-}" && ! -f "$SIDECAR/config.json
   METHODS=$(echo "$METHODS" | sed -E 's/(^|,)assisted(,|$)/\1/; s/,$//; s/,,/,/')
 fi
 
-if [[ -n "${BFCL:-}" ]]; then SRC=(--bfcl "$BFCL"); else SRC=(--data "${DATA:-../shared/data/toolcalls/dev.jsonl}"); fi
 ARGS=(bench "${SRC[@]}" --limit "${LIMIT:-60}" --methods "$METHODS"
       --target "$TARGET" --target-device cuda:0 --sidecar-device "$SIDECAR_DEVICE"
       --max-new-tokens "${MAX_NEW_TOKENS:-256}")

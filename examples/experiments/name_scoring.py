@@ -14,7 +14,7 @@ ancestors), and scores per record, from the same logits:
 
 and prints function-index accuracy per source, method and prior weight.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/name_scoring.py --set tune [--limit 40] [--weights 0 6]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/name_scoring.py --data-dir DIR --set tune [--limit 40] [--weights 0 6]
 
 Sets as in `prior_sweep.py`: `tune` chooses, `unseen` and `dev` only report.
 """
@@ -24,7 +24,8 @@ import argparse
 
 import torch
 
-from prior_sweep import DATA, SETS
+from prior_sweep import SETS
+from required_slots import add_data_dir
 
 
 def score_record(model, tok, prefix: str, suffix: str, choices: dict[str, float]):
@@ -86,12 +87,13 @@ def main() -> None:
     from oospec_agents.train.sidecar_train import _no_call
     p = argparse.ArgumentParser()
     p.add_argument("--set", choices=SETS, required=True)
+    add_data_dir(p)
     p.add_argument("--limit", type=int, default=40, help="records per source")
     p.add_argument("--adapter", default=None)
     p.add_argument("--weights", type=float, nargs="+", default=(0.0, 2.0, 4.0, 6.0, 8.0))
     a = p.parse_args()
     file, sources = SETS[a.set]
-    recs = select([r for r in load_records(DATA / file) if len(r["expected"]) == 1 or _no_call(r)],
+    recs = select([r for r in load_records(a.data_dir / file) if len(r["expected"]) == 1 or _no_call(r)],
                   list(sources), a.limit)
     model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
                                    adapter=a.adapter or models.EMBEDDED_SIDECAR_ADAPTER)

@@ -3,7 +3,7 @@ runtime's wave writes the function row once per weight (`Wave(prior_weight=w)`; 
 prefilled once and cached), and the script prints function-index accuracy per source and weight.
 docs/sidecar.md ("A lexical prior over the tools") has the tables.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/prior_sweep.py --set tune [--limit 40] [--adapter DIR]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/prior_sweep.py --data-dir DIR --set tune [--limit 40] [--adapter DIR]
         [--query all|last|last-twice]
 
 Sets: `tune` (train-extra sources that no committed adapter was trained on and no report judges:
@@ -16,11 +16,11 @@ alone, or the `last-twice` beside all of them (docs/sidecar.md, "Which user turn
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
+from required_slots import add_data_dir
+
 SETS = {
     "tune": ("train-extra.jsonl", ("acebench_normal", "hammerbench_single", "hammerbench_multi",
                                    "bfcl_exec_multiple", "apibank_l2", "hammerbench_irrelevant")),
@@ -60,6 +60,7 @@ def main() -> None:
     from oospec_agents.train.sidecar_train import _no_call
     p = argparse.ArgumentParser()
     p.add_argument("--set", choices=SETS, required=True)
+    add_data_dir(p)
     p.add_argument("--limit", type=int, default=40, help="records per source")
     p.add_argument("--adapter", default=None)
     p.add_argument("--weights", type=float, nargs="+", default=WEIGHTS)
@@ -70,7 +71,7 @@ def main() -> None:
     rank.query_text = _query(a.query)  # tool_prior reads the module's name at each call
     file, sources = SETS[a.set]
     # the records evaluate_sidecar scores: one call, or "no call"
-    recs = select([r for r in load_records(DATA / file) if len(r["expected"]) == 1 or _no_call(r)],
+    recs = select([r for r in load_records(a.data_dir / file) if len(r["expected"]) == 1 or _no_call(r)],
                   list(sources), a.limit)
     model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
                                    adapter=a.adapter or models.EMBEDDED_SIDECAR_ADAPTER)

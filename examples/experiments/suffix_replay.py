@@ -7,7 +7,7 @@ with the embedded target's tokenizer and chat template is made to write them (te
 wrote those calls, and a forward costs milliseconds. Records run in file order through one engine per
 method, whose call memory keeps the replies (`history`), or is cleared before each record (`cold`).
 
-    .venv/bin/python examples/experiments/suffix_replay.py --sources tooltalk [--limit N] [--methods ar,toolspec,suffix,suffix_tree]
+    .venv/bin/python examples/experiments/suffix_replay.py --data RECORDS.jsonl --sources tooltalk [--limit N] [--methods ar,toolspec,suffix,suffix_tree]
         [--scenarios cold,history] [--out FILE.json]
 
 Per source and method: target forwards per record, tokens accepted from retrieval per record, and
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,10 +38,12 @@ def main() -> None:
     from oospec_agents.data import only_sources
     from oospec_agents.drafters.suffix import SuffixDrafter
     from oospec_agents.models import resolve_reference
-    from oospec_testing import DATA, ScriptedTarget, tiny_model
+    from oospec_testing import ScriptedTarget, tiny_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(DATA / "train-extra.jsonl"))
+    p.add_argument("--data", default=os.environ.get("OOSPEC_DATA"), required=not os.environ.get("OOSPEC_DATA"),
+                   metavar="FILE.jsonl", help="records (docs/own-model.md#records; the runs in docs took the "
+                                             "project's train-extra.jsonl); default: $OOSPEC_DATA")
     p.add_argument("--sources", required=True, help="comma-separated; each source is replayed on its own")
     p.add_argument("--limit", type=int, default=None, help="the first N records of each source")
     p.add_argument("--methods", default=",".join(METHODS))

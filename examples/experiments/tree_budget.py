@@ -8,7 +8,7 @@ target forwards, the draft nodes a round verifies, the decode seconds and the ms
 checks that every reply is token-identical to `toolspec`'s at the first budget given (lossless).
 docs/bench.md ("The tree budget on a CPU") has the run.
 
-    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/tree_budget.py --set unseen --limit 20 --budgets 48,32,24,16,12,8
+    OMP_NUM_THREADS=2 .venv/bin/python examples/experiments/tree_budget.py --data-dir DIR --set unseen --limit 20 --budgets 48,32,24,16,12,8
 
 Sets as in examples/experiments/required_slots.py. Wall clock: run it on an idle machine, never beside tests.
 """
@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--budgets", default="48,32,24,16,12,8", help="max_draft_nodes values, comma-separated")
     a = p.parse_args()
     budgets = [int(b) for b in a.budgets.split(",")]
-    recs = set_records(a.set, a.limit)
+    recs = set_records(a.set, a.limit, a.data_dir)
     torch.set_num_threads(2)
     engine = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32,
                                     prefix_cache_tokens=0)  # every decode prefills alike; decode_s excludes it

@@ -3,26 +3,37 @@
 # pair here, price the bench's acceptance traces with the profile, and compare with the measured speedups.
 # Run it on an otherwise idle machine: other work on the cores skews both the profile and the bench.
 #
-#   examples/experiments/validate_cost_model.sh                      # 60 dev records, about 10-15 minutes on 2 cores
-#   LIMIT=3 K=1,4,16 CONTEXT=256,512 examples/experiments/validate_cost_model.sh   # a quick look that it works
+#   DATA=my-records.jsonl examples/experiments/validate_cost_model.sh    # 60 records, about 10-15 minutes on 2 cores
+#   BFCL=package LIMIT=3 K=1,4,16 CONTEXT=256,512 examples/experiments/validate_cost_model.sh   # a quick look that it works
 #
-# Environment (all optional): LIMIT=60  OUT=bench-out/validate  K=1,2,4,8,16,32,48  CONTEXT=128,256,512,1024
-#   DATA=../shared/data/toolcalls/dev.jsonl  RESULTS=FILE (skip the bench; project this results.json instead)
+# The records (one is required unless RESULTS= is given): DATA=FILE.jsonl (or OOSPEC_DATA=; docs/own-model.md#records;
+#   docs/reports/cost-model-validation.md ran on the project's dev.jsonl), or BFCL=package (BFCL's own questions, from
+#   the bfcl-eval package) or BFCL=DIR.  RESULTS=FILE: skip the bench; project this results.json instead.
+# Optional: LIMIT=60  OUT=bench-out/validate  K=1,2,4,8,16,32,48  CONTEXT=128,256,512,1024
 # Writes OUT/cost-cpu.json, OUT/results.json (+ report.md), OUT/projection.md/.json and OUT/validation.md:
 # projected against measured decode speedup per method; the issue asks for every one within 10%.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}
 OUT=${OUT:-bench-out/validate}
+RESULTS=${RESULTS:-}
+DATA=${DATA:-${OOSPEC_DATA:-}}
+if [[ -n "$DATA" ]]; then SRC=(--data "$DATA")
+elif [[ "${BFCL:-}" == package ]]; then SRC=(--bfcl)
+elif [[ -n "${BFCL:-}" ]]; then SRC=(--bfcl "$BFCL")
+elif [[ -z "$RESULTS" ]]; then
+  echo "validate_cost_model.sh: name the records: DATA=FILE.jsonl (or OOSPEC_DATA=FILE.jsonl; docs/own-model.md#records)," \
+       "BFCL=package (BFCL's own questions, from the bfcl-eval package) or BFCL=DIR; or RESULTS=results.json" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 
 # The engine's trees have at most 48 nodes (Engine max_draft_nodes); dev prompts are 300-700 tokens.
 "$PYTHON" -m oospec_agents.cli profile --config embedded --device cpu --dtype float32 \
   --k "${K:-1,2,4,8,16,32,48}" --context "${CONTEXT:-128,256,512,1024}" --out "$OUT/cost-cpu.json"
 
-RESULTS=${RESULTS:-}
 if [[ -z "$RESULTS" ]]; then
-  "$PYTHON" -m oospec_agents.cli bench --data "${DATA:-../shared/data/toolcalls/dev.jsonl}" --limit "${LIMIT:-60}" \
+  "$PYTHON" -m oospec_agents.cli bench "${SRC[@]}" --limit "${LIMIT:-60}" \
     --methods ar,toolspec,oospec --target-device cpu --sidecar-device cpu --dtype float32 --out "$OUT" --quiet
   RESULTS=$OUT/results.json
 fi

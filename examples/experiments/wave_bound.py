@@ -11,6 +11,8 @@ The embedded sidecar (SmolLM2-135M-Instruct and its adapter) in float32 on one t
 sidecar thread runs on this CPU. `tool_choice="required"`. Every timed wave starts cold (its prefix
 cache cleared), and the variants of a record run one after another, so they see the same load. An
 unbounded wave whose fanned-out KV cache would pass `KV_LIMIT_GB` is not run: its size is printed.
+The records: OOSPEC_DATA_DIR=DIR, the directory holding the project's record set (train-extra.jsonl,
+dev.jsonl, train.jsonl; not in a clone) or yours under those names (docs/own-model.md#records).
 """
 from __future__ import annotations
 
@@ -18,17 +20,17 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "toolcalls"
+from required_slots import data_dir
+
 KV_LIMIT_GB = 4.0
 VARIANTS = {"unbounded": dict(max_rows=10 ** 9), "bounded": dict(top_tools=0), "top-2": dict(top_tools=2)}
 
 
 def records(source: str, split: str = "train-extra") -> list[dict]:
-    with open(DATA / f"{split}.jsonl", encoding="utf-8") as f:
+    with open(data_dir() / f"{split}.jsonl", encoding="utf-8") as f:
         return [r for r in map(json.loads, f) if r["source"] == source and r["expected"]]
 
 
@@ -209,6 +211,7 @@ def big_records() -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
+    data_dir()  # OOSPEC_DATA_DIR unset: say so before loading a model
     if argv[:1] == ["target"]:
         torch.set_num_threads(1)
         target_prefill(big_records())
