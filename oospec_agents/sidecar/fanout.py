@@ -37,7 +37,7 @@ class FanOut:
         cache is a plain `DynamicLayer` (a sliding window's layer crops, which left pads would upset)."""
         return all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
 
-    def prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list, kept: PrefixCache, cancel=None):
+    def prefill_rows(self, prefix: list[int], suffixes: list[list[int]], groups: list, kept: PrefixCache, cancel=None):
         """Feed prefix + suffix of every row, sharing the KV cache of every common part.
 
         Three levels, each fanned out from the one before: the prefix plus what all suffixes share
@@ -52,8 +52,8 @@ class FanOut:
         logits, mask, pos = self.fan_out(cache, mask, pos, [0] * len(openers), openers, row_group, rests)
         return cache, logits, mask, pos, hit
 
-    def prefill_many(self, requests: list[tuple[list[int], list[list[int]], list]], kept: PrefixCache):
-        """`prefill` for several requests `(prefix, suffixes, groups)` at once: each one's first level on its
+    def prefill_requests(self, requests: list[tuple[list[int], list[list[int]], list]], kept: PrefixCache):
+        """`prefill_rows` for several requests `(prefix, suffixes, groups)` at once: each one's first level on its
         own (from `kept`), those stacked into one batch (`stack`), then every request's openers and rows
         fanned out together. Returns (cache, logits, mask, next positions, tokens reused per request)."""
         parts, hits = [], []
@@ -72,7 +72,7 @@ class FanOut:
         return cache, logits, mask, pos, hits
 
     def shared_level(self, prefix: list[int], suffixes: list[list[int]], kept: PrefixCache):
-        """The first level of `prefill`: the prefix plus what every suffix shares, from `kept`'s longest
+        """The first level of `prefill_rows`: the prefix plus what every suffix shares, from `kept`'s longest
         hit, then cached in turn. Returns (cache, logits, mask, next position, tokens reused, each
         suffix's rest)."""
         common = _keep_one(_common_prefix(suffixes), suffixes)

@@ -79,7 +79,7 @@ class WaveResult:
 
 
 @dataclass(eq=False)
-class _Job:
+class _RequestRows:
     """One request's rows in a decode loop: its constraints, and where its tokens and scores go."""
     rows: list[Row]
     tries: dict        # row -> its choices, as token ids
@@ -188,8 +188,8 @@ class Wave:
 
         Requests decoding at once share the sidecar's forwards: each prefix is prefilled on its own
         (from the prefix cache), the prefilled prefixes are stacked left-padded into one batch (pads
-        masked out, positions kept; `FanOut.prefill_many`), and every row of every request then
-        decodes in one lockstep batch, each row over its own request's prefix (`_decode`). A request
+        masked out, positions kept; `FanOut.prefill_requests`), and every row of every request then
+        decodes in one lockstep batch, each row over its own request's prefix (`_decode_rows`). A request
         leaves the batch when it is cancelled; a function row rules out only its own request's other
         tools. A two-phase wave (a large tool set), a model whose cache is not a plain one per layer
         (sliding windows), and requests past MAX_BATCH_TOKENS run on their own, as a call."""
@@ -213,16 +213,17 @@ class Wave:
 
     def _together(self, waves: list[tuple]) -> list[WaveResult]:
         """`many`'s shared batch, each wave `(prefix ids, rows, cancel, choices)`: the waves' rows in one
-        fan-out (`FanOut.prefill_many`) and one decode loop."""
+        fan-out (`FanOut.prefill_requests`) and one decode loop."""
         t0 = time.perf_counter()
-        jobs = [_Job(rows, *self._constraints(choices), [[] for _ in rows], [None] * len(rows), cancel)
+        jobs = [_RequestRows(rows, *self._constraints(choices), [[] for _ in rows], [None] * len(rows), cancel)
                 for _, rows, cancel, choices in waves]
         with torch.inference_mode():
-            cache, logits, mask, pos, hits = self.fanout.prefill_many(
+            cache, logits, mask, pos, hits = self.fanout.prefill_requests(
                 [(ids, [self._enc(r.suffix) for r in job.rows], [r.tool for r in job.rows])
                  for (ids, *_), job in zip(waves, jobs)], self.prefix_cache)
             prefill_s = time.perf_counter() - t0
-            steps = self._decode([(job, i) for job in jobs for i in range(len(job.rows))], cache, logits, mask, pos)
+            items = [(job, i) for job in jobs for i in range(len(job.rows))]
+            steps = self._decode_rows(items, cache, logits, mask, pos)
         decode_s = time.perf_counter() - t0 - prefill_s
         profiles = [{"prefix_tokens": len(ids), "cached_prefix_tokens": hit, "rows": len(job.rows),
                      "rows_offered": len(job.rows), "max_rows": self.max_rows}
@@ -251,7 +252,7 @@ class Wave:
         if self.top_tools:
             t = time.perf_counter()
             fn_suffix = self._enc(rows[0].suffix)
-            _, logits, _, _, ranked_hit = self.fanout.prefill(prefix_ids, [fn_suffix], [None], kept, cancel)
+            _, logits, _, _, ranked_hit = self.fanout.prefill_rows(prefix_ids, [fn_suffix], [None], kept, cancel)
             prefill_s += time.perf_counter() - t
             ranked = _rank(self.tokenizer, logits[0, -1], tries[0], bias.get(0), by_tool)[:self.top_tools]
             for name in ranked:
@@ -281,15 +282,15 @@ class Wave:
         tokens' log-softmax under those constraints; a choice completed once it is the only one left
         adds nothing: it had probability 1). Returns (steps, cached prefix tokens, prefill seconds)."""
         t0 = time.perf_counter()
-        cache, logits, mask, pos, cached = self.fanout.prefill(
+        cache, logits, mask, pos, cached = self.fanout.prefill_rows(
             prefix_ids, [self._enc(rows[i].suffix) for i in idx], [rows[i].tool for i in idx],
             self.prefix_cache if kept is None else kept, cancel)
         prefill_s = time.perf_counter() - t0
-        job = _Job(rows, tries, bias, out, scores, cancel)
-        steps = self._decode([(job, i) for i in idx], cache, logits, mask, pos)
+        job = _RequestRows(rows, tries, bias, out, scores, cancel)
+        steps = self._decode_rows([(job, i) for i in idx], cache, logits, mask, pos)
         return steps.get(0, 0), cached, prefill_s
 
-    def _decode(self, items: list[tuple[_Job, int]], cache, logits, mask, pos) -> dict[int, int]:
+    def _decode_rows(self, items: list[tuple[_RequestRows, int]], cache, logits, mask, pos) -> dict[int, int]:
         """Decode every (job, row) item in lockstep, one batch element each, until its JSON value is
         complete: the loop of `_lockstep`, over the rows of one request or of several (`many`). Each
         row's logits pass its constraints (`_constrain_row`); once a function row has chosen, its job's
@@ -328,7 +329,7 @@ class Wave:
             pos = pos + 1
         return steps
 
-    def _constrain_row(self, job: _Job, row: int, logits: torch.Tensor) -> None:
+    def _constrain_row(self, job: _RequestRows, row: int, logits: torch.Tensor) -> None:
         """Row `row` of `job`: its next-token logits (a view into the batch's) under its constraints, in
         place: masked to its choices (plus their prior) where it has some, kept off null while a
         required row has written nothing."""
@@ -337,7 +338,7 @@ class Wave:
         elif job.rows[row].required and not self.tokenizer.decode(job.out[row]).strip():
             logits[self.null_starts()] = float("-inf")  # a required parameter has a value
 
-    def _finished(self, items: list[tuple[_Job, int]], live: list[int], tokens: list[int]) -> set[int]:
+    def _finished(self, items: list[tuple[_RequestRows, int]], live: list[int], tokens: list[int]) -> set[int]:
         """Append each live item's token; the items that are done: their value complete, or ruled out by
         their job's function row, which has just chosen another tool (they cannot reach the call)."""
         done, ruled_out = set(), set()
