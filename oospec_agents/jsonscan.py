@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 _SPACE = " \n\t\r"
 _STRING_BODY = re.compile(r'[^"\\]*')   # a string's characters up to its end or the next escape
+#: a string's characters, escapes included, up to its closing quote (or an escape the text cuts short)
+_STRING = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.S)
 _SCALAR = re.compile(r"[^,}\] \n\t]*")   # a number or literal runs up to a delimiter
 
 
@@ -67,9 +69,8 @@ class JsonState:
 
 
 def scan_json(text: str, stop_after: str | None = None) -> JsonState:
-    """Scan `text`, the start of a JSON value, as far as it goes or until it stops being JSON. With
-    `stop_after`, the scan also stops where the value of the outermost object's first member with
-    that key ends (all that `call_name` reads is read by then)."""
+    """Scan `text`, the start of a JSON value, as far as it goes or until it stops being JSON. With `stop_after`,
+    it also stops where the outermost object's first member with that key ends (`call_name` reads no more)."""
     st = JsonState(stack=[])
     stack = st.stack
     members: list[Member] | None = None   # st.members, kept at hand for the loop
@@ -88,19 +89,10 @@ def scan_json(text: str, stop_after: str | None = None) -> JsonState:
                 if members is not None and len(stack) == 1:
                     _begin_member(stack[0], members, i)
             else:
-                st.error = True
-                return st
-            j, escape = i + 1, -1
-            while True:
-                j = _STRING_BODY.match(text, j).end()
-                if j >= n or text[j] == '"':
-                    break
-                escape, j = j, j + 2  # a backslash and the character it escapes
-            if j >= n:
-                st.in_string = text[i + 1:]
-                if escape >= 0 and escape + (6 if text.startswith("u", escape + 1) else 2) > n:
-                    st.open_escape = escape
-                return st
+                return _failed(st)
+            j = _STRING.match(text, i + 1).end()
+            if j >= n or text[j] != '"':
+                return _open_string(st, text, i)
             if is_key:
                 top.key = s = text[i + 1:j]
                 top.keys.append(s)
@@ -110,22 +102,19 @@ def scan_json(text: str, stop_after: str | None = None) -> JsonState:
             end = i = j + 1
         elif c == ",":
             if top is None or top.state != "after":
-                st.error = True
-                return st
+                return _failed(st)
             top.state = "key" if top.kind == "obj" else "value"
             i += 1
             continue
         elif c == ":":
             if top is None or top.state != "colon":
-                st.error = True
-                return st
+                return _failed(st)
             top.state = "value"
             i += 1
             continue
         elif c in "{[":
             if top is not None and top.state != "value":
-                st.error = True
-                return st
+                return _failed(st)
             if top is None and c == "{":
                 members = st.members = []
             elif members is not None and len(stack) == 1:
@@ -135,14 +124,12 @@ def scan_json(text: str, stop_after: str | None = None) -> JsonState:
             continue
         elif c in "}]":
             if top is None or (c == "}") != (top.kind == "obj"):
-                st.error = True
-                return st
+                return _failed(st)
             stack.pop()
             end = i = i + 1
         else:  # a number or literal
             if top is not None and top.state != "value":
-                st.error = True
-                return st
+                return _failed(st)
             if members is not None and len(stack) == 1:
                 _begin_member(top, members, i)
             j = _SCALAR.match(text, i).end()
@@ -160,6 +147,26 @@ def scan_json(text: str, stop_after: str | None = None) -> JsonState:
             members[-1].end = end
             if stop_after is not None and members[-1].key == stop_after:
                 return st
+    return st
+
+
+def _failed(st: JsonState) -> JsonState:
+    """`st`, where the text has stopped being JSON."""
+    st.error = True
+    return st
+
+
+def _open_string(st: JsonState, text: str, i: int) -> JsonState:
+    """`st`, stopped inside the string that opens at `i` and runs to the end of the text: its content so
+    far, and where an escape that the text cuts short begins."""
+    st.in_string = text[i + 1:]
+    j, escape = i + 1, -1
+    while j < len(text):
+        j = _STRING_BODY.match(text, j).end()
+        if j < len(text):
+            escape, j = j, j + 2  # a backslash and the character it escapes
+    if escape >= 0 and escape + (6 if text.startswith("u", escape + 1) else 2) > len(text):
+        st.open_escape = escape
     return st
 
 

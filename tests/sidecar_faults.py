@@ -47,7 +47,7 @@ class FaultyWave:
     def __init__(self, wave):
         self.wave = wave
 
-    def __getattr__(self, name):  # estimate, prefix_cache, profile: the real wave's
+    def __getattr__(self, name):  # estimate, prefix_cache, calibration: the real wave's
         return getattr(self.wave, name)
 
     def __call__(self, *args):

@@ -54,7 +54,7 @@ def tagged_wave(spec: runtime.WorkerSpec):
 
 
 class TaggedWave:
-    """The real wave, whose profile names its adapter; it waits at the gate before it runs."""
+    """The real wave, whose result's profile names its adapter; it waits at the gate before it runs."""
 
     def __init__(self, wave, adapter: str):
         self.wave, self.adapter = wave, adapter
@@ -62,14 +62,11 @@ class TaggedWave:
     def __getattr__(self, name):  # estimate, prefix_cache, cost: the real wave's
         return getattr(self.wave, name)
 
-    @property
-    def profile(self) -> dict:
-        return {**self.wave.profile, "adapter": self.adapter}
-
     def __call__(self, *args):
         while os.path.exists(GATE):
             time.sleep(0.01)
-        return self.wave(*args)
+        result = self.wave(*args)
+        return dataclasses.replace(result, profile={**result.profile, "adapter": self.adapter})
 
 
 # ---------------------------------------------------------------- models and adapters on disk

@@ -194,7 +194,7 @@ def test_the_batched_wave_equals_each_row_decoded_on_its_own(bpe_tokenizer, bpe_
     tok, model = bpe_tokenizer, bpe_sidecar_model
     prefix, rows = expand_rows(normalize_messages(ASK), normalize_tools([WEATHER, TIME]))
     slot_rows = rows[1:]  # a function row would rule out its rivals' rows
-    texts = StaggeredWave(model, tok, max_row_tokens=8)(prefix, slot_rows)
+    texts = StaggeredWave(model, tok, max_row_tokens=8)(prefix, slot_rows).texts
     lengths = set()
     for row, text in zip(slot_rows, texts):
         alone = _alone(model, tok.encode(prefix) + tok.encode(row.suffix), 8, tok.eos_token_id, lambda t: t % 5 == 0)
@@ -213,18 +213,19 @@ def test_a_warm_wave_reuses_the_shared_prefix_and_answers_as_a_cold_one(bpe_toke
     cached = []
     for turn in (turn1, turn2, turn2):
         prefix, rows = expand_rows(turn, tools)
-        assert warm(prefix, rows[1:]) == cold(prefix, rows[1:])
-        assert cold.profile["cached_prefix_tokens"] == 0
-        cached.append(warm.profile["cached_prefix_tokens"])
+        hot, fresh = warm(prefix, rows[1:]), cold(prefix, rows[1:])
+        assert hot.texts == fresh.texts
+        assert fresh.profile["cached_prefix_tokens"] == 0
+        cached.append(hot.profile["cached_prefix_tokens"])
     # a miss; the next turn reuses the tools and the first turn; the same turn again reuses it all
-    assert cached[0] == 0 and 0 < cached[1] < warm.profile["prefix_tokens"] < cached[2]
+    assert cached[0] == 0 and 0 < cached[1] < hot.profile["prefix_tokens"] < cached[2]
 
 
 def test_the_function_row_picks_an_offered_name_and_rules_out_the_other_tools_rows(bpe_tokenizer, bpe_sidecar_model):
     req = _request()
     rows, prefix, choices = wave_rows(req)
     tok, model = bpe_tokenizer, bpe_sidecar_model
-    texts = EndlessWave(model, tok, max_row_tokens=12)(prefix, rows, None, choices)
+    texts = EndlessWave(model, tok, max_row_tokens=12)(prefix, rows, None, choices).texts
     assert texts[0] in choices[0]
     name = parse_value(texts[0])
     for row, text in list(zip(rows, texts))[1:]:
@@ -254,7 +255,7 @@ def test_a_required_parameters_row_never_answers_null(smollm2_tokenizer):
     assert [(r.param, r.required) for r in rows] == [("city", True), ("unit", False)]
     handle = model.lm_head.register_forward_hook(wants_null)
     try:
-        city, unit = Wave(model, tok, max_row_tokens=4)(prefix, rows)
+        city, unit = Wave(model, tok, max_row_tokens=4)(prefix, rows).texts
     finally:
         handle.remove()
     assert unit == " null" and city.startswith(' "'), (city, unit)
@@ -291,7 +292,7 @@ def test_the_sidecar_is_scored_as_the_wave_computes_its_rows(bpe_tokenizer, bpe_
                           ("auto", None))
         rows, prefix, choices = wave_rows(req)
         assert miss["function"] in [t.name for t in req.tools] + [None]
-        texts = wave(prefix, rows, None, choices)
+        texts = wave(prefix, rows, None, choices).texts
         assert miss["function"] == parse_value(texts[0])
         if miss["function"] != miss["expected"]["name"]:
             assert miss["wrong_values"] == {}
@@ -317,7 +318,7 @@ def test_no_call_records_are_scored_by_whether_the_function_row_declines(bpe_tok
         req = HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]), HermesFormat(),
                           ("auto", None))
         rows, prefix, choices = wave_rows(req)
-        name = parse_value(wave(prefix, rows[:1], None, choices)[0])
+        name = parse_value(wave(prefix, rows[:1], None, choices).texts[0])
         declined += name is None
         assert (name is None) == all(m["id"] != rec["id"] for m in res["misses"])
     assert res["no_call"]["declined"] == round(declined / 3, 4)

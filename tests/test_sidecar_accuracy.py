@@ -145,18 +145,19 @@ def _request(tools=(WEATHER,), choice=("auto", None)):
 def test_each_decoded_row_has_its_log_probability_and_an_undecoded_one_none(tiny_sidecar):
     wave = Wave(*tiny_sidecar, max_row_tokens=6)
     rows, prefix, choices = wave_rows(_request())
-    wave(prefix, rows, None, choices)
-    assert len(wave.row_logprobs) == len(rows) and all(lp is not None and lp <= 0 for lp in wave.row_logprobs)
+    logprobs = wave(prefix, rows, None, choices).row_logprobs
+    assert len(logprobs) == len(rows) and all(lp is not None and lp <= 0 for lp in logprobs)
     # many tools: two phases, and the rows of tools the function row did not choose are not decoded
     tools = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object", "properties": {
         f"p{j}": {"type": "string"} for j in range(3)}}}} for i in range(8)]
     wave = Wave(*tiny_sidecar, max_row_tokens=6, max_rows=4)
     rows, prefix, choices = wave_rows(_request(tools, ("required", None)))
-    texts = wave(prefix, rows, None, choices)
-    decoded = [lp is not None for lp in wave.row_logprobs]
+    result = wave(prefix, rows, None, choices)
+    texts = result.texts
+    decoded = [lp is not None for lp in result.row_logprobs]
     assert decoded[0] and decoded.count(True) <= 4 and decoded.count(False) >= len(rows) - 4
     call = join(rows, texts, _request(tools).tools, ("required", None))
-    assert call_logprob(rows, wave.row_logprobs, call, ("required", None)) is not None
+    assert call_logprob(rows, result.row_logprobs, call, ("required", None)) is not None
 
 
 def test_the_function_rows_log_probability_is_its_constrained_choice(tiny_sidecar):
@@ -164,8 +165,7 @@ def test_the_function_rows_log_probability_is_its_constrained_choice(tiny_sideca
     one offered name and no null (tool_choice required), it is certain."""
     wave = Wave(*tiny_sidecar, max_row_tokens=6)
     rows, prefix, choices = wave_rows(_request(choice=("required", None)))
-    wave(prefix, rows, None, choices)
-    assert wave.row_logprobs[0] == pytest.approx(0.0, abs=1e-6)
+    assert wave(prefix, rows, None, choices).row_logprobs[0] == pytest.approx(0.0, abs=1e-6)
 
 
 # ---------------------------------------------------------------- the confidence reaches the consumer
@@ -184,14 +184,18 @@ def test_the_hint_carries_the_waves_calibrated_confidence_from_a_thread_and_a_pr
     from oospec_agents.sidecar.hosts.process import ProcessSidecar
     from oospec_agents.sidecar.hosts.thread import WaveSidecar
     from oospec_agents.sidecar.protocol import wait_for_wave
-    wave = load_wave(tiny_spec)
-    assert wave.calibration == Calibration.raw()  # no adapter: the raw product
-    wave.calibration = Calibration.load(f"{tiny_spec.ref}/{CALIBRATION_FILE}")
+    loaded = load_wave(tiny_spec)
+    assert loaded.calibration == Calibration.raw()  # no adapter: the raw product
+    calibration = Calibration.load(f"{tiny_spec.ref}/{CALIBRATION_FILE}")
+    wave = _Kept(Wave(loaded.model, loaded.tokenizer, max_row_tokens=tiny_spec.max_row_tokens,
+                      prefix_cache_tokens=tiny_spec.prefix_cache_tokens, calibration=calibration,
+                      row_options=loaded.row_options))
     thread = WaveSidecar(wave)
     hint = wait_for_wave(thread.submit(_request(choice=("required", None))), 60).poll()
     rows, _, _ = wave_rows(_request(choice=("required", None)))
     call = json.loads(hint.text.split("\n")[1])
-    expected = wave.calibration(call_logprob(rows, wave.row_logprobs, call, ("required", None)))
+    logprobs = wave.results[-1].row_logprobs
+    expected = calibration(call_logprob(rows, logprobs, call, ("required", None)))
     assert hint.confidence == pytest.approx(expected) and 0 < hint.confidence < 1
     # a worker process loads the same wave: its calibration is its adapter's (here: raw), and it crosses
     process = ProcessSidecar(tiny_spec, timeout_s=60.0, name="tiny")
@@ -199,10 +203,24 @@ def test_the_hint_carries_the_waves_calibrated_confidence_from_a_thread_and_a_pr
         process.wait_ready()
         far = wait_for_wave(process.submit(_request(choice=("required", None))), 60).poll()
         assert far is not None and far.text == hint.text
-        raw = Calibration.raw()(call_logprob(rows, wave.row_logprobs, call, ("required", None)))
+        raw = Calibration.raw()(call_logprob(rows, logprobs, call, ("required", None)))
         assert far.confidence == pytest.approx(raw, rel=1e-4)
     finally:
         process.close()
+
+
+class _Kept:
+    """TEST DOUBLE around a real wave: keeps each `WaveResult` it returned (the wave keeps none)."""
+
+    def __init__(self, wave):
+        self.wave, self.results = wave, []
+
+    def __getattr__(self, name):  # calibration, row_options, estimate: the real wave's
+        return getattr(self.wave, name)
+
+    def __call__(self, *args):
+        self.results.append(self.wave(*args))
+        return self.results[-1]
 
 
 def test_an_adapters_calibration_is_loaded_with_its_wave(tiny_spec, monkeypatch):
@@ -301,14 +319,19 @@ def test_the_embedded_sidecars_prediction_carries_its_calibrated_confidence(embe
     assert wave.calibration == Calibration.for_adapter(EMBEDDED_SIDECAR_ADAPTER) and wave.calibration.kind == "platt"
     rec = next(r for r in load_records("dev") if r["source"] == "bfcl_simple")
     engine = on_target_of(embedded_fp32, HintFirst(embedded_sidecar), wave_payback=None)
-    events = list(engine.stream(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=48,
-                                method="oospec"))
+    embedded_sidecar.host.wave = kept = _Kept(wave)  # the wave's results, kept for the check below
+    try:
+        events = list(engine.stream(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=48,
+                                    method="oospec"))
+    finally:
+        embedded_sidecar.host.wave = wave
     predicted = [e for e in events if isinstance(e, CallPredicted)]
     assert len(predicted) == 1 and isinstance(predicted[0].confidence, float) and 0 < predicted[0].confidence < 1
     rows, _, _ = wave_rows(HintRequest(normalize_messages(rec["messages"]), normalize_tools(rec["tools"]),
                                        HermesFormat(), ("auto", None)))
     call = predicted[0].calls[0]
-    assert predicted[0].confidence == pytest.approx(wave.calibration(call_logprob(rows, wave.row_logprobs, call,
+    logprobs = kept.results[-1].row_logprobs
+    assert predicted[0].confidence == pytest.approx(wave.calibration(call_logprob(rows, logprobs, call,
                                                                                    ("auto", None))))
     plain = embedded_fp32.generate(rec["messages"], rec["tools"], tool_choice="auto", max_new_tokens=48,
                                    method="toolspec")
@@ -412,7 +435,7 @@ def test_the_runtime_and_training_write_an_adapters_rows_alike(tiny_spec, monkey
     inner = wave.__call__
 
     class Spy:
-        row_options, calibration, row_logprobs = wave.row_options, None, []
+        row_options, calibration = wave.row_options, None
 
         def __call__(self, prefix, rows, cancel=None, choices=None):
             seen.append([r.suffix for r in rows])

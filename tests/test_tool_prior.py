@@ -81,7 +81,7 @@ def test_weight_zero_is_the_wave_without_a_prior(tiny_sidecar):
     rows, prefix, choices = wave_rows(_request("Book me a flight to Rome"))
     plain = {0: list(choices[0])}  # the same names, no prior
     wave = Wave(model, tok, max_row_tokens=6, prior_weight=0)
-    assert wave(prefix, rows, None, choices) == wave(prefix, rows, None, plain)
+    assert wave(prefix, rows, None, choices).texts == wave(prefix, rows, None, plain).texts
     assert Wave(model, tok).prior_weight == PRIOR_WEIGHT
 
 
@@ -94,11 +94,12 @@ def test_a_heavy_prior_makes_a_random_model_write_the_named_tool(tiny_sidecar, t
     model, tok = tiny_sidecar
     rows, prefix, choices = wave_rows(_request(text, tool_choice=("required", None)))
     wave = Wave(model, tok, max_row_tokens=6, max_rows=max_rows, top_tools=top_tools, prior_weight=1e4)
-    texts = wave(prefix, rows, None, choices)
+    result = wave(prefix, rows, None, choices)
+    texts = result.texts
     assert parse_value(texts[0]) == want
     assert all(t for r, t in zip(rows[1:], texts[1:]) if r.tool == want)  # its slot rows were decoded
     if top_tools:
-        assert wave.profile["top_tools"] == [want]
+        assert result.profile["top_tools"] == [want]
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "6"])

@@ -19,7 +19,7 @@ from oospec_agents.sidecar import wave as wave_module
 from oospec_agents.sidecar.hosts.thread import WaveSidecar
 from oospec_agents.sidecar.rows import RowOptions
 from oospec_agents.sidecar.runtime import WaveHost, wave_rows
-from oospec_agents.sidecar.wave import Wave
+from oospec_agents.sidecar.wave import Wave, WaveResult
 from oospec_agents.tools import normalize_tools
 
 
@@ -54,9 +54,7 @@ def _counting(model):
 def _wave(sidecar_fp32, **kw) -> Wave:
     """A wave of the float32 sidecar that writes its adapter's rows, as the runtime loads it."""
     model, tok = sidecar_fp32
-    wave = Wave(model, tok, **kw)
-    wave.row_options = RowOptions.for_adapter(models.EMBEDDED_SIDECAR_ADAPTER)
-    return wave
+    return Wave(model, tok, row_options=RowOptions.for_adapter(models.EMBEDDED_SIDECAR_ADAPTER), **kw)
 
 
 def _waves(records, wave):
@@ -72,19 +70,17 @@ def test_each_request_of_a_batched_wave_writes_what_its_wave_alone_writes_in_few
     waves = _waves(records, wave)
     calls, restore = _counting(wave.model)
     try:
-        alone = []
-        for prefix, rows, cancel, choices in waves:
-            alone.append((wave(prefix, rows, cancel, choices), list(wave.row_logprobs)))
+        alone = [wave(prefix, rows, cancel, choices) for prefix, rows, cancel, choices in waves]
         forwards_alone = len(calls)
         calls.clear()
         together = wave.many(waves)
         forwards_together = len(calls)
     finally:
         restore()
-    assert [t for t, _, _ in together] == [t for t, _ in alone]
-    for (_, lps, profile), (_, lps_alone) in zip(together, alone):
-        assert lps == pytest.approx(lps_alone, abs=1e-3)
-        assert profile["batched"] == len(records)
+    assert [r.texts for r in together] == [r.texts for r in alone]
+    for res, res_alone in zip(together, alone):
+        assert res.row_logprobs == pytest.approx(res_alone.row_logprobs, abs=1e-3)
+        assert res.profile["batched"] == len(records)
     assert sum(len(rows) for _, rows, _, _ in waves) > len(records)  # several rows a request
     assert forwards_together < forwards_alone / 2, (forwards_together, forwards_alone)
 
@@ -92,45 +88,46 @@ def test_each_request_of_a_batched_wave_writes_what_its_wave_alone_writes_in_few
 def test_a_cancelled_request_leaves_the_batch_and_the_others_write_as_alone(sidecar_fp32, records):
     wave = _wave(sidecar_fp32, prefix_cache_tokens=0)
     waves = _waves(records[:3], wave)
-    alone = [wave(p, r, c, ch) for p, r, c, ch in waves]
+    alone = [wave(p, r, c, ch).texts for p, r, c, ch in waves]
     stop = threading.Event()
     stop.set()
     waves[1] = waves[1][:2] + (stop,) + waves[1][3:]
     together = wave.many(waves)
-    assert [together[0][0], together[2][0]] == [alone[0], alone[2]]
-    assert together[1][2]["steps"] <= 1  # it left at the first step
+    assert [together[0].texts, together[2].texts] == [alone[0], alone[2]]
+    assert together[1].profile["steps"] <= 1  # it left at the first step
 
 
 def test_requests_past_the_kv_budget_wait_for_their_own_batch(sidecar_fp32, records, monkeypatch):
     wave = _wave(sidecar_fp32, prefix_cache_tokens=0)
     waves = _waves(records[:4], wave)
-    alone = [wave(p, r, c, ch) for p, r, c, ch in waves]
+    alone = [wave(p, r, c, ch).texts for p, r, c, ch in waves]
     monkeypatch.setattr(wave_module, "MAX_BATCH_TOKENS", 1)  # no two requests fit
     together = wave.many(waves)
-    assert [t for t, _, _ in together] == alone
-    assert all("batched" not in p for _, _, p in together)
+    assert [r.texts for r in together] == alone
+    assert all("batched" not in r.profile for r in together)
 
 
 def test_a_large_tool_set_runs_its_two_phases_on_its_own_beside_a_batch(sidecar_fp32, records):
     wave = _wave(sidecar_fp32, prefix_cache_tokens=0, max_rows=3)  # every multi-tool request: two phases
     waves = _waves(records, wave)
-    alone = [wave(p, r, c, ch) for p, r, c, ch in waves]
+    alone = [wave(p, r, c, ch).texts for p, r, c, ch in waves]
     together = wave.many(waves)
-    assert [t for t, _, _ in together] == alone
-    phased = [p for (_, _, p) in together if "phases" in p]
+    assert [r.texts for r in together] == alone
+    phased = [r.profile for r in together if "phases" in r.profile]
     assert phased and all("batched" not in p for p in phased)
-    assert any("batched" in p for (_, _, p) in together)  # the small tool sets still shared a wave
+    assert any("batched" in r.profile for r in together)  # the small tool sets still shared a wave
 
 
 def test_the_prefix_cache_serves_a_batched_wave_and_keeps_its_prefixes(sidecar_fp32, records):
     wave = _wave(sidecar_fp32)
     waves = _waves(records[:3], wave)
-    cold = wave.many(waves)
-    warm = wave.many(waves)
-    assert [t for t, _, _ in warm] == [t for t, _, _ in cold]
-    assert cold[0][2]["cached_prefix_tokens"] == 0  # (the later cold ones may share the first's system prompt)
-    assert all(w["cached_prefix_tokens"] > c["cached_prefix_tokens"] for (_, _, w), (_, _, c) in zip(warm, cold))
-    assert all(w["cached_prefix_tokens"] >= w["prefix_tokens"] - 1 for _, _, w in warm), warm  # all but the last
+    cold_results = wave.many(waves)
+    warm_results = wave.many(waves)
+    assert [r.texts for r in warm_results] == [r.texts for r in cold_results]
+    cold, warm = [r.profile for r in cold_results], [r.profile for r in warm_results]
+    assert cold[0]["cached_prefix_tokens"] == 0  # (the later cold ones may share the first's system prompt)
+    assert all(w["cached_prefix_tokens"] > c["cached_prefix_tokens"] for w, c in zip(warm, cold))
+    assert all(w["cached_prefix_tokens"] >= w["prefix_tokens"] - 1 for w in warm), warm  # all but the last
 
 
 # ---------------------------------------------------------------- the hosts gather waiting requests
@@ -149,7 +146,7 @@ class _Recorder:
 
     def many(self, waves):
         self.calls.append(len(waves))
-        return [(self(p, r, c, ch), None, {"batched": len(waves)}) for p, r, c, ch in waves]
+        return [WaveResult(self(p, r, c, ch), None, {"batched": len(waves)}) for p, r, c, ch in waves]
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -242,23 +239,26 @@ def test_an_engines_concurrent_replies_share_sidecar_waves_and_each_reply_is_its
     engine.close()
 
 
-def test_a_row_bias_hook_reaches_each_rows_logits_before_its_constraints(smollm2_tokenizer):
-    """`Wave.row_bias` (an experiment's hook, examples/copy_prior.py) sees each live row with its tokens so
-    far and may add to its logits; the function row's choices still hold."""
+def test_a_subclass_biases_each_rows_logits_before_its_constraints(smollm2_tokenizer):
+    """An experiment's wave (examples/copy_prior.py) adds to a row's logits by overriding `_constrain_row`
+    and calling it after: it sees each live row with its tokens so far and may add to its logits; the
+    function row's choices still hold."""
     from oospec_testing import tiny_model
     tok = smollm2_tokenizer
-    wave = Wave(tiny_model("llama", tok, seed=3), tok, max_row_tokens=4)
-    rec = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER]}
-    rows, prefix, choices = wave_rows(_request(rec, ("required", None)))
     quote = tok.encode(' "', add_special_tokens=False)[0]
     seen = []
 
-    def bias(rows_, i, so_far, logits):
-        seen.append((rows_[i].kind, list(so_far)))
-        if rows_[i].kind == "slot" and not so_far:
-            logits[quote] += 1e4
-    wave.row_bias = bias
-    texts = wave(prefix, rows, None, choices)
+    class QuoteWave(Wave):
+        def _constrain_row(self, job, row, logits):
+            so_far = job.out[row]
+            seen.append((job.rows[row].kind, list(so_far)))
+            if job.rows[row].kind == "slot" and not so_far:
+                logits[quote] += 1e4
+            super()._constrain_row(job, row, logits)
+    wave = QuoteWave(tiny_model("llama", tok, seed=3), tok, max_row_tokens=4)
+    rec = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER]}
+    rows, prefix, choices = wave_rows(_request(rec, ("required", None)))
+    texts = wave(prefix, rows, None, choices).texts
     assert texts[0].strip() == '"get_weather"'  # constrained to the offered name regardless
     assert texts[1].startswith(' "')             # the slot row's first token is the biased one
     assert {k for k, _ in seen} == {"function", "slot"}

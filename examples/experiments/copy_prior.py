@@ -1,6 +1,9 @@
 """#56 item 6, one idea measured on its own: a copy-from-prompt prior for string slots. While a slot row
 writes a JSON string, every token of the conversation's user turns gains `--weight` logits (the values a
-call needs are often words the user wrote: a city, a name, a title), through the wave's `row_bias` hook.
+call needs are often words the user wrote: a city, a name, a title). The experiment's wave (`CopyWave`,
+a `Wave` whose `_constrain_row` adds the bias before the row's constraints) stands in for the runtime's
+while `evaluate_sidecar` runs; the package keeps no hook for it (measured, not shipped:
+docs/sidecar-accuracy.md).
 
     .venv/bin/python examples/copy_prior.py --weight 0,1,2 --dev ../shared/data/toolcalls/dev.jsonl \
         --sources bfcl_simple,bfcl_multiple,apibank_l1 --limit 40
@@ -49,18 +52,18 @@ def main(argv=None) -> int:
     results = {}
     recs = load_many(a.dev)
     sources = a.sources.split(",") if a.sources else None
+    plain_wave = wave_module.Wave
     for w in (float(x) for x in a.weight.split(",")):
-        plain_wave = wave_module.Wave
-
-        def bias(rows, i, so_far, logits, w=w):
-            ids = user_ids.get(id(rows))
-            if w and ids is not None and rows[i].kind == "slot" and tok.decode(so_far).lstrip().startswith('"'):
-                logits[ids] += w
 
         class CopyWave(plain_wave):
-            def __init__(self, *args, **kw):
-                super().__init__(*args, **kw)
-                self.row_bias = bias
+            """The wave, with `w` logits on every user-turn token while a slot row writes a string."""
+
+            def _constrain_row(self, job, row, logits, w=w):
+                ids, so_far = user_ids.get(id(job.rows)), job.out[row]
+                if w and ids is not None and job.rows[row].kind == "slot" \
+                        and tok.decode(so_far).lstrip().startswith('"'):
+                    logits[ids] += w
+                super()._constrain_row(job, row, logits)
         wave_module.Wave = CopyWave
         try:
             res = evaluate_sidecar(model, tok, recs, sources=sources, limit_per_source=a.limit,

@@ -84,7 +84,7 @@ def main() -> None:
         gold = rec["expected"][0]["name"] if rec["expected"] else None
         for w in a.weights:
             wave.prior_weight = w
-            name = parse_value(wave(prefix, rows[:1], None, choices)[0])
+            name = parse_value(wave(prefix, rows[:1], None, choices).texts[0])
             h = hits.setdefault(rec["source"], {}).setdefault(w, [0, 0])
             h[0] += name == gold
             h[1] += 1

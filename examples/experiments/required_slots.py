@@ -118,7 +118,7 @@ def wave_hint(wave, req, fmt) -> str | None:
     from oospec_agents.sidecar.runtime import wave_rows
     rows, prefix, choices = wave_rows(req)
     try:
-        call = join(rows, wave(prefix, rows, None, choices), req.tools, req.tool_choice)
+        call = join(rows, wave(prefix, rows, None, choices).texts, req.tools, req.tool_choice)
     except JoinError:
         return None
     return fmt.render_call(call["name"], call["arguments"])

@@ -77,7 +77,7 @@ def main() -> None:
                 rows, prefix, choices = wave_rows(req)
                 t0 = time.perf_counter()
                 with torch.inference_mode():
-                    out = wave(prefix, rows, None, choices)
+                    out = wave(prefix, rows, None, choices).texts
                 seconds.append(time.perf_counter() - t0)
                 got.append(parse_value(out[0]))
             names[mode, name] = got

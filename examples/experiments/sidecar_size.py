@@ -49,10 +49,10 @@ def main(argv=None) -> int:
             wave.prefix_cache.clear()
             for cache in ("cold", "warm"):
                 t0 = time.perf_counter()
-                wave(prefix, rows, None, choices)
+                profile = wave(prefix, rows, None, choices).profile
                 times[(ref, cache)].append(time.perf_counter() - t0)
                 if cache == "cold":
-                    split[ref].append((wave.profile["prefix_tokens"], wave.profile["prefill_s"], wave.profile["decode_s"]))
+                    split[ref].append((profile["prefix_tokens"], profile["prefill_s"], profile["decode_s"]))
     med = statistics.median
     print(f"{len(recs)} records, {dtype}, {a.threads} thread(s), medians\n")
     print("| sidecar | cold wave | warm wave | cold prefill | cold decode | prefix tokens |")

@@ -45,10 +45,10 @@ def main(argv=None) -> int:
     wave.model.forward = lambda *args, **kw: (calls.append(1), forward(*args, **kw))[1]
 
     def alone():
-        return [wave(*w) for w in waves]
+        return [wave(*w).texts for w in waves]
 
     def together():
-        return [texts for texts, _, _ in wave.many(waves)]
+        return [result.texts for result in wave.many(waves)]
     best: dict = {}
     texts: dict = {}
     for rep in range(a.reps):

@@ -77,14 +77,14 @@ def run(wave, rec: dict, *, cold: bool = True) -> dict:
     if cold:
         wave.prefix_cache.clear()
     t = time.perf_counter()
-    texts = wave(prefix, rows, None, choices)
+    result = wave(prefix, rows, None, choices)
     wave_s = time.perf_counter() - t
     try:
-        call = join(rows, texts, req.tools, req.tool_choice)
+        call = join(rows, result.texts, req.tools, req.tool_choice)
         valid = check_calls([call], req.tools).all_fit
     except JoinError:
         call, valid = None, False
-    return {"id": rec["id"], "tools": len(rec["tools"]), "wave_s": wave_s, **wave.profile,
+    return {"id": rec["id"], "tools": len(rec["tools"]), "wave_s": wave_s, **result.profile,
             "name": call and call["name"], "valid": valid, "expected": rec["expected"][0]["name"]}
 
 

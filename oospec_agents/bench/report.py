@@ -79,37 +79,9 @@ def markdown(results: dict) -> str:
         lines += _payback_sweep(results)
     lines += _per_source(results, "Decode speedup per source", lambda f: _f(f["speedup_decode"], suffix="x"))
     lines += _per_source(results, "Tokens per target forward, per source", lambda f: _f(f["mean_accepted_tokens"]))
-    accepted = {m: f["accepted_by_source"] for m, f in methods.items() if f["accepted_by_source"]}
-    if accepted:
-        # strict runs add the tokens their grammar forced (committed unverified: jump-forward)
-        sources = ["schema", "retrieval", "hint"] + (["grammar"] if any(a.get("grammar") for a in accepted.values())
-                                                     else [])
-        lines += ["", "## Accepted draft tokens by drafter", "", "| method | " + " | ".join(sources) + " |",
-                  "|---" * (len(sources) + 1) + "|"]
-        lines += ["| " + " | ".join([m] + [str(a.get(s, 0)) for s in sources]) + " |" for m, a in accepted.items()]
-    lines += ["", "## Where the time goes", "",
-              "| method | e2e s / record | prefill s | decode s | ms per decode round | of which host ms "
-              "| host share of decode | hints in time |",
-              "|---|---|---|---|---|---|---|---|"]
-    for m, f in methods.items():
-        e2e = None if f["prefill_s"] is None else f["prefill_s"] + f["decode_s"]
-        hints = f"{f['hints_in_time']}/{f['hints']}" if f["hints"] else "–"
-        lines.append(f"| {m} | {_f(e2e, '{:.3f}')} | {_f(f['prefill_s'], '{:.3f}')} | {_f(f['decode_s'], '{:.3f}')} "
-                     f"| {_f(f['round_ms'], '{:.1f}')} | {_f(f.get('host_ms_per_round'), '{:.2f}')} "
-                     f"| {_f(f.get('host_share'), '{:.1%}')} | {hints} |")
-    waves = {m: (f["sidecar_wave"], f) for m, f in methods.items() if f.get("sidecar_wave")}
-    if waves:
-        lines += ["", "The sidecar's wave against the target's call (means over the records whose wave finished; "
-                  "times from the request's arrival):", "",
-                  "| method | waves | prefix tokens | rows | queued s | wave prefill s | decode steps | wave decode s "
-                  "| hint_ready_s | target prefill s | target call s | hint share |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for m, (w, f) in waves.items():
-            lines.append(f"| {m} | {w['n']} | {_f(w['prefix_tokens'], '{:.0f}')} | {_f(w['rows'], '{:.1f}')} "
-                         f"| {_f(w['queued_s'], '{:.3f}')} | {_f(w['prefill_s'], '{:.3f}')} | {_f(w['steps'], '{:.1f}')} "
-                         f"| {_f(w['decode_s'], '{:.3f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
-                         f"| {_f(f['prefill_s'], '{:.3f}')} | {_f(f['prefill_s'] + f['decode_s'], '{:.3f}')} "
-                         f"| {_f(f['hint_share'], '{:.0%}')} |")
+    lines += _accepted_lines(methods)
+    lines += _time_lines(methods)
+    lines += _wave_lines(methods)
     skipped = {m: f["waves_skipped"] for m, f in methods.items() if f.get("waves_skipped")}
     if skipped:
         lines += ["", "Waves the pay-back rule skipped (the sidecar shares the target's cores, and its wave was "
@@ -120,6 +92,53 @@ def markdown(results: dict) -> str:
                   + ", ".join(f"{m}: {n}" for m, n in errors.items())]
     lines += ["", f"Run took {cfg['wall_s']} s (git {env.get('git_commit')}).", ""]
     return "\n".join(lines)
+
+
+def _accepted_lines(methods: dict) -> list[str]:
+    """The draft tokens each method accepted, by drafter (none where no method drafted)."""
+    accepted = {m: f["accepted_by_source"] for m, f in methods.items() if f["accepted_by_source"]}
+    if not accepted:
+        return []
+    # strict runs add the tokens their grammar forced (committed unverified: jump-forward)
+    sources = ["schema", "retrieval", "hint"] + (["grammar"] if any(a.get("grammar") for a in accepted.values())
+                                                 else [])
+    lines = ["", "## Accepted draft tokens by drafter", "", "| method | " + " | ".join(sources) + " |",
+             "|---" * (len(sources) + 1) + "|"]
+    return lines + ["| " + " | ".join([m] + [str(a.get(s, 0)) for s in sources]) + " |" for m, a in accepted.items()]
+
+
+def _time_lines(methods: dict) -> list[str]:
+    """Where each method's time goes: prefill, decode, per round, host share, hints in time."""
+    lines = ["", "## Where the time goes", "",
+             "| method | e2e s / record | prefill s | decode s | ms per decode round | of which host ms "
+             "| host share of decode | hints in time |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m, f in methods.items():
+        e2e = None if f["prefill_s"] is None else f["prefill_s"] + f["decode_s"]
+        hints = f"{f['hints_in_time']}/{f['hints']}" if f["hints"] else "–"
+        lines.append(f"| {m} | {_f(e2e, '{:.3f}')} | {_f(f['prefill_s'], '{:.3f}')} | {_f(f['decode_s'], '{:.3f}')} "
+                     f"| {_f(f['round_ms'], '{:.1f}')} | {_f(f.get('host_ms_per_round'), '{:.2f}')} "
+                     f"| {_f(f.get('host_share'), '{:.1%}')} | {hints} |")
+    return lines
+
+
+def _wave_lines(methods: dict) -> list[str]:
+    """The sidecar's wave against the target's call, per method that ran one (none where none did)."""
+    waves = {m: (f["sidecar_wave"], f) for m, f in methods.items() if f.get("sidecar_wave")}
+    if not waves:
+        return []
+    lines = ["", "The sidecar's wave against the target's call (means over the records whose wave finished; "
+             "times from the request's arrival):", "",
+             "| method | waves | prefix tokens | rows | queued s | wave prefill s | decode steps | wave decode s "
+             "| hint_ready_s | target prefill s | target call s | hint share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m, (w, f) in waves.items():
+        lines.append(f"| {m} | {w['n']} | {_f(w['prefix_tokens'], '{:.0f}')} | {_f(w['rows'], '{:.1f}')} "
+                     f"| {_f(w['queued_s'], '{:.3f}')} | {_f(w['prefill_s'], '{:.3f}')} | {_f(w['steps'], '{:.1f}')} "
+                     f"| {_f(w['decode_s'], '{:.3f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
+                     f"| {_f(f['prefill_s'], '{:.3f}')} | {_f(f['prefill_s'] + f['decode_s'], '{:.3f}')} "
+                     f"| {_f(f['hint_share'], '{:.0%}')} |")
+    return lines
 
 
 _SCENARIO_TEXT = {

@@ -22,6 +22,17 @@ ENDED_INSIDE = "unterminated tool call: the model ended its reply (end of sequen
 
 
 class ToolFormat(ABC):
+    """How one model family writes tool calls as text: the one place the engine learns a family's markup.
+
+    It renders (`render_call`, `render_calls`, `render_tool_result`: a call the sidecar predicts is
+    posted as a hint in the target's own format), parses (`parse`, `segments`: the reply's text into
+    content and calls, also mid-stream, where `undecided_tail` holds back what may still become markup),
+    and gives the schema drafter the fixed skeleton around a call's JSON (`call_start`,
+    `open_call_json`, `call_end`; `forced_prefix` for a forced tool_choice; `forced_next` where the
+    calls are not JSON). `system_prompt` offers the tools where the chat template does not.
+    A new format subclasses this, fills the class attributes below and the abstract methods, and is
+    named in `formats.FORMATS` (and `detect_format` where a chat template can tell it).
+    """
     name: str
     #: key that holds the arguments object in the call JSON
     args_key: str

@@ -7,8 +7,9 @@ own, while the target decodes. Words: docs/glossary.md.
     hosts/        thread.py, process.py, ray.py: transport only, each around a WaveHost
     load.py       load_sidecar(): the one module that imports hosts/
     session.py    one reply's view of its sidecar; returns an Outcome
-    rows.py wave.py join.py rank.py payback.py   the model side: rows, the batched wave, the join,
-                                                  the lexical prior, the pay-back rule
+    rows.py wave.py fanout.py join.py rank.py payback.py
+                  the model side: rows, the batched wave (and its prefill), the join, the lexical
+                  prior, the pay-back rule
 """
 from .protocol import FixedHint, Hint, HintRequest, HintTicket, Sidecar, SidecarBase, Ticket, check_sidecar
 

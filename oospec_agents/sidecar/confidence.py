@@ -1,7 +1,7 @@
 """The wave's confidence: a calibrated probability that its whole predicted call is exact (#56 item 4).
 
-    logprob = call_logprob(rows, wave.row_logprobs, call, tool_choice)   the call's rows, summed
-    confidence = calibration(logprob)                                    in [0, 1]
+    logprob = call_logprob(rows, result.row_logprobs, call, tool_choice)   the call's rows, summed
+    confidence = calibration(logprob)                                      in [0, 1]
 
 A call is exact when its function and every argument are right, so its raw score is the log of the
 product of its rows' sequence probabilities: the function row's (unless tool_choice named the tool)

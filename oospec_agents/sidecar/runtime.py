@@ -34,10 +34,13 @@ from .join import JoinError, NoCall, encode_payload, join
 from .protocol import HintRequest
 from .rank import tool_prior
 from .rows import Row, RowOptions, expand_rows
-from .wave import MAX_ROWS, PRIOR_WEIGHT
+from .wave import MAX_ROWS, PRIOR_WEIGHT, WaveResult
 
-#: (prefix, rows, cancel, choices: row -> {text: prior}) -> one generated text per row; `Wave` is the real one
-WaveFn = Callable[[str, list[Row], threading.Event, dict[int, dict[str, float]]], list[str]]
+#: (prefix, rows, cancel, choices: row -> {text: prior}) -> a `WaveResult`, or one generated text per row
+#: alone (a plain wave function: no log-probabilities, no profile); `Wave` is the real one. A wave
+#: function with `many` (`Wave.many`: a list of (prefix, rows, cancel, choices) -> one WaveResult each)
+#: runs concurrent requests as one batch.
+WaveFn = Callable[[str, list[Row], threading.Event, dict[int, dict[str, float]]], "WaveResult | list[str]"]
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,9 @@ def load_wave(spec: WorkerSpec):
     from .wave import Wave
     model, tok = models.load_model(spec.ref, device=torch.device(spec.device), dtype=spec.dtype, adapter=spec.adapter)
     wave = Wave(model, tok, max_row_tokens=spec.max_row_tokens, prefix_cache_tokens=spec.prefix_cache_tokens,
-                max_rows=spec.max_rows, prior_weight=spec.prior_weight)
-    wave.calibration = Calibration.for_adapter(spec.adapter)  # its confidence.json, or the raw product
-    wave.row_options = RowOptions.for_adapter(spec.adapter)  # its rows.json, or today's rows
+                max_rows=spec.max_rows, prior_weight=spec.prior_weight,
+                calibration=Calibration.for_adapter(spec.adapter),  # its confidence.json, or the raw product
+                row_options=RowOptions.for_adapter(spec.adapter))   # its rows.json, or today's rows
     wave.null_starts()  # a pass over the vocabulary, here at load time rather than in the first wave
     return wave
 
@@ -116,10 +119,7 @@ def run_waves(wave: WaveFn, jobs: list[tuple[HintRequest, threading.Event]], *, 
         if many is not None and len(ready) > 1:
             results = many([(prefix, rows, jobs[n][1], choices) for n, rows, prefix, choices in ready])
         else:
-            results = []
-            for n, rows, prefix, choices in ready:
-                texts = wave(prefix, rows, jobs[n][1], choices)
-                results.append((texts, getattr(wave, "row_logprobs", None), getattr(wave, "profile", None)))
+            results = [as_result(wave(prefix, rows, jobs[n][1], choices)) for n, rows, prefix, choices in ready]
         if stream is not None:
             stream.synchronize()
         wave_s = time.perf_counter() - start
@@ -127,20 +127,27 @@ def run_waves(wave: WaveFn, jobs: list[tuple[HintRequest, threading.Event]], *, 
         for n, *_ in ready:
             outcomes[n] = _fault(e, device)
         return outcomes
-    for (n, rows, _, _), (texts, logprobs, profile) in zip(ready, results):
+    for (n, rows, _, _), result in zip(ready, results):
         request, cancelled = jobs[n]
         if cancelled.is_set():
             continue
-        profile = {"queued_s": start - request.arrived, "wave_s": wave_s, **(profile or {})}
+        profile = {"queued_s": start - request.arrived, "wave_s": wave_s, **result.profile}
         try:
-            call = join(rows, texts, request.tools, request.tool_choice)
+            call = join(rows, result.texts, request.tools, request.tool_choice)
             outcomes[n] = {"payload": encode_payload(call), "profile": profile,
-                           "confidence": call_confidence(wave, rows, call, request.tool_choice, logprobs)}
+                           "confidence": call_confidence(wave, rows, call, request.tool_choice,
+                                                         result.row_logprobs)}
         except NoCall:
             outcomes[n] = {"declined": True, "profile": profile}
         except Exception as e:
             outcomes[n] = _fault(e, device)
     return outcomes
+
+
+def as_result(out: WaveResult | list[str]) -> WaveResult:
+    """A wave function's answer as a `WaveResult` (a plain wave function's texts alone: no log-probabilities,
+    an empty profile)."""
+    return out if isinstance(out, WaveResult) else WaveResult(list(out))
 
 
 def _fault(e: Exception, device: torch.device) -> dict:
@@ -156,8 +163,8 @@ def _fault(e: Exception, device: torch.device) -> dict:
 
 def call_confidence(wave, rows: list[Row], call: dict, tool_choice, row_logprobs) -> float | None:
     """The probability that `call` is exact: the wave's calibration of its rows' log-probability
-    (`row_logprobs`, the wave's own for these rows; confidence.py); None for a wave function that keeps
-    no calibration."""
+    (`row_logprobs`, its `WaveResult`'s for these rows; confidence.py); None for a wave function that
+    keeps no calibration."""
     calibration = getattr(wave, "calibration", None)
     if calibration is None:
         return None

@@ -51,6 +51,17 @@ class Outcome:
 
 
 class HintSession:
+    """One reply's sidecar, from the engine's side: the request's ticket, its hint once ready, and the
+    reply's `Outcome`.
+
+    `open` submits the request (lending the wave cores where it shares the target's CPU); the decode
+    loop calls `poll` each round, which never blocks and never raises: it returns the hint's text the
+    round it is first ready (then, with `follow_up`, a follow-up wave's for the function the reply
+    names), else None. `close` ends it: a hint that never came is counted late, the waves are
+    cancelled and the cores given back. Every fault (an exception, an error, a late hint) becomes
+    `Outcome.error`, logged once per kind in `faults` (shared by the engine's sessions).
+    """
+
     def __init__(self, ticket, faults: set[str], loan: cores.Loan, *, sidecar: Sidecar | None = None,
                  request: HintRequest | None = None, follow_up: bool = False, lend=None):
         self.ticket = ticket
@@ -78,7 +89,7 @@ class HintSession:
             ticket = sidecar.submit(request)
         except Exception as e:  # a sidecar fault never reaches the target's answer
             session = cls(None, faults, cores.Loan())
-            session._fault(f"sidecar submit failed: {type(e).__name__}: {e}")
+            session.fault(f"sidecar submit failed: {type(e).__name__}: {e}")
             return session
         return cls(ticket, faults, lend(), sidecar=sidecar, request=request, follow_up=follow_up, lend=lend)
 
@@ -128,7 +139,7 @@ class HintSession:
         try:
             self._next = self._sidecar.submit(request)
         except Exception as e:
-            self._fault(f"sidecar submit failed: {type(e).__name__}: {e}")
+            self.fault(f"sidecar submit failed: {type(e).__name__}: {e}")
             return None
         self.outcome.follow_ups += 1
         if not self._loan.threads:
@@ -146,7 +157,7 @@ class HintSession:
         self._next = None
         self._loan.give_back()
         if error:
-            self._fault(error)
+            self.fault(error)
         if error or declined or hint is None or not isinstance(hint.text, str):
             return None
         self._take(hint)
@@ -162,11 +173,11 @@ class HintSession:
                 # may still have brought the call the target wrote)
             elif not abandoned and self.text is None and self.outcome.error is None:
                 if self._read() is not None:
-                    self._fault(f"{LATE}: it arrived after the reply was complete (reported, not used)")
+                    self.fault(f"{LATE}: it arrived after the reply was complete (reported, not used)")
                 elif self.declined:
                     self.outcome.declined = True
                 elif self.outcome.error is None:
-                    self._fault(f"{LATE}: not ready when the reply was complete")
+                    self.fault(f"{LATE}: not ready when the reply was complete")
             for ticket in (self.ticket, self._next):
                 try:
                     if ticket is not None:
@@ -185,10 +196,12 @@ class HintSession:
         except Exception as e:
             hint, error = None, f"sidecar poll failed: {type(e).__name__}: {e}"
         if error and self.outcome.error is None:
-            self._fault(error)
+            self.fault(error)
         return hint if error is None else None
 
-    def _fault(self, message: str) -> None:
+    def fault(self, message: str) -> None:
+        """Record a fault: the outcome's error (the target decodes on without the hint), and a warning
+        logged the first time its kind (what `message` says before its first colon) is seen."""
         self.outcome.error = message
         kind = message.split(":")[0]
         if kind not in self._faults:  # logged once per kind, always visible in stats

@@ -5,8 +5,10 @@
     each row's key                         fanned out: one element per row        [R, P + O + K]
     decode all rows in lockstep; a row leaves the batch once its JSON value is complete
 
-Each level is right-aligned: pads sit between levels, masked out, and position ids skip them, so
-every batch element is exactly its row's `prefix + suffix` and no row attends to another.
+The prefill and its fan-out are fanout.py's; this module decodes. Each level is right-aligned: pads
+sit between levels, masked out, and position ids skip them, so every batch element is exactly its
+row's `prefix + suffix` and no row attends to another. A wave returns a `WaveResult` (each row's
+text and log-probability, and where its time went) and keeps none of it.
 
 A required parameter's row (`Row.required`) never answers null: a call without it would not
 validate, so its first tokens are kept off `null` and the row writes its best value instead.
@@ -32,14 +34,13 @@ import functools
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from ..prefix_cache import DEFAULT_TOKENS, PrefixCache
-from ..verify import cache_kwarg, eos_ids
+from ..verify import eos_ids
+from .fanout import FanOut
 from .payback import Line
 from .rows import Row, parse_value, value_end
 
@@ -60,8 +61,25 @@ MAX_BATCH_TOKENS = 65536
 PRIOR_WEIGHT = 6.0
 
 
+@dataclass(frozen=True)
+class WaveResult:
+    """What one request's wave wrote: one entry per row, in the order of the rows it was given."""
+    #: the text each row generated after its suffix, up to the end of its JSON value; "" for a row that a
+    #: two-phase wave did not decode
+    texts: list[str]
+    #: each row's log-probability: the sum over its tokens of the chosen token's log-softmax under the
+    #: constraints the row decoded with (choices, prior, no null for a required row); None for a row the
+    #: wave did not decode. `confidence.call_logprob` reads it. None: a wave function that keeps none.
+    row_logprobs: list[float | None] | None = None
+    #: where the wave's time went: prefix_tokens, cached_prefix_tokens, rows (decoded), rows_offered,
+    #: max_rows, prefill_s, steps (tokens per row at most, both phases together), decode_s; a two-phase
+    #: wave adds phases (1 or 2), function_steps and first_rows (the first phase's steps and rows), and
+    #: top_tools where it ranked them; a batched wave (`Wave.many`) adds batched (the requests in it)
+    profile: dict = field(default_factory=dict)
+
+
 @dataclass(eq=False)
-class _Job:
+class _RequestRows:
     """One request's rows in a decode loop: its constraints, and where its tokens and scores go."""
     rows: list[Row]
     tries: dict        # row -> its choices, as token ids
@@ -75,15 +93,29 @@ class _Job:
 
 
 class Wave:
+    """The sidecar's prediction of one tool call, every argument at once: a *wave*.
+
+    A request becomes rows (rows.py): one function-index row (which tool, or null) and one
+    value-or-null row per parameter of every offered tool, each a short suffix after one shared
+    prefix (the compact tools and the conversation). No row sees another's answer, so all of them
+    decode greedily as one batch: the shared prefix is prefilled once (from the prefix cache) and its
+    KV fanned out per row (fanout.py), then the rows decode in lockstep, each leaving the batch as
+    soon as its JSON value is complete (early stop per row). `runtime.run_waves` joins the texts into
+    the call that is hinted to the target.
+
+    A call (`wave(prefix, rows, cancel, choices)`) and a batch of several requests' waves
+    (`wave.many`) return a `WaveResult` each, and keep nothing of it on the wave: only the settings
+    given here, the prefix cache and the cost line (`estimate`) outlive a wave.
+
+    `calibration` maps a call's log-probability to the probability that it is exact
+    (`confidence.Calibration`; None: the runtime reports no confidence); `row_options` says how the
+    adapter's rows are written (`rows.RowOptions`; None: today's rows; `runtime.wave_rows` reads it).
+    """
+
     def __init__(self, model, tokenizer, *, max_row_tokens: int = 32, prefix_cache_tokens: int = DEFAULT_TOKENS,
-                 max_rows: int = MAX_ROWS, top_tools: int = 0, prior_weight: float = PRIOR_WEIGHT):
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 2:
-            raise ValueError(f"max_rows must be an integer >= 2 (the function row and a slot), got {max_rows!r}")
-        if isinstance(top_tools, bool) or not isinstance(top_tools, int) or top_tools < 0:
-            raise ValueError(f"top_tools must be an integer >= 0, got {top_tools!r}")
-        if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) \
-                or not math.isfinite(prior_weight) or prior_weight < 0:
-            raise ValueError(f"prior_weight must be a finite number >= 0 (0 turns the prior off), got {prior_weight!r}")
+                 max_rows: int = MAX_ROWS, top_tools: int = 0, prior_weight: float = PRIOR_WEIGHT,
+                 calibration=None, row_options=None):
+        _check_settings(max_rows, top_tools, prior_weight)
         self.model = model
         self.tokenizer = tokenizer
         self.max_row_tokens = max_row_tokens
@@ -94,33 +126,17 @@ class Wave:
         self.top_tools = top_tools
         #: logits added per unit of a choice's prior (0: the model alone chooses)
         self.prior_weight = float(prior_weight)
+        self.calibration = calibration
+        self.row_options = row_options
         self.device = next(model.parameters()).device
-        self.cache_kw = cache_kwarg(model)
         self.eos = eos_ids(model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
+        self.fanout = FanOut(model, self.pad)
         #: the shared prefix (compact tools + conversation) of recent waves: the next turn reuses it
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._nulls: torch.Tensor | None = None  # see null_starts
-        #: where the last wave's time went: prefix_tokens, cached_prefix_tokens, rows (decoded),
-        #: rows_offered, max_rows, prefill_s, steps (tokens per row at most, both phases together),
-        #: decode_s; a two-phase wave adds phases (1 or 2), function_steps and first_rows (the first phase's
-        #: steps and rows)
-        self.profile: dict = {}
         #: seconds of finished waves against their work (uncached prefix tokens + ROW_WORK per row)
         self.cost = Line()
-        #: the last wave's log-probability of each row's text, the sum over its tokens of the chosen
-        #: token's log-softmax under the constraints the row decoded with (choices, prior, no null for a
-        #: required row); None for a row the wave did not decode. `confidence.call_logprob` reads it.
-        self.row_logprobs: list[float | None] = []
-        #: maps a call's log-probability to the probability that it is exact (`confidence.Calibration`);
-        #: None: the runtime reports no confidence
-        self.calibration = None
-        #: how the adapter's rows are written (`rows.RowOptions`; None: today's rows); the runtime's
-        #: `wave_rows` reads it
-        self.row_options = None
-        #: an experiment's hook (None: none): `row_bias(rows, i, tokens so far, logits)` may add to row i's
-        #: next-token logits in place, before its constraints (examples/copy_prior.py)
-        self.row_bias = None
 
     def estimate(self, prefix: str, rows: list[Row]) -> float | None:
         """Seconds a wave over `prefix` and `rows` is expected to take; None before any has finished."""
@@ -138,15 +154,14 @@ class Wave:
         return len(rows) > self.max_rows and rows[0].kind == "function" and 0 in (choices or {})
 
     def __call__(self, prefix: str, rows: list[Row], cancel: threading.Event | None = None,
-                 choices: dict[int, list[str]] | None = None) -> list[str]:
-        """The text each row generated after its suffix (up to the end of its JSON value); "" for a
-        row that a two-phase wave did not decode.
+                 choices: dict[int, list[str]] | None = None) -> WaveResult:
+        """One request's wave: each row's text, log-probability and the wave's profile (`WaveResult`).
 
         `choices` maps a row's index to the only texts it may produce: a list, or a mapping from each
         text to its prior (added to its tokens' logits, times `prior_weight`).
         """
         if not rows:
-            return []
+            return WaveResult([], [], {})
         tries, bias = self._constraints(choices)
         out: list[list[int]] = [[] for _ in rows]
         scores: list[float | None] = [None] * len(rows)
@@ -160,110 +175,67 @@ class Wave:
                 steps, cached, prefill_s = self._lockstep(prefix_ids, rows, list(range(len(rows))), tries, bias,
                                                           out, scores, cancel)
                 decoded, extra = len(rows), {}
-        self.profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": decoded,
-                        "rows_offered": len(rows), "max_rows": self.max_rows, "prefill_s": prefill_s,
-                        "steps": steps, "decode_s": time.perf_counter() - t0 - prefill_s, **extra}
+        profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": decoded,
+                   "rows_offered": len(rows), "max_rows": self.max_rows, "prefill_s": prefill_s,
+                   "steps": steps, "decode_s": time.perf_counter() - t0 - prefill_s, **extra}
         if cancel is None or not cancel.is_set():  # a cancelled wave's time says nothing of its cost
             self.cost.add(len(prefix_ids) - cached + ROW_WORK * self._work_rows(rows), time.perf_counter() - t0)
-        self.row_logprobs = scores
-        return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
+        return WaveResult(self._texts(out), scores, profile)
 
-    def many(self, waves: list[tuple]) -> list[tuple[list[str], list, dict]]:
-        """Several requests' waves at once, each `(prefix, rows, cancel, choices)` as `__call__` takes
-        them; returns, per wave, (texts, row log-probabilities, profile).
+    def many(self, waves: list[tuple]) -> list[WaveResult]:
+        """Several requests' waves at once, each `(prefix, rows, cancel, choices)` as a call takes them;
+        returns one `WaveResult` per wave.
 
         Requests decoding at once share the sidecar's forwards: each prefix is prefilled on its own
         (from the prefix cache), the prefilled prefixes are stacked left-padded into one batch (pads
-        masked out, positions kept), and every row of every request then decodes in one lockstep
-        batch, each row over its own request's prefix (`_decode`). A request leaves the batch when it
-        is cancelled; a function row rules out only its own request's other tools. A two-phase wave
-        (a large tool set), a model whose cache is not a plain one per layer (sliding windows), and
-        requests past MAX_BATCH_TOKENS run on their own, as `__call__`."""
-        results: list = [None] * len(waves)
-        groups: list[list[tuple]] = []  # each: (wave index, prefix ids) of the requests one batch takes
-        if self._stackable:
-            size = longest = 0
-            for n, (prefix, rows, _, choices) in enumerate(waves):
-                if not rows or self.two_phases(rows, choices):
-                    continue
-                ids = self._enc(prefix)
-                width = len(ids) + 64  # its prefix and a call opener
-                if groups and (size + len(rows)) * max(longest, width) <= MAX_BATCH_TOKENS:
-                    groups[-1].append((n, ids))
-                    size, longest = size + len(rows), max(longest, width)
-                else:
-                    groups.append([(n, ids)])
-                    size, longest = len(rows), width
-        for group in (g for g in groups if len(g) > 1):
+        masked out, positions kept; `FanOut.prefill_requests`), and every row of every request then
+        decodes in one lockstep batch, each row over its own request's prefix (`_decode_rows`). A request
+        leaves the batch when it is cancelled; a function row rules out only its own request's other
+        tools. A two-phase wave (a large tool set), a model whose cache is not a plain one per layer
+        (sliding windows), and requests past MAX_BATCH_TOKENS run on their own, as a call."""
+        results: list[WaveResult | None] = [None] * len(waves)
+        for group in self._batches(waves):
             together = self._together([(ids, *waves[n][1:]) for n, ids in group])
             for (n, _), res in zip(group, together):
                 results[n] = res
         for n, (prefix, rows, cancel, choices) in enumerate(waves):
             if results[n] is None:
-                texts = self(prefix, rows, cancel, choices)
-                results[n] = (texts, self.row_logprobs, dict(self.profile))
+                results[n] = self(prefix, rows, cancel, choices)
         return results
 
-    @functools.cached_property
-    def _stackable(self) -> bool:
-        """Whether prefilled prefixes of different lengths can be stacked into one batch: every layer's
-        cache is a plain `DynamicLayer` (a sliding window's layer crops, which left pads would upset)."""
-        return all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
+    def _batches(self, waves: list[tuple]) -> list[list[tuple[int, list[int]]]]:
+        """The batches `many` decodes together, each a list of (wave index, prefix ids), of two requests
+        or more; the waves in none (a two-phase wave, an unstackable cache) run on their own."""
+        if not self.fanout.stackable:
+            return []
+        return _group([(n, self._enc(prefix), len(rows)) for n, (prefix, rows, _, choices) in enumerate(waves)
+                       if rows and not self.two_phases(rows, choices)])
 
-    def _together(self, waves: list[tuple]) -> list[tuple[list[str], list, dict]]:
+    def _together(self, waves: list[tuple]) -> list[WaveResult]:
         """`many`'s shared batch, each wave `(prefix ids, rows, cancel, choices)`: the waves' rows in one
-        fan-out (`_stack`, then the levels of `_prefill` over every request) and one decode loop."""
+        fan-out (`FanOut.prefill_requests`) and one decode loop."""
         t0 = time.perf_counter()
-        jobs, parts, items, profiles = [], [], [], []
-        opener_parent, openers, row_opener, rests = [], [], [], []
+        jobs = [_RequestRows(rows, *self._constraints(choices), [[] for _ in rows], [None] * len(rows), cancel)
+                for _, rows, cancel, choices in waves]
         with torch.inference_mode():
-            for n, (prefix_ids, rows, cancel, choices) in enumerate(waves):
-                job = _Job(rows, *self._constraints(choices), [[] for _ in rows], [None] * len(rows), cancel)
-                cache, _, mask, pos, hit, own = self._shared_level(prefix_ids, [self._enc(r.suffix) for r in rows])
-                mine, groups = self._openers(own, [r.tool for r in rows])
-                row_opener += [len(openers) + g for g in groups]
-                openers += mine
-                opener_parent += [n] * len(mine)
-                rests += own
-                jobs.append(job)
-                parts.append((cache, mask, pos))
-                items += [(job, i) for i in range(len(rows))]
-                profiles.append({"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": hit, "rows": len(rows),
-                                 "rows_offered": len(rows), "max_rows": self.max_rows})
-            cache, mask, pos = self._stack(parts)
-            if any(openers):
-                _, mask, pos = self._feed(cache, mask, pos, opener_parent, openers)
-                parents = row_opener
-            else:
-                parents = [opener_parent[o] for o in row_opener]
-            tails = [r[len(openers[o]):] for r, o in zip(rests, row_opener)]
-            logits, mask, pos = self._feed(cache, mask, pos, parents, tails)
+            cache, logits, mask, pos, hits = self.fanout.prefill_requests(
+                [(ids, [self._enc(r.suffix) for r in job.rows], [r.tool for r in job.rows])
+                 for (ids, *_), job in zip(waves, jobs)], self.prefix_cache)
             prefill_s = time.perf_counter() - t0
-            steps = self._decode(items, cache, logits, mask, pos)
+            items = [(job, i) for job in jobs for i in range(len(job.rows))]
+            steps = self._decode_rows(items, cache, logits, mask, pos)
         decode_s = time.perf_counter() - t0 - prefill_s
+        profiles = [{"prefix_tokens": len(ids), "cached_prefix_tokens": hit, "rows": len(job.rows),
+                     "rows_offered": len(job.rows), "max_rows": self.max_rows}
+                    for (ids, *_), job, hit in zip(waves, jobs, hits)]
         work = sum(p["prefix_tokens"] - p["cached_prefix_tokens"] + ROW_WORK * p["rows"] for p, job in
                    zip(profiles, jobs) if not job.cancelled())
         if work:
             self.cost.add(work, time.perf_counter() - t0)
-        return [([self.tokenizer.decode(o, skip_special_tokens=True) for o in job.out], job.scores,
-                 p | {"prefill_s": prefill_s, "steps": steps.get(n, 0), "decode_s": decode_s, "batched": len(jobs)})
+        return [WaveResult(self._texts(job.out), job.scores,
+                           p | {"prefill_s": prefill_s, "steps": steps.get(n, 0), "decode_s": decode_s,
+                                "batched": len(jobs)})
                 for n, (job, p) in enumerate(zip(jobs, profiles))]
-
-    def _stack(self, parts: list[tuple]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """One batch of the prefilled prefixes (cache, mask [1, L], next position [1]) of several requests,
-        each left-padded to the longest: the pads' keys and values are zeros that the mask hides."""
-        width = max(m.shape[1] for _, m, _ in parts)
-        stacked = DynamicCache(config=self.model.config)
-        for li in range(len(parts[0][0].layers)):
-            keys, values = [], []
-            for cache, mask, _ in parts:
-                k, v = cache.layers[li].keys, cache.layers[li].values
-                pad = width - mask.shape[1]
-                keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-                values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-            stacked.update(torch.cat(keys), torch.cat(values), li)
-        mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for _, m, _ in parts])
-        return stacked, mask, torch.cat([p for _, _, p in parts])
 
     def _two_phases(self, prefix_ids: list[int], rows: list[Row], tries: dict, bias: dict, out: list[list[int]],
                     scores: list, cancel):
@@ -272,10 +244,7 @@ class Wave:
         Each phase's prefill starts from the shared prefix of the one before: the prefix cache, or a
         private one for this wave where the prefix cache is off or too small to hold it.
         Returns (steps, cached prefix tokens, prefill seconds, rows decoded, profile extras)."""
-        by_tool: dict[str, list[int]] = {}
-        for i, r in enumerate(rows):
-            if r.kind == "slot" and r.tool is not None:
-                by_tool.setdefault(r.tool, []).append(i)
+        by_tool = _rows_by_tool(rows)
         need = len(prefix_ids) + 64  # the prefix and the longest call opener
         kept = self.prefix_cache if self.prefix_cache.max_tokens >= need else PrefixCache(need)
         budget = self.max_rows - 1   # the slot rows one phase may decode beside the function row
@@ -283,9 +252,9 @@ class Wave:
         if self.top_tools:
             t = time.perf_counter()
             fn_suffix = self._enc(rows[0].suffix)
-            _, logits, _, _, ranked_hit = self._prefill(prefix_ids, [fn_suffix], [None], cancel, kept)
+            _, logits, _, _, ranked_hit = self.fanout.prefill_rows(prefix_ids, [fn_suffix], [None], kept, cancel)
             prefill_s += time.perf_counter() - t
-            ranked = self._rank(logits[0, -1], tries[0], bias.get(0), by_tool)[:self.top_tools]
+            ranked = _rank(self.tokenizer, logits[0, -1], tries[0], bias.get(0), by_tool)[:self.top_tools]
             for name in ranked:
                 if len(first) - 1 + len(by_tool[name]) <= budget:
                     first += by_tool[name]
@@ -305,17 +274,6 @@ class Wave:
             extra["phases"] = 2
         return steps, cached, prefill_s, decoded, extra
 
-    def _rank(self, logits: torch.Tensor, names: list[list[int]], bias: list[float] | None,
-              by_tool: dict[str, list[int]]) -> list[str]:
-        """The offered tools with rows, best first, by the function row's logit for the first token
-        of each name plus the name's prior (ties keep their offered order)."""
-        scored = []
-        for order, ids in enumerate(names):
-            name = parse_value(self.tokenizer.decode(ids, skip_special_tokens=True))
-            if ids and isinstance(name, str) and name in by_tool:
-                scored.append((-float(logits[ids[0]]) - (bias[order] if bias else 0.0), order, name))
-        return [name for _, _, name in sorted(scored)]
-
     def _lockstep(self, prefix_ids: list[int], rows: list[Row], idx: list[int], tries: dict, bias: dict,
                   out: list[list[int]], scores: list, cancel,
                   kept: PrefixCache | None = None) -> tuple[int, int, float]:
@@ -324,20 +282,21 @@ class Wave:
         tokens' log-softmax under those constraints; a choice completed once it is the only one left
         adds nothing: it had probability 1). Returns (steps, cached prefix tokens, prefill seconds)."""
         t0 = time.perf_counter()
-        cache, logits, mask, pos, cached = self._prefill(prefix_ids, [self._enc(rows[i].suffix) for i in idx],
-                                                         [rows[i].tool for i in idx], cancel, kept)
+        cache, logits, mask, pos, cached = self.fanout.prefill_rows(
+            prefix_ids, [self._enc(rows[i].suffix) for i in idx], [rows[i].tool for i in idx],
+            self.prefix_cache if kept is None else kept, cancel)
         prefill_s = time.perf_counter() - t0
-        job = _Job(rows, tries, bias, out, scores, cancel)
-        steps = self._decode([(job, i) for i in idx], cache, logits, mask, pos)
+        job = _RequestRows(rows, tries, bias, out, scores, cancel)
+        steps = self._decode_rows([(job, i) for i in idx], cache, logits, mask, pos)
         return steps.get(0, 0), cached, prefill_s
 
-    def _decode(self, items: list[tuple[_Job, int]], cache, logits, mask, pos) -> dict[int, int]:
+    def _decode_rows(self, items: list[tuple[_RequestRows, int]], cache, logits, mask, pos) -> dict[int, int]:
         """Decode every (job, row) item in lockstep, one batch element each, until its JSON value is
-        complete: the loop of `_lockstep`, over the rows of one request or of several (`many`). A row
-        of a job constrained by its `tries` is masked to its choices; a required row is kept off null;
-        once a function row has chosen, its job's rows of the other tools leave the batch; a job
-        whose `cancel` is set leaves it at the next step. Returns the steps each job decoded (by its
-        position among the items' jobs, in order of first appearance)."""
+        complete: the loop of `_lockstep`, over the rows of one request or of several (`many`). Each
+        row's logits pass its constraints (`_constrain_row`); once a function row has chosen, its job's
+        rows of the other tools leave the batch; a job whose `cancel` is set leaves it at the next step.
+        Returns the steps each job decoded (by its position among the items' jobs, in order of first
+        appearance)."""
         order = {job: n for n, job in enumerate(dict.fromkeys(job for job, _ in items))}  # jobs hash by identity
         live = list(range(len(items)))      # the item of each batch element still decoding
         steps: dict[int, int] = {}
@@ -348,13 +307,7 @@ class Wave:
                 break
             last = logits[:, -1]
             for b, k in enumerate(live):
-                job, row = items[k]
-                if self.row_bias is not None:
-                    self.row_bias(job.rows, row, job.out[row], last[b])
-                if row in job.tries:
-                    last[b] = _constrain(last[b], job.tries[row], job.out[row], job.bias.get(row))
-                elif job.rows[row].required and not self.tokenizer.decode(job.out[row]).strip():
-                    last[b, self.null_starts()] = float("-inf")  # a required parameter has a value
+                self._constrain_row(*items[k], last[b])
             tokens = last.argmax(-1)
             chosen = last.float().log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
             for k, lp in zip(live, chosen):
@@ -362,17 +315,8 @@ class Wave:
                 job.scores[row] += lp
             for n in {order[items[k][0]] for k in live}:
                 steps[n] = steps.get(n, 0) + 1  # one more token for every live row of job n
-            done, ruled_out = set(), set()
-            for k, t in zip(live, tokens.tolist()):
-                job, row = items[k]
-                if self._append(job.out[row], t, job.tries.get(row)):
-                    done.add(k)
-                    if job.rows[row].kind == "function":
-                        # Slots of the tools it ruled out cannot reach the call: stop decoding them.
-                        name = parse_value(self.tokenizer.decode(job.out[row], skip_special_tokens=True))
-                        ruled_out |= {k2 for k2, (j2, i2) in enumerate(items)
-                                      if j2 is job and j2.rows[i2].tool not in (None, name)}
-            keep = [b for b, k in enumerate(live) if k not in done | ruled_out and not items[k][0].cancelled()]
+            done = self._finished(items, live, tokens.tolist())
+            keep = [b for b, k in enumerate(live) if k not in done and not items[k][0].cancelled()]
             if not keep:
                 break
             if len(keep) < len(live):
@@ -381,52 +325,32 @@ class Wave:
                 tokens, mask, pos = tokens[sel], mask[sel], pos[sel]
                 live = [live[b] for b in keep]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-            logits = self._forward(tokens[:, None], cache, mask, pos[:, None])
+            logits = self.fanout.forward(tokens[:, None], cache, mask, pos[:, None])
             pos = pos + 1
         return steps
 
-    def _prefill(self, prefix: list[int], suffixes: list[list[int]], groups: list, cancel=None, kept=None):
-        """Feed prefix + suffix of every row, sharing the KV cache of every common part.
+    def _constrain_row(self, job: _RequestRows, row: int, logits: torch.Tensor) -> None:
+        """Row `row` of `job`: its next-token logits (a view into the batch's) under its constraints, in
+        place: masked to its choices (plus their prior) where it has some, kept off null while a
+        required row has written nothing."""
+        if row in job.tries:
+            logits[:] = _constrain(logits, job.tries[row], job.out[row], job.bias.get(row))
+        elif job.rows[row].required and not self.tokenizer.decode(job.out[row]).strip():
+            logits[self.null_starts()] = float("-inf")  # a required parameter has a value
 
-        Three levels, each fanned out from the one before: the prefix plus what all suffixes share
-        (one sequence), what each group's suffixes share (one per group: a tool's call opener), then
-        each row's own rest (its key). Every row keeps at least one token for the last level. The
-        first level starts from the prefix cache's (or `kept`'s) longest hit, and is cached in turn.
-        Returns (cache, logits, attention mask so far, each row's next position, tokens reused)."""
-        cache, logits, mask, pos, hit, rests = self._shared_level(prefix, suffixes, kept)
-        if cancel is not None and cancel.is_set():  # the request is over: skip the fan-out
-            return cache, logits, mask, pos, hit
-        openers, row_group = self._openers(rests, groups)
-        if any(openers):
-            logits, mask, pos = self._feed(cache, mask, pos, [0] * len(openers), openers)
-            parents = row_group
-        else:
-            parents = [0] * len(rests)
-        tails = [r[len(openers[g]):] for r, g in zip(rests, row_group)]
-        logits, mask, pos = self._feed(cache, mask, pos, parents, tails)
-        return cache, logits, mask, pos, hit
-
-    def _shared_level(self, prefix: list[int], suffixes: list[list[int]], kept=None):
-        """The first level of `_prefill`: the prefix plus what every suffix shares, from the prefix cache's
-        (or `kept`'s) longest hit, then cached in turn. Returns (cache, logits, mask, next position,
-        tokens reused, each suffix's rest)."""
-        common = _keep_one(_common_prefix(suffixes), suffixes)
-        shared = prefix + common
-        kept = self.prefix_cache if kept is None else kept
-        hit, cache = kept.lookup(shared, lambda: DynamicCache(config=self.model.config))
-        mask = torch.ones(1, hit, dtype=torch.long, device=self.device)
-        pos = torch.full((1,), hit, dtype=torch.long, device=self.device)
-        logits, mask, pos = self._feed(cache, mask, pos, [0], [shared[hit:]])
-        kept.store(shared, cache)
-        return cache, logits, mask, pos, hit, [s[len(common):] for s in suffixes]
-
-    @staticmethod
-    def _openers(rests: list[list[int]], groups: list) -> tuple[list[list[int]], list[int]]:
-        """The second level: what each group's rests share (a tool's call opener, every rest keeping a
-        token of its own), and each rest's group as an index into those openers."""
-        group_ids = list(dict.fromkeys(groups))
-        members = [[r for r, g in zip(rests, groups) if g == gid] for gid in group_ids]
-        return [_keep_one(_common_prefix(m), m) for m in members], [group_ids.index(g) for g in groups]
+    def _finished(self, items: list[tuple[_RequestRows, int]], live: list[int], tokens: list[int]) -> set[int]:
+        """Append each live item's token; the items that are done: their value complete, or ruled out by
+        their job's function row, which has just chosen another tool (they cannot reach the call)."""
+        done, ruled_out = set(), set()
+        for k, t in zip(live, tokens):
+            job, row = items[k]
+            if self._append(job.out[row], t, job.tries.get(row)):
+                done.add(k)
+                if job.rows[row].kind == "function":
+                    name = parse_value(self.tokenizer.decode(job.out[row], skip_special_tokens=True))
+                    ruled_out |= {k2 for k2, (j2, i2) in enumerate(items)
+                                  if j2 is job and j2.rows[i2].tool not in (None, name)}
+        return done | ruled_out
 
     def _constraints(self, choices: dict | None) -> tuple[dict, dict]:
         """(tries, bias) of `choices`: each constrained row's choices as token ids, and where they carry a
@@ -439,24 +363,8 @@ class Wave:
     def _enc(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _feed(self, cache, mask, pos, parents: list[int], segments: list[list[int]]):
-        """Batch element i continues element parents[i] of the cache with segments[i], right-aligned
-        (pads between the two are masked out, and positions skip them)."""
-        idx = torch.tensor(parents, device=self.device)
-        cache.batch_select_indices(idx)
-        mask, pos = mask[idx], pos[idx]
-        n, width = len(segments), max(map(len, segments))
-        ids = torch.full((n, width), self.pad, dtype=torch.long, device=self.device)
-        seg_mask = torch.zeros(n, width, dtype=torch.long, device=self.device)
-        seg_pos = torch.zeros(n, width, dtype=torch.long, device=self.device)
-        for i, seg in enumerate(segments):
-            if seg:
-                ids[i, width - len(seg):] = torch.tensor(seg, device=self.device)
-                seg_mask[i, width - len(seg):] = 1
-                seg_pos[i, width - len(seg):] = pos[i] + torch.arange(len(seg), device=self.device)
-        mask = torch.cat([mask, seg_mask], dim=1)
-        logits = self._forward(ids, cache, mask, seg_pos)
-        return logits, mask, pos + torch.tensor([len(s) for s in segments], device=self.device)
+    def _texts(self, out: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
     def null_starts(self) -> torch.Tensor:
         """Ids of the tokens that begin `null` (after any whitespace), which a required parameter's row
@@ -482,9 +390,52 @@ class Wave:
         head = text.lstrip()
         return bool(head) and (head[0] not in JSON_STARTS or value_end(text) is not None)
 
-    def _forward(self, ids, cache, mask, pos):
-        return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                          **{self.cache_kw: cache}).logits
+
+def _group(waves: list[tuple[int, list[int], int]]) -> list[list[tuple[int, list[int]]]]:
+    """Waves `(index, prefix ids, rows)` in batches of consecutive ones within MAX_BATCH_TOKENS (elements
+    x the longest prefix and call opener), each batch as (index, prefix ids); only those of two or more."""
+    groups: list[list[tuple]] = []
+    size = longest = 0
+    for n, ids, rows in waves:
+        width = len(ids) + 64  # its prefix and a call opener
+        if groups and (size + rows) * max(longest, width) <= MAX_BATCH_TOKENS:
+            groups[-1].append((n, ids))
+            size, longest = size + rows, max(longest, width)
+        else:
+            groups.append([(n, ids)])
+            size, longest = rows, width
+    return [g for g in groups if len(g) > 1]
+
+
+def _rows_by_tool(rows: list[Row]) -> dict[str, list[int]]:
+    """Each tool's slot rows, as indices into `rows`."""
+    by_tool: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.kind == "slot" and r.tool is not None:
+            by_tool.setdefault(r.tool, []).append(i)
+    return by_tool
+
+
+def _rank(tokenizer, logits: torch.Tensor, names: list[list[int]], bias: list[float] | None,
+          by_tool: dict[str, list[int]]) -> list[str]:
+    """The offered tools with rows, best first, by the function row's logit for the first token
+    of each name plus the name's prior (ties keep their offered order)."""
+    scored = []
+    for order, ids in enumerate(names):
+        name = parse_value(tokenizer.decode(ids, skip_special_tokens=True))
+        if ids and isinstance(name, str) and name in by_tool:
+            scored.append((-float(logits[ids[0]]) - (bias[order] if bias else 0.0), order, name))
+    return [name for _, _, name in sorted(scored)]
+
+
+def _check_settings(max_rows, top_tools, prior_weight) -> None:
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 2:
+        raise ValueError(f"max_rows must be an integer >= 2 (the function row and a slot), got {max_rows!r}")
+    if isinstance(top_tools, bool) or not isinstance(top_tools, int) or top_tools < 0:
+        raise ValueError(f"top_tools must be an integer >= 0, got {top_tools!r}")
+    if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) \
+            or not math.isfinite(prior_weight) or prior_weight < 0:
+        raise ValueError(f"prior_weight must be a finite number >= 0 (0 turns the prior off), got {prior_weight!r}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -512,17 +463,3 @@ def _constrain(logits: torch.Tensor, choices: list[list[int]], so_far: list[int]
     masked[idx] = logits[idx] + torch.tensor([allowed[t] for t in sorted(allowed)], dtype=logits.dtype,
                                              device=logits.device)
     return masked
-
-
-def _common_prefix(seqs: list[list[int]]) -> list[int]:
-    first = seqs[0]
-    n = min(map(len, seqs))
-    for i in range(n):
-        if any(s[i] != first[i] for s in seqs):
-            return first[:i]
-    return first[:n]
-
-
-def _keep_one(common: list[int], seqs: list[list[int]]) -> list[int]:
-    """`common`, shortened so that every sequence keeps at least one token of its own."""
-    return common[:min(map(len, seqs)) - 1] if len(common) >= min(map(len, seqs)) else common

@@ -211,7 +211,7 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
     from `init_adapter`; `max_null_rows`: default `init_adapter`'s. Raises `TrainDataError` for a log
     with fewer than `min_records` distinct requests."""
     from .. import models
-    from .data import TrainDataError, source_counts
+    from .data import source_counts
     from .lora import LoraConfigArgs, train_lora
     from .run import env_info, label_base, load_base, write_metrics
     from ..sidecar.rows import RowOptions
@@ -228,24 +228,11 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
         from ..sidecar.cores import set_threads  # every thread count is set in one place
         set_threads(cfg.threads)
 
-    ordered, order = read_log(log)
-    records, repeats = dedupe(ordered)
-    need = needed(min_records, holdout)
-    if len(records) < need:
-        raise TrainDataError(
-            f"the call log {str(log)!r} is too small to learn from: {len(records)} distinct requests "
-            f"({len(ordered)} records, {repeats} repeats dropped); adapting needs at least {need} "
-            f"(--min-records {min_records}), {need - len(records)} more")
+    ordered, order, records, repeats = _distinct_log(log, min_records, holdout)
     train, held = split_newest(records, holdout)
     functions = {c["name"] for r in train for c in r["expected"]}
     if replay_share and replay is None:
-        replay = replay_default(recipe["trained_on"])
-        if replay is None:
-            named = recipe["trained_on"] or "files its metrics.json does not name"
-            raise TrainDataError(
-                f"no replay data: the adapter {str(init_adapter)!r} was trained on {named} (read against "
-                f"{CHECKOUT}), which are not here; pass --replay FILE (the data it was trained on) or "
-                "--replay-share 0 (no replay: what it knew may then fade)")
+        replay = _default_replay(recipe, init_adapter)
 
     model, tok = load_base(base, dtype, device)
     options = RowOptions.for_adapter(init_adapter)  # the rows it was trained on: the adapted one keeps them
@@ -291,6 +278,34 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
                                "served_hint_tokens": served_hint_tokens(held, functions), "tokens": TOKENS}
     write_metrics(out, metrics)
     return metrics
+
+
+def _distinct_log(log, min_records: int, holdout: float) -> tuple[list[dict], str, list[dict], int]:
+    """The call log's records as read, their order, the distinct requests among them and the repeats
+    dropped; `TrainDataError` when too few are distinct to learn from."""
+    from .data import TrainDataError
+    ordered, order = read_log(log)
+    records, repeats = dedupe(ordered)
+    need = needed(min_records, holdout)
+    if len(records) < need:
+        raise TrainDataError(
+            f"the call log {str(log)!r} is too small to learn from: {len(records)} distinct requests "
+            f"({len(ordered)} records, {repeats} repeats dropped); adapting needs at least {need} "
+            f"(--min-records {min_records}), {need - len(records)} more")
+    return ordered, order, records, repeats
+
+
+def _default_replay(recipe: dict, init_adapter: Path) -> list[str]:
+    """The files `init_adapter` was trained on, to replay; `TrainDataError` where they are not here."""
+    from .data import TrainDataError
+    replay = replay_default(recipe["trained_on"])
+    if replay is None:
+        named = recipe["trained_on"] or "files its metrics.json does not name"
+        raise TrainDataError(
+            f"no replay data: the adapter {str(init_adapter)!r} was trained on {named} (read against "
+            f"{CHECKOUT}), which are not here; pass --replay FILE (the data it was trained on) or "
+            "--replay-share 0 (no replay: what it knew may then fade)")
+    return replay
 
 
 def _measure(base, adapter, held, functions, device, progress) -> dict:

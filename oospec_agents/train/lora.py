@@ -131,6 +131,41 @@ def _save_checkpoint(peft_model, opt, step, result, ckpt_dir: Path, cfg: LoraCon
     tmp.rename(ckpt_dir)
 
 
+def _resumed(peft_model, opt, ckpt_dir: Path) -> tuple[int, TrainResult]:
+    """The step to go on from and the result so far: the checkpoint in `ckpt_dir` loaded into the model,
+    the optimizer and torch's RNG; step 0 and a fresh result where there is none."""
+    from peft import set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+    if not (ckpt_dir / "trainer_state.pt").exists():
+        log.warning("no checkpoint at %s; starting from scratch", ckpt_dir)
+        return 0, TrainResult(steps=0, examples_seen=0)
+    state = torch.load(ckpt_dir / "trainer_state.pt", weights_only=False)
+    set_peft_model_state_dict(peft_model, load_peft_weights(str(ckpt_dir)))
+    opt.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    result = TrainResult(**state["result"])
+    result.resumed_from = state["step"]
+    log.warning("resumed from %s at step %d", ckpt_dir, state["step"])
+    return state["step"], result
+
+
+def _train_step(peft_model, opt, params, batch: list, cfg: LoraConfigArgs, device_type: str) -> float:
+    """One optimizer step over `batch` (each example's loss weighed by `example_weight`, the weights summing
+    to 1); returns the batch's loss."""
+    opt.zero_grad(set_to_none=True)
+    batch_loss = 0.0
+    weights = [example_weight(ex, cfg) for ex in batch]
+    for ex, w in zip(batch, weights):
+        with _autocast(cfg, device_type):
+            loss = (example_loss(peft_model, *ex) if isinstance(ex, tuple)
+                    else example_loss(peft_model, ex)) * (w / sum(weights))
+        loss.backward()
+        batch_loss += float(loss.detach())
+    torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    opt.step()
+    return batch_loss
+
+
 def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraConfigArgs, *,
                checkpoint_dir=None, resume: bool = False, progress: bool = True, log_file=None,
                stop_after: int | None = None, init_adapter=None):
@@ -163,20 +198,8 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
     total_steps = math.ceil(len(order) / cfg.batch_size)
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
-    result = TrainResult(steps=0, examples_seen=0)
-    start = 0
     torch.manual_seed(cfg.seed)
-    if resume and (ckpt_dir / "trainer_state.pt").exists():
-        state = torch.load(ckpt_dir / "trainer_state.pt", weights_only=False)
-        set_peft_model_state_dict(peft_model, load_peft_weights(str(ckpt_dir)))
-        opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        start = state["step"]
-        result = TrainResult(**state["result"])
-        result.resumed_from = start
-        log.warning("resumed from %s at step %d", ckpt_dir, start)
-    elif resume:
-        log.warning("no checkpoint at %s; starting from scratch", ckpt_dir)
+    start, result = _resumed(peft_model, opt, ckpt_dir) if resume else (0, TrainResult(steps=0, examples_seen=0))
 
     logf = open(log_file, "a") if log_file else None
     t0 = time.perf_counter()
@@ -187,18 +210,7 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
         batch = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, total_steps, cfg)
-        opt.zero_grad(set_to_none=True)
-        batch_loss = 0.0
-        weights = [example_weight(examples[i], cfg) for i in batch]
-        for i, w in zip(batch, weights):
-            ex = examples[i]
-            with _autocast(cfg, model.device.type):
-                loss = (example_loss(peft_model, *ex) if isinstance(ex, tuple)
-                        else example_loss(peft_model, ex)) * (w / sum(weights))
-            loss.backward()
-            batch_loss += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        opt.step()
+        batch_loss = _train_step(peft_model, opt, params, [examples[i] for i in batch], cfg, model.device.type)
         result.steps = step + 1
         result.examples_seen += len(batch)
         window.append(batch_loss)

@@ -48,7 +48,7 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     from ..chat import normalize_messages
     from ..formats import HermesFormat
     from ..sidecar import HintRequest
-    from ..sidecar.confidence import Calibration, call_logprob, reliability, threshold_figures
+    from ..sidecar.confidence import Calibration, call_logprob
     from ..sidecar.join import JoinError, join
     from ..sidecar.runtime import wave_rows
     from ..sidecar.wave import PRIOR_WEIGHT, Wave
@@ -66,14 +66,14 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
         messages = normalize_messages(rec["messages"])
         request = HintRequest(messages, normalize_tools(rec["tools"]), HermesFormat(), ("auto", None))
         rows, prefix, choices = wave_rows(request, options=row_options)
-        texts = wave(prefix, rows, None, choices)
+        result = wave(prefix, rows, None, choices)
         try:
-            call = join(rows, texts, request.tools, request.tool_choice)
+            call = join(rows, result.texts, request.tools, request.tool_choice)
         except JoinError:  # a decline (NoCall) or no usable call: nothing is hinted
             call = None
         name = None if call is None else call["name"]
         src = rec["source"]
-        logprob = None if call is None else call_logprob(rows, wave.row_logprobs, call, request.tool_choice)
+        logprob = None if call is None else call_logprob(rows, result.row_logprobs, call, request.tool_choice)
         if no_call(rec):  # the wave should decline; a call it predicts is never exact
             if logprob is not None:
                 scored.append((logprob, False, src))
@@ -86,30 +86,14 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
         label = rec["expected"][0]
         s = per.setdefault(src, dict.fromkeys(_COUNTS, 0))
         s["n"] += 1
-        wrong, lenient_ok, classes = {}, True, {}
+        wrong, classes = {}, {}
         if name == label["name"]:
             s["function_ok"] += 1
             tool = next(t for t in request.tools if t.name == name)
-            possible = possible_answer(rec, name)
             opt = optional.setdefault(src, {"predicted": 0, "labelled": 0, "both": 0})
-            for param, spec in tool.properties.items():
-                gold, got = label["arguments"].get(param), call["arguments"].get(param)
-                required = param in tool.required
-                s["slots"] += 1
-                ok = got == gold
-                s["slots_ok"] += ok
-                lenient = lenient_right(param, gold, got, possible=possible, spec=spec, required=required)
-                s["slots_lenient"] += lenient
-                lenient_ok &= lenient
-                if not ok:
-                    wrong[param] = got
-                    classes[param] = classify(gold, got, messages)
-                    e = errors.setdefault(src, dict.fromkeys(CLASSES, 0))
-                    e[classes[param]] += 1
-                if not required:
-                    opt["predicted"] += got is not None
-                    opt["labelled"] += gold is not None
-                    opt["both"] += got is not None and gold is not None
+            wrong, lenient_ok, classes = _score_slots(rec, label, call, tool, messages, s, opt)
+            for cls in classes.values():
+                errors.setdefault(src, dict.fromkeys(CLASSES, 0))[cls] += 1
             s["call_exact"] += not wrong
             s["call_lenient"] += lenient_ok
         exact = name == label["name"] and not wrong
@@ -120,19 +104,55 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
                            "classes": classes})
     tot = {k: sum(v[k] for v in per.values()) for k in _COUNTS}
     out = {"overall": _rates(tot), "by_source": {k: _rates(v) for k, v in sorted(per.items())},
-           "errors": _table_of(errors, CLASSES), "optional": _optional(optional)}
-    conf = [(calibration(lp), exact) for lp, exact, _ in scored]
-    out["confidence"] = {"calibration": calibration.kind, "fitted_on": calibration.fitted_on, "n": len(conf),
-                         "reliability": reliability(conf),
-                         "thresholds": [threshold_figures(conf, t) for t in THRESHOLDS]}
+           "errors": _table_of(errors, CLASSES), "optional": _optional(optional),
+           "confidence": _confidence(scored, calibration)}
     if declines:  # "no call" records: the share where the wave declined
-        n, ok = sum(d["n"] for d in declines.values()), sum(d["declined"] for d in declines.values())
-        out["no_call"] = {"n": n, "declined": round(ok / n, 4),
-                          "by_source": {k: {"n": d["n"], "declined": round(d["declined"] / d["n"], 4)}
-                                        for k, d in sorted(declines.items())}}
+        out["no_call"] = _no_call(declines)
     if points:
         out["points"] = [[round(lp, 6), exact, src] for lp, exact, src in scored]
     return out | ({"misses": misses} if details else {})
+
+
+def _score_slots(rec: dict, label: dict, call: dict, tool, messages, s: dict, opt: dict
+                 ) -> tuple[dict, bool, dict]:
+    """Score every slot of `tool` (the labelled function, which `call` names) into the source's counts `s`
+    and its optional-slot counts `opt`. Returns (each strictly wrong slot's value, whether every slot is
+    leniently right, each wrong slot's class)."""
+    wrong, lenient_ok, classes = {}, True, {}
+    possible = possible_answer(rec, tool.name)
+    for param, spec in tool.properties.items():
+        gold, got = label["arguments"].get(param), call["arguments"].get(param)
+        required = param in tool.required
+        s["slots"] += 1
+        ok = got == gold
+        s["slots_ok"] += ok
+        lenient = lenient_right(param, gold, got, possible=possible, spec=spec, required=required)
+        s["slots_lenient"] += lenient
+        lenient_ok &= lenient
+        if not ok:
+            wrong[param] = got
+            classes[param] = classify(gold, got, messages)
+        if not required:
+            opt["predicted"] += got is not None
+            opt["labelled"] += gold is not None
+            opt["both"] += got is not None and gold is not None
+    return wrong, lenient_ok, classes
+
+
+def _confidence(scored: list[tuple], calibration) -> dict:
+    """The calibrated confidence of each predicted call against its strict exactness: the reliability
+    table and the figures at each of `THRESHOLDS`."""
+    from ..sidecar.confidence import reliability, threshold_figures
+    conf = [(calibration(lp), exact) for lp, exact, _ in scored]
+    return {"calibration": calibration.kind, "fitted_on": calibration.fitted_on, "n": len(conf),
+            "reliability": reliability(conf), "thresholds": [threshold_figures(conf, t) for t in THRESHOLDS]}
+
+
+def _no_call(declines: dict[str, dict]) -> dict:
+    n, ok = sum(d["n"] for d in declines.values()), sum(d["declined"] for d in declines.values())
+    return {"n": n, "declined": round(ok / n, 4),
+            "by_source": {k: {"n": d["n"], "declined": round(d["declined"] / d["n"], 4)}
+                          for k, d in sorted(declines.items())}}
 
 
 def no_call(rec: dict) -> bool:

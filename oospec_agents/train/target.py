@@ -124,12 +124,8 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
             return None
         return "" if think_rng.random() < no_think_frac else text_of()
     examples, counts = [], {"call": 0, "answer": 0, "answer_apibank": 0, "no_tool": 0, "too_long": 0}
-    if trim:
-        counts["call_trimmed"] = 0
-    if revalued:
-        counts["call_revalued"] = 0
-    if distracted:
-        counts["call_distracted"] = 0
+    counts |= {kind: 0 for kind, on in (("call_trimmed", trim), ("call_revalued", revalued),
+                                        ("call_distracted", distracted)) if on}
     pools = string_pools(traces) if revalued else {}
     # one tool per name (the last seen), for `add_distractors`
     tool_pool = list({tool_name(t): t for r in traces for t in r["tools"]}.values()) if distracted else []
@@ -161,44 +157,61 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
                 other = add_distractors(rec, tool_pool, aug_rng)
                 if other is not None:
                     call_example(other, "call_distracted")
-        # API-Bank histories hold real text replies that follow a tool result.
         msgs = rec["messages"]
-        for i, m in enumerate(msgs):
-            if (m.get("role") == "assistant" and not m.get("tool_calls") and m.get("content")
-                    and i > 0 and msgs[i - 1].get("role") == "tool"):
-                add("answer_apibank", _example(engine, msgs[:i], rec["tools"], m["content"], max_len,
-                                                thought(lambda: ANSWER_THOUGHT)))
+        for i in _replies_to_results(msgs):
+            add("answer_apibank", _example(engine, msgs[:i], rec["tools"], msgs[i]["content"], max_len,
+                                            thought(lambda: ANSWER_THOUGHT)))
     with_calls = [r for r in traces if r["expected"]]
     for rec in rng.sample(with_calls, min(len(with_calls), int(len(with_calls) * answer_frac))):
-        calls = [dict(c, id=f"call_{k}") for k, c in enumerate(rec["expected"])]
-        results = [_fake_result(c, rng) for c in calls]
-        msgs = list(rec["messages"]) + [{"role": "assistant", "content": "", "tool_calls": [
-            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-            for c in calls]}]
-        msgs += [{"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": json.dumps(r)}
-                 for c, r in zip(calls, results)]
-        answer = " ".join(_answer_text(c, r) for c, r in zip(calls, results))
+        msgs, answer = _answered(rec, rng)
         add("answer", _example(engine, msgs, rec["tools"], answer, max_len, thought(lambda: ANSWER_THOUGHT)))
     # Plain text when no offered tool fits: the request with another record's unrelated tools.
     n_none = int(len(traces) * no_tool_frac)
     for rec in rng.sample(traces, min(len(traces), n_none)):
-        names = {tool_name(t) for t in rec["tools"]}
-        words = {w.lower() for m in rec["messages"] for w in str(m.get("content") or "").split() if len(w) > 4}
-        for _ in range(20):
-            other = rng.choice(traces)
-            o_names = {tool_name(t) for t in other["tools"]}
-            o_words = {w.lower() for t in other["tools"] for w in
-                       (tool_name(t) + " " + str((t.get("function") or t).get("description", ""))).split()}
-            if not (names & o_names) and not (words & o_words) and other["source"] != rec["source"]:
-                last_user = max(i for i, m in enumerate(rec["messages"]) if m.get("role") == "user")
-                add("no_tool", _example(engine, rec["messages"][:last_user + 1], other["tools"],
-                                        rng.choice(NO_TOOL_REPLIES), max_len, thought(lambda: NO_TOOL_THOUGHT)))
-                break
+        other = _unrelated(rec, traces, rng)
+        if other is not None:
+            last_user = max(i for i, m in enumerate(rec["messages"]) if m.get("role") == "user")
+            add("no_tool", _example(engine, rec["messages"][:last_user + 1], other["tools"],
+                                    rng.choice(NO_TOOL_REPLIES), max_len, thought(lambda: NO_TOOL_THOUGHT)))
     if not examples:
         raise TrainDataError("the training set is empty: every record was too long or had no calls")
     order = list(range(len(examples)))
     rng.shuffle(order)
     return [examples[i] for i in order], counts
+
+
+def _replies_to_results(msgs: list[dict]) -> list[int]:
+    """Where a history holds a real text reply that follows a tool result (API-Bank's do)."""
+    return [i for i, m in enumerate(msgs) if m.get("role") == "assistant" and not m.get("tool_calls")
+            and m.get("content") and i > 0 and msgs[i - 1].get("role") == "tool"]
+
+
+def _answered(rec: dict, rng: random.Random) -> tuple[list[dict], str]:
+    """`rec`'s conversation with its calls made and answered (made-up results), and the text reply that
+    sums them up."""
+    calls = [dict(c, id=f"call_{k}") for k, c in enumerate(rec["expected"])]
+    results = [_fake_result(c, rng) for c in calls]
+    msgs = list(rec["messages"]) + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        for c in calls]}]
+    msgs += [{"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": json.dumps(r)}
+             for c, r in zip(calls, results)]
+    return msgs, " ".join(_answer_text(c, r) for c, r in zip(calls, results))
+
+
+def _unrelated(rec: dict, traces: list[dict], rng: random.Random, tries: int = 20) -> dict | None:
+    """Another record (of `tries` drawn) whose tools share no name with `rec`'s and no longer word with its
+    messages, from another source; None when none of them is."""
+    names = {tool_name(t) for t in rec["tools"]}
+    words = {w.lower() for m in rec["messages"] for w in str(m.get("content") or "").split() if len(w) > 4}
+    for _ in range(tries):
+        other = rng.choice(traces)
+        o_names = {tool_name(t) for t in other["tools"]}
+        o_words = {w.lower() for t in other["tools"] for w in
+                   (tool_name(t) + " " + str((t.get("function") or t).get("description", ""))).split()}
+        if not (names & o_names) and not (words & o_words) and other["source"] != rec["source"]:
+            return other
+    return None
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -90,7 +91,7 @@ class RaySidecar(SidecarBase):
     def submit(self, request: HintRequest) -> "RayTicket":
         with self._lock:
             actor = self._actor if self._actor is not None else self._restart()
-        return RayTicket(request, self.timeout_s, self, actor)
+        return RayTicket(request, self.timeout_s, actor, on_lost=lambda: self._lost(actor))
 
     def estimate(self, request: HintRequest) -> float | None:
         import ray
@@ -140,9 +141,10 @@ class RaySidecar(SidecarBase):
 
 
 class RayTicket(Ticket):
-    def __init__(self, request: HintRequest, timeout_s: float, sidecar: RaySidecar, actor):
+    def __init__(self, request: HintRequest, timeout_s: float, actor, on_lost: Callable[[], None]):
+        """`on_lost` is called when the actor died running this ticket (the sidecar starts another)."""
         super().__init__(request, timeout_s, on_cancel=lambda t: actor.cancel.remote(t.id))
-        self._sidecar, self._actor = sidecar, actor
+        self._on_lost = on_lost
         self._ref = actor.run.remote(self.id, plain(request))
 
     def poll(self):
@@ -154,7 +156,7 @@ class RayTicket(Ticket):
                 try:
                     outcome = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
-                    self._sidecar._lost(self._actor)
+                    self._on_lost()
                     outcome = {"error": f"sidecar actor died: {str(e).splitlines()[0]}"}
                 except Exception as e:
                     outcome = {"error": f"sidecar actor failed: {type(e).__name__}: {e}"}
