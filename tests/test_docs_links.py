@@ -328,10 +328,6 @@ SHARED = re.compile(r"\.\./shared\b|['\"]shared['\"]\s*/\s*['\"]data['\"]")
 #: The lead empties this at merge time, once their owners' lines give the user's own records
 #: (`--data my-records.jsonl`), BFCL's package data (`--bfcl`) or a link to the report holding the command.
 PENDING_OWNERS = {
-    "docs/sidecar.md",  # five inline `--dev/--data ../shared/data/toolcalls/...` commands (~309, 378, 391, 445, 604)
-    "examples/experiments/wave_batch.py",  # its docstring's command (~4)
-    "examples/experiments/copy_prior.py",  # its docstring's command (~5)
-    "examples/experiments/sidecar_size.py",  # its docstring's command (~5)
 }
 
 

@@ -5,7 +5,7 @@ a `Wave` whose `_constrain_row` adds the bias before the row's constraints) stan
 while `evaluate_sidecar` runs; the package keeps no hook for it (measured, not shipped:
 docs/sidecar-accuracy.md).
 
-    .venv/bin/python examples/copy_prior.py --weight 0,1,2 --dev ../shared/data/toolcalls/dev.jsonl \
+    .venv/bin/python examples/experiments/copy_prior.py --weight 0,1,2 --dev my-records.jsonl \
         --sources bfcl_simple,bfcl_multiple,apibank_l1 --limit 40
 
 Scored as `python -m oospec_agents.train.evaluate sidecar` scores (the shipped adapter, gold labels,

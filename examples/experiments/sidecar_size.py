@@ -2,7 +2,7 @@
 the embedded SmolLM2-135M sidecar (its shipped adapter) against Gemma-3-270M with an adapter trained on it
 (`oospec train-sidecar --base gemma3`).
 
-    taskset -c 0 .venv/bin/python examples/sidecar_size.py --data ../shared/data/toolcalls/dev.jsonl \
+    taskset -c 0 .venv/bin/python examples/experiments/sidecar_size.py --data my-records.jsonl \
         --sources bfcl_simple,bfcl_multiple,apibank_l1 --n 24 --gemma3-adapter DIR
 
 Each record's wave runs on both sidecars in turn (the order alternating by record), from an empty prefix

@@ -1,7 +1,7 @@
 """What a batched wave saves (#58 item 3, docs/sidecar.md "Batched waves"): the waves of N requests run
 one after another against the same N run as one (`Wave.many`), on the embedded sidecar as it is served.
 
-    taskset -c 0 .venv/bin/python examples/wave_batch.py --data ../shared/data/toolcalls/dev.jsonl --n 8
+    taskset -c 0 .venv/bin/python examples/experiments/wave_batch.py --data my-records.jsonl --n 8
 
 Each repetition runs both variants in turn (the order rotating), each from an empty prefix cache (cold
 prompts, as concurrent agents' first turns) and again with the prefixes cached (warm: an agent loop's

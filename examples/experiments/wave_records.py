@@ -1,4 +1,4 @@
-"""What examples/wave_batch.py and examples/sidecar_size.py share: the records they time, and each one's
+"""What examples/experiments/wave_batch.py and examples/experiments/sidecar_size.py share: the records they time, and each one's
 sidecar request as the engine would send it (tool_choice auto, Hermes format)."""
 from __future__ import annotations
 
