@@ -30,7 +30,8 @@ from .chat import normalize_messages, render_prompt, require_chat_template, temp
 from . import batching
 from . import deterministic as det
 from .batching import Batcher, Job
-from .drafters import HintDrafter, PredictionDrafter, ReplyState, RetrievalDrafter, SchemaDrafter
+from .drafters import Accepted, ReplyState, default_drafters, stack_drafts
+from .drafters.stack import tell
 from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
 from .errors import AdapterError, ContextLengthError, OoOSpecError, PredictionError
@@ -168,8 +169,9 @@ class Engine:
         self.place = cores.Place(self._verifier.device, target_cores)  # where the target decodes
         self._pinned: cores.Pinned | None = None  # what pinning the process to `target_cores` changed
         self._reply_text = ReplyText(tokenizer, self.fmt)
-        self._drafters = {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter(),
-                          "prediction": PredictionDrafter()}
+        #: the drafters by slot ("schema", "retrieval", "hint", "prediction"), drafted in `drafters.stack.ORDER`;
+        #: a slot may be given another `Drafter` (the bench's suffix method, tests)
+        self.drafters = default_drafters()
         self._grammars = Grammars(tokenizer, self.fmt, self.eos_ids, target.config.get_text_config().vocab_size)
         # Replies from several threads share the target: their verify forwards are batched, the rest take
         # turns (batching.py). `batching_refusal`: why this target's rounds are not batched (None: they are).
@@ -398,6 +400,11 @@ class Engine:
         return self._batcher.seated
 
     @property
+    def _listeners(self) -> list:
+        """Who is told what each round committed: the drafters, and the call memory (a finished reply)."""
+        return [*self.drafters.values(), self.memory]
+
+    @property
     def max_batch(self) -> int:
         """The most replies whose verify forwards run as one (`Engine(max_batch=...)`)."""
         return self._batcher.max_batch
@@ -458,9 +465,12 @@ class Engine:
             stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
             stats.cached_prompt_tokens = hit
             pending = forced + [int(logits[-1].argmax()) if choose is None else choose(logits[-1])]
+            by_source = None  # the drafts the last forward accepted, per source (None: no forward verified drafts)
             t1 = time.perf_counter()
             while True:
                 yield from reply.commit(pending, logits, stats)
+                if by_source is not None:  # the drafters' feedback: what the round committed
+                    tell(self._listeners, state, Accepted(tuple(pending), by_source))
                 forced = [] if reply.finish else self._forced(req, req.max_new_tokens - len(reply.new), stats)
                 if forced:  # jump-forward: commit what the grammar forces now; the next forward feeds it
                     yield from reply.commit(forced, None, stats)
@@ -475,7 +485,7 @@ class Engine:
                 if reply.predicted is not None:  # the hint read this round: what the sidecar predicts
                     yield reply.predicted
                     reply.predicted = None
-                pending, logits = self._verify(tree, cache, reply, stats, choose)
+                pending, logits, by_source = self._verify(tree, cache, reply, stats, choose)
             self._sync()
             stats.decode_s = time.perf_counter() - t1
             stats.host_s = max(0.0, stats.decode_s - stats.forward_s)
@@ -485,7 +495,7 @@ class Engine:
         finally:
             if hints is not None:
                 _record(stats, hints.close(abandoned=not done))
-        self.memory.remember(req.tools, reply.new)
+        tell(self._listeners, state, Accepted((), {}, done=True))  # the call memory keeps the reply
         yield from reply.close()
         if state.prediction is not None:
             stats.prediction_matched = matched_tokens(state.prediction.tokens, reply.new)
@@ -520,20 +530,15 @@ class Engine:
         state = reply.state
         answer = state.answer  # None while the reply reasons: a hint waits until the reasoning has closed
         if hints is not None and answer is not None and (hint := hints.poll(answer)) is not None:
-            state.hint = hint
-            state.pool.append(self.tokenizer.encode(hint, add_special_tokens=False))
+            state.add_hint(hint)
             reply.predicted = _predicted(self.fmt, hint, hints.confidence)
             if reply.predicted is not None:
                 reply.predictions += reply.predicted.calls
-        drafters = [] if method == "ar" else [self._drafters["schema"], self._drafters["retrieval"]]
-        if state.hint:
-            drafters.insert(0, self._drafters["hint"])
-        if method != "ar" and state.prediction is not None:
-            drafters.insert(0, self._drafters["prediction"])
+        drafts = [] if method == "ar" else stack_drafts(self.drafters, state)
         # deterministic: a chain (the first draft), whose rows see their keys where `ar`'s row does; a
         # tree's row whose ancestors have gaps can come out in other bits (docs/deterministic.md)
         nodes = det.max_draft_nodes(self.max_draft_nodes) if self.deterministic else self.max_draft_nodes
-        return build_tree(reply.new[-1 - len(forced)], [d for dr in drafters for d in dr.propose(state)],
+        return build_tree(reply.new[-1 - len(forced)], drafts,
                           nodes, chain=not self._verifier.layout.tree or self.deterministic, forced=forced)
 
     def _verify(self, tree, cache, reply: "_Reply", stats: DecodeStats, choose: Choice | None):
@@ -563,9 +568,11 @@ class Engine:
         stats.batch_sizes.append(job.batch)
         stats.rounds.append((len(tree.tokens), len(drafted), past))
         stats.draft_tokens += len(tree.tokens) - 1 - tree.start
+        by_source = dict.fromkeys(SOURCES, 0)
         for node in drafted:
+            by_source[tree.sources[node]] += 1
             stats.accepted_by_source[tree.sources[node]] += 1
-        return [tree.tokens[i] for i in drafted] + [nxt], logits[tree.start:]
+        return [tree.tokens[i] for i in drafted] + [nxt], logits[tree.start:], by_source
 
     def _open_hints(self, req: Prepared, method: str, hint_text: str | None, stats: DecodeStats):
         cores.take_back_lent_cores()  # what an earlier reply of this thread lent, if another thread closed it

@@ -40,7 +40,7 @@ def test_tiny_models_match_greedy_generate(tiny_engine, method, tool_choice):
 def test_kv_rollback_across_rejected_drafts(tiny_engine, wrong_at, branch, monkeypatch):
     ids = tiny_engine.prompt_ids(ASK, [WEATHER])
     ref = greedy(tiny_engine, ids, 40)
-    monkeypatch.setitem(tiny_engine._drafters, "retrieval", ReferenceDrafter(ref, len(ids), wrong_at, branch))
+    monkeypatch.setitem(tiny_engine.drafters, "retrieval", ReferenceDrafter(ref, len(ids), wrong_at, branch))
     gen = tiny_engine.generate(ASK, [WEATHER], max_new_tokens=40, method="toolspec")
     assert gen.token_ids == ref
     # Each forward commits the accepted drafts plus one token of the target's own.

@@ -121,7 +121,7 @@ def _retrieval(engine, drafter):
     if drafter is None:
         yield
         return
-    drafters = engine._drafters  # the engine's one slot per drafter; tests swap it the same way
+    drafters = engine.drafters  # the engine's one slot per drafter; tests swap it the same way
     own, drafters["retrieval"] = drafters["retrieval"], drafter
     try:
         yield
