@@ -6,6 +6,7 @@ import pytest
 
 from oospec_agents.drafters import Accepted, CallMemory, Drafter, DrafterStack, default_drafters
 from oospec_agents.formats import detect_format
+from oospec_agents.tools import normalize_tools
 
 from oospec_testing import WEATHER
 
@@ -120,32 +121,82 @@ class Recorder(Drafter):
         return drafts
 
 
-@pytest.mark.parametrize("method,hint,choice", [("toolspec", None, "auto"), ("oospec", "hint", "required"),
-                                                ("toolspec", None, "required")])
-def test_the_stack_drafts_what_the_engines_drafters_draft(engine, smollm2_tokenizer, monkeypatch, method, hint,
-                                                          choice):
+@pytest.mark.parametrize("method,choice", [("toolspec", "auto"), ("oospec", "required"), ("toolspec", "required")])
+def test_the_stack_drafts_what_the_engines_drafters_draft(engine, smollm2_tokenizer, monkeypatch, method, choice):
+    """Every round of the engine's reply, replayed on a stack: the same drafts, in the same order. toolspec
+    drafts from the call memory (it holds the reply's first run); oospec from a hint (the first run's text)."""
     tok = smollm2_tokenizer
     fmt = detect_format(tok.chat_template)
-    hint_text = fmt.render_calls([{"name": "get_current_weather", "arguments": {"city": "Reykjavik"}}]) if hint else None
     log: list = []
-    for slot, real in list(engine.drafters.items()):
-        monkeypatch.setitem(engine.drafters, slot, Recorder(slot, real, log))
     engine.clear_call_memory()
     prompt = engine.prompt_ids(ASK, [WEATHER], tool_choice=choice)
-    first = engine.generate(ASK, [WEATHER], tool_choice=choice, method=method, hint=hint_text, max_new_tokens=40)
-    log.clear()
-    gen = engine.generate(ASK, [WEATHER], tool_choice=choice, method=method, hint=hint_text, max_new_tokens=40)
+    first = engine.generate(ASK, [WEATHER], tool_choice=choice, method="toolspec", max_new_tokens=40)
+    hint = first.text if method == "oospec" else None
+    memory = CallMemory()  # what the engine's memory holds for the second run
+    if hint is None:
+        memory.remember(normalize_tools([WEATHER]), first.token_ids)
+    else:
+        engine.clear_call_memory()
+    for slot, real in list(engine.drafters.items()):
+        monkeypatch.setitem(engine.drafters, slot, Recorder(slot, real, log))
+    gen = engine.generate(ASK, [WEATHER], tool_choice=choice, method=method, hint=hint, max_new_tokens=40)
     engine.clear_call_memory()
+    assert gen.token_ids == first.token_ids
     rounds: dict[int, list] = {}
-    for done, seen_hint, slot, drafts in log:  # the second reply's rounds: it drafts from the first, remembered
+    for done, seen_hint, slot, drafts in log:
         rounds.setdefault(done, [seen_hint, []])[1] += drafts
-    assert len(rounds) > 1 and any(drafts for _, drafts in rounds.values())
-    memory = CallMemory()
-    stack = DrafterStack(smollm2_tokenizer, prompt, [WEATHER], memory=memory)  # the same tool set's key
-    memory.remember(stack.state.tools, first.token_ids)
+    sources = {source for _, drafts in rounds.values() for _, source in drafts}
+    assert len(rounds) > 1 and ("hint" in sources) == bool(hint) and ("retrieval" in sources), sources
     prefix = fmt.forced_prefix() if choice == "required" else ""
     stack = DrafterStack(tok, prompt, [WEATHER], prefix=prefix, memory=memory)
     for done, (seen_hint, drafts) in sorted(rounds.items()):
         if seen_hint and not stack.state.hint:
             stack.hint(seen_hint)
         assert [(d.tokens, d.source) for d in stack.drafts(gen.token_ids[:done])] == drafts, done
+
+
+def test_the_engine_tells_its_drafters_what_each_round_accepted(engine, monkeypatch):
+    told: list[Accepted] = []
+
+    class Listening(Drafter):  # TEST DOUBLE around the engine's own retrieval drafter: records the feedback
+        source = "retrieval"
+
+        def __init__(self, real):
+            self.real = real
+
+        def propose(self, ctx):
+            return self.real.propose(ctx)
+
+        def accepted(self, ctx, accepted):
+            assert ctx.ids[len(ctx.ids) - len(accepted.tokens):] == list(accepted.tokens)  # committed already
+            told.append(accepted)
+
+    monkeypatch.setitem(engine.drafters, "retrieval", Listening(engine.drafters["retrieval"]))
+    engine.clear_call_memory()
+    gen = engine.generate(ASK, [WEATHER], method="toolspec", max_new_tokens=40)
+    *rounds, last = told
+    assert last.done and not any(r.done for r in rounds)
+    assert len(rounds) == gen.stats.target_forwards - 1  # one telling per verify forward
+    # the prefill chose the first token; each verify forward committed the rest
+    assert gen.token_ids[:1] + [t for r in rounds for t in r.tokens] == gen.token_ids
+    for source, n in gen.stats.accepted_by_source.items():
+        assert sum(r.by_source.get(source, 0) for r in rounds) == n, source
+    assert gen.stats.accepted_by_source["retrieval"] > 0
+    assert engine.memory.recall(normalize_tools([WEATHER])) == [gen.token_ids]  # the memory took the same hook
+    engine.clear_call_memory()
+
+
+def test_the_pay_back_rule_learns_a_finished_replys_seconds_on_the_same_hook(engine, monkeypatch):
+    from oospec_agents.sidecar.payback import PayBack
+    monkeypatch.setattr(engine, "payback", PayBack())
+    seen = []
+    monkeypatch.setattr(engine.payback, "observe", lambda *a: seen.append(a))
+    engine.generate(ASK, [WEATHER], method="ar", max_new_tokens=8)
+    assert seen == []  # `ar` is not the call a speculative method takes
+    gen = engine.generate(ASK, [WEATHER], method="toolspec", max_new_tokens=8)
+    s = gen.stats
+    assert seen == [(s.prompt_tokens, s.cached_prompt_tokens, s.prefill_s, s.decode_s)]
+    events = engine.stream(ASK, [WEATHER], method="toolspec", max_new_tokens=8)
+    next(events)
+    events.close()  # abandoned: never told `done`, nothing learnt
+    assert len(seen) == 1

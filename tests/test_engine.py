@@ -327,10 +327,10 @@ def test_shared_engines_ignore_unset_arguments(monkeypatch):
 
 
 def test_partial_stop_strings_are_held_back():
-    from oospec_agents.engine import _partial_stop
-    assert _partial_stop("Thank yo", ["you", "\nObservation:"]) == 2
-    assert _partial_stop("Thank\nObs", ["you", "\nObservation:"]) == 4
-    assert _partial_stop("Thanks", ["you"]) == 0
+    from oospec_agents.request import partial_stop
+    assert partial_stop("Thank yo", ["you", "\nObservation:"]) == 2
+    assert partial_stop("Thank\nObs", ["you", "\nObservation:"]) == 4
+    assert partial_stop("Thanks", ["you"]) == 0
 
 
 def test_decode_time_splits_into_target_forwards_and_host_work(tiny_engine):

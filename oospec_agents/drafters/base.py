@@ -2,8 +2,9 @@
 and the feedback hook `accepted`, its `update_candidate_strategy`), and the one reply state they all read.
 
 A drafter proposes from the `ReplyState` alone and is told, once a round is verified, what the target
-accepted (`Accepted`); the last telling of a reply has `done` set. The engine's call memory takes the
-same hook (it keeps a finished reply). `drafters/stack.py` drives a set of drafters from token ids alone.
+accepted (`Accepted`); the last telling of a reply has `done` set. The engine's call memory (it keeps a
+finished reply) and its pay-back rule (it learns what a finished reply's decode took, `decode.PayBackListener`)
+take the same hook. `drafters/stack.py` drives a set of drafters from token ids alone.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..formats import Reasoning, ToolFormat
+from ..stats import DecodeStats
 from ..tools import Tool
 
 
@@ -26,8 +28,9 @@ class Prediction:
 
 @dataclass
 class ReplyState:
-    """One reply as the drafters see it. The engine's commit step writes it in place (tokens appended,
-    text replaced) and the drafters read it: nothing is copied or re-synced between rounds."""
+    """One reply as the drafters see it. Its commit step writes it in place (tokens appended, text
+    replaced: `RequestState.commit` in the engine, `DrafterStack.accepted` without one) and the drafters
+    read it: nothing is copied or re-synced between rounds."""
     ids: list[int]            # prompt ids, then the committed new tokens: one list that grows
     n_prompt: int
     text: str                 # assistant text so far: forced prefix + decoded new tokens
@@ -70,6 +73,7 @@ class Accepted:
     tokens: tuple[int, ...]   # the tokens committed this round, in order (the reply's state holds them already)
     by_source: Mapping[str, int] = field(default_factory=dict)  # of them, the draft tokens accepted, per source
     done: bool = False        # the reply is over (it finished; an abandoned reply is never told `done`)
+    stats: DecodeStats | None = None  # with `done`, in the engine: what the decode did (its timings, forwards)
 
 
 class Drafter(ABC):
