@@ -36,6 +36,11 @@ DEFAULT_TOKENS = 8192
 
 
 class PrefixCache:
+    """Earlier prompts' KV caches, keyed by their token ids, within a budget of `max_tokens` cached tokens
+    (least recently used first out): `lookup` hands a request its own copy cut to the longest cached
+    prefix (whole `chunk`s, leaving at least `min_tail` tokens to feed), `store` keeps a copy of a
+    prompt's KV. Thread-safe: replies decoding at once look up and store from their threads."""
+
     def __init__(self, max_tokens: int = DEFAULT_TOKENS, chunk: int = 1, min_tail: int = 1):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be an integer >= 0, got {max_tokens!r}")

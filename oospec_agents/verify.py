@@ -1,8 +1,10 @@
-"""Greedy verification of a token tree in one target forward, and KV-cache rollback.
+"""Verification of a token tree in one target forward, and KV-cache rollback.
 
 Node 0 of the tree is the last committed token (not yet in the KV cache); every draft hangs below
-it. One forward scores all nodes under a tree attention mask; we then walk from the root while the
-target's argmax picks a child, and commit that path plus the target's own next token. Under a grammar,
+it. One forward scores all nodes under a tree attention mask (alone, or as one row of a batched
+forward: batching.py); we then walk from the root while the target's choice picks a child -- its
+argmax, or under sampling a seeded draw per node (sampling.py), or a grammar's masked argmax -- and
+commit that path plus the target's own next token. Under a grammar,
 tokens it forced (jump-forward) are committed already: they form a chain below the root, fed in the
 same forward, and the drafts hang below the last of them (`Tree.start`), where the walk starts.
 """
@@ -124,6 +126,11 @@ def attention_layout(model) -> Layout:
 
 
 class Verifier:
+    """The target as a verifier: prefills a prompt into a KV cache (`prefill`, planned by `plan_prefill`),
+    scores a draft tree in one forward and keeps the accepted path's keys and values (`verify` = the
+    forward, then `accept`); `row` is the tree as one row of a batched forward, `fit` the tree cut to a
+    deterministic reply's shapes. `layout` says how the target attends (whether it takes tree masks)."""
+
     def __init__(self, model):
         self.model = model
         self.cache_kw = cache_kwarg(model)

@@ -5,6 +5,7 @@ would pick whichever was imported first.)
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -460,6 +461,25 @@ def tiny_gpt_oss(tokenizer, seed: int = 0):
     model.generation_config.eos_token_id = stops
     model.generation_config.pad_token_id = tokenizer.eos_token_id
     return model
+
+
+@contextmanager
+def batch_sizes(engine):
+    """The batch sizes of the verify forwards of every reply `engine` streams meanwhile (each `Generation`'s
+    `stats.batch_sizes`: how many replies shared each of its forwards)."""
+    from oospec_agents import Generation
+    sizes, real = [], engine.stream
+
+    def stream(*args, **kwargs):
+        for event in real(*args, **kwargs):
+            if isinstance(event, Generation):
+                sizes.extend(event.stats.batch_sizes)
+            yield event
+    engine.stream = stream
+    try:
+        yield sizes
+    finally:
+        del engine.stream
 
 
 def record_requests(monkeypatch, engine) -> list[list]:

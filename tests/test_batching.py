@@ -163,7 +163,7 @@ def test_replies_join_and_leave_mid_batch_and_a_warm_prompt_sits_beside_cold_one
 def test_a_cancelled_or_failing_reply_leaves_the_others_going(engine, monkeypatch):
     alone = [engine.generate(ask(q), [WEATHER], method="ar", max_new_tokens=30) for q in QUESTIONS[:4]]
     cancel = threading.Event()
-    schema = engine._drafters["schema"]
+    schema = engine.drafters["schema"]
     real = schema.propose
 
     def propose(state):

@@ -184,12 +184,12 @@ def test_auto_placement_runs_the_split_it_chooses_and_explicit_devices_win(monke
     assert os.sched_getaffinity(0) == before
     # an explicit placement, a sidecar object or none, a GPU target keep every core shared (explicit
     # devices never reach the projection: from_pretrained asks it only when neither device is named)
-    from oospec_agents.engine import _auto_layout
+    from oospec_agents.loading import auto_layout
     cpu, gpu = Place(CPU), Place(torch.device("cuda", 0))
-    assert _auto_layout(None, cpu, {}) is not None and _auto_layout("embedded", cpu, {"sidecar_placement": "auto"})
+    assert auto_layout(None, cpu, {}) is not None and auto_layout("embedded", cpu, {"sidecar_placement": "auto"})
     for sidecar, where, kw in ((None, cpu, {"sidecar_placement": "thread"}), (None, cpu, {"sidecar_placement": "process"}),
                                (False, cpu, {}), (object(), cpu, {}), (None, gpu, {})):
-        assert _auto_layout(sidecar, where, kw) is None
+        assert auto_layout(sidecar, where, kw) is None
     engine = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
     try:
         assert engine.place.cores is None

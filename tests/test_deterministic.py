@@ -129,7 +129,7 @@ def test_methods_trees_and_threads_give_the_same_tokens_on_a_tiny_bf16_target(sm
     # trees whose accepted path is not contiguous (a flawed draft first), rejected at several depths
     n_prompt = len(engine.prompt_ids(ASK, [WEATHER], tool_choice="required"))
     for wrong_at in (0, 2, 5):
-        monkeypatch.setitem(engine._drafters, "retrieval", ReferenceDrafter(ref, n_prompt, wrong_at, True))
+        monkeypatch.setitem(engine.drafters, "retrieval", ReferenceDrafter(ref, n_prompt, wrong_at, True))
         assert run(engine, "toolspec") == ref
     monkeypatch.undo()
     calls = [("ar", None), ("toolspec", None), ("oospec", RIGHT), ("oospec", WRONG)]
@@ -148,7 +148,7 @@ def test_the_mode_verifies_a_chain_the_first_draft(smollm2_tokenizer, tiny_bf16,
         n_prompt = len(engine.prompt_ids(ASK, [WEATHER], tool_choice="required"))
         ref = engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=30, method="ar").token_ids
         # two drafts: a flawed one first, the reference second
-        monkeypatch.setitem(engine._drafters, "retrieval", ReferenceDrafter(ref, n_prompt, 2, True))
+        monkeypatch.setitem(engine.drafters, "retrieval", ReferenceDrafter(ref, n_prompt, 2, True))
         seen = trees[on] = []
         verify = engine._verifier.verify
         monkeypatch.setattr(engine._verifier, "verify", lambda tree, *a, **k: seen.append(tree.is_chain) or

@@ -151,14 +151,18 @@ def test_the_guide_forces_only_single_token_masks(grammars, smollm2_tokenizer):
     assert grammars().guide(normalize_tools(CLOSABLE), "named", "set_alarm").forced(2) == forced[:2]
 
 
-def test_jump_forward_commits_forced_tokens_unverified_in_fewer_forwards(tiny_engine):
+def test_jump_forward_commits_forced_tokens_unverified_in_fewer_forwards(tiny_engine, monkeypatch):
     """Tokens the grammar forces are committed without the target and fed with the next drafts: the
     output is still the masked reference, in fewer target forwards."""
+    from oospec_agents.grammar import Guide
     ref = masked_reference(tiny_engine, ASK, CLOSABLE, "set_alarm", 32)
     forwards = {}
-    try:
+    with monkeypatch.context() as patch:
         for jump in (False, True):
-            tiny_engine._jump_forward = jump
+            if not jump:  # no jump-forward: the grammar forces nothing, the target chooses every token
+                patch.setattr(Guide, "forced", lambda self, limit: [])
+            else:
+                patch.undo()
             for method in METHODS:
                 gen = tiny_engine.generate(ASK, CLOSABLE, tool_choice="set_alarm", method=method, max_new_tokens=32,
                                            strict=True, record_margins=True)
@@ -166,8 +170,6 @@ def test_jump_forward_commits_forced_tokens_unverified_in_fewer_forwards(tiny_en
                 assert (gen.stats.accepted_by_source["grammar"] > 0) is jump, gen.stats.accepted_by_source
                 assert len(gen.stats.margins) == len(gen.token_ids)
                 forwards[method, jump] = gen.stats.target_forwards
-    finally:
-        tiny_engine._jump_forward = True
     for method in METHODS:
         assert forwards[method, True] < forwards[method, False], forwards
     assert forwards["oospec", True] < forwards["ar", True], forwards

@@ -69,7 +69,7 @@ def test_a_tree_draft_is_offered_as_its_root_to_leaf_paths():
 @needs_arctic
 def test_suffix_drafting_is_lossless_and_recalls_the_last_reply(tiny_engine, monkeypatch):
     from oospec_agents.drafters.suffix import SuffixDrafter
-    monkeypatch.setitem(tiny_engine._drafters, "retrieval", SuffixDrafter())
+    monkeypatch.setitem(tiny_engine.drafters, "retrieval", SuffixDrafter())
     tiny_engine.clear_call_memory()
     ref = greedy(tiny_engine, tiny_engine.prompt_ids(ASK, [WEATHER]), 32)
     first, again = (tiny_engine.generate(ASK, [WEATHER], max_new_tokens=32, method="toolspec") for _ in range(2))

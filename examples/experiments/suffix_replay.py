@@ -65,7 +65,7 @@ def main() -> None:
                 method, tree = METHODS[m]
                 engine = Engine(model, tok, model_name="scripted")
                 if tree is not None:
-                    engine._drafters["retrieval"] = SuffixDrafter(tree=tree == "tree")
+                    engine.drafters["retrieval"] = SuffixDrafter(tree=tree == "tree")
                 t0, rows = time.perf_counter(), []
                 for rec in recs:
                     if scenario == "cold":

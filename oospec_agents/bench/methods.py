@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
@@ -56,6 +56,16 @@ class Run:
     rounds: list | None = None             # engine methods: (tree nodes, accepted drafts, context) per round
     hint_follow_ups: int = 0               # follow-up waves asked for the function the target wrote
     reasoning: tuple | None = None         # a reply that reasoned: (tokens, forwards, decode s) until it closed
+
+    @classmethod
+    def of(cls, gen) -> "Run":
+        """An engine method's run: the `Generation`'s tokens and text, and its stats under their own names."""
+        s = gen.stats
+        same = {f.name: getattr(s, f.name) for f in fields(cls)
+                if f.name not in ("token_ids", "text", "accepted_by_source", "rounds", "reasoning")}
+        return cls(gen.token_ids, gen.text, accepted_by_source=dict(s.accepted_by_source),
+                   rounds=[list(r) for r in s.rounds], reasoning=None if s.reasoning_forwards is None else
+                   (s.reasoning_tokens, s.reasoning_forwards, s.reasoning_s), **same)
 
 
 @dataclass
@@ -105,14 +115,7 @@ def _run(ctx: BenchContext, engine, turn: Turn, method: str, hint, margins: bool
     _wait_for_sidecar(engine)
     gen = engine.generate(turn.messages, turn.tools, tool_choice=turn.tool_choice, max_new_tokens=ctx.max_new_tokens,
                           method=method, hint=hint, record_margins=margins, strict=strict, **sample)
-    s = gen.stats
-    return Run(gen.token_ids, gen.text, s.prefill_s, s.decode_s, s.target_forwards, dict(s.accepted_by_source),
-               s.hint_ready_s, s.hint_bytes, s.margins, s.sidecar_error, s.sidecar_profile, s.prompt_tokens,
-               s.cached_prompt_tokens, s.sidecar_cached_prompt_tokens, s.sidecar_skipped, s.wave_estimate_s,
-               s.call_estimate_s, s.decode_estimate_s, s.host_s, [list(r) for r in s.rounds],
-               hint_follow_ups=s.hint_follow_ups,
-               reasoning=None if s.reasoning_forwards is None else
-               (s.reasoning_tokens, s.reasoning_forwards, s.reasoning_s))
+    return Run.of(gen)
 
 
 @contextmanager
@@ -121,7 +124,7 @@ def _retrieval(engine, drafter):
     if drafter is None:
         yield
         return
-    drafters = engine._drafters  # the engine's one slot per drafter; tests swap it the same way
+    drafters = engine.drafters  # the engine's one slot per drafter; tests swap it the same way
     own, drafters["retrieval"] = drafters["retrieval"], drafter
     try:
         yield

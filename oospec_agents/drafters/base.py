@@ -1,11 +1,19 @@
-"""One small interface for every drafter, in the spirit of transformers' CandidateGenerator, and the
-one reply state they all read."""
+"""One small interface for every drafter, in the spirit of transformers' CandidateGenerator (`propose`,
+and the feedback hook `accepted`, its `update_candidate_strategy`), and the one reply state they all read.
+
+A drafter proposes from the `ReplyState` alone and is told, once a round is verified, what the target
+accepted (`Accepted`); the last telling of a reply has `done` set. The engine's call memory (it keeps a
+finished reply) and its pay-back rule (it learns what a finished reply's decode took, `decode.PayBackListener`)
+take the same hook. `drafters/stack.py` drives a set of drafters from token ids alone.
+"""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..formats import Reasoning, ToolFormat
+from ..stats import DecodeStats
 from ..tools import Tool
 
 
@@ -20,8 +28,9 @@ class Prediction:
 
 @dataclass
 class ReplyState:
-    """One reply as the drafters see it. The engine's commit step writes it in place (tokens appended,
-    text replaced) and the drafters read it: nothing is copied or re-synced between rounds."""
+    """One reply as the drafters see it. Its commit step writes it in place (tokens appended, text
+    replaced: `RequestState.commit` in the engine, `DrafterStack.accepted` without one) and the drafters
+    read it: nothing is copied or re-synced between rounds."""
     ids: list[int]            # prompt ids, then the committed new tokens: one list that grows
     n_prompt: int
     text: str                 # assistant text so far: forced prefix + decoded new tokens
@@ -34,6 +43,11 @@ class ReplyState:
     pool: list[list[int]] = field(default_factory=list)
     prediction: Prediction | None = None  # the caller's predicted output, and where the reply is in it
     reasoning: Reasoning | None = None    # the reply's reasoning block, when its template reasons
+
+    def add_hint(self, hint: str) -> None:
+        """The sidecar's call is here: the hint drafter aligns it, retrieval drafts from its tokens too."""
+        self.hint = hint
+        self.pool.append(self.tokenizer.encode(hint, add_special_tokens=False))
 
     @property
     def new(self) -> list[int]:
@@ -50,15 +64,28 @@ class ReplyState:
 @dataclass
 class Draft:
     tokens: list[int]
-    source: str               # "schema" | "retrieval" | "hint"
+    source: str               # "schema" | "retrieval" | "hint" | "prediction"
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What one verified round committed, as its drafters are told it."""
+    tokens: tuple[int, ...]   # the tokens committed this round, in order (the reply's state holds them already)
+    by_source: Mapping[str, int] = field(default_factory=dict)  # of them, the draft tokens accepted, per source
+    done: bool = False        # the reply is over (it finished; an abandoned reply is never told `done`)
+    stats: DecodeStats | None = None  # with `done`, in the engine: what the decode did (its timings, forwards)
 
 
 class Drafter(ABC):
+    """Proposes token sequences from the reply's state alone; told what the target accepted."""
     source: str
 
     @abstractmethod
     def propose(self, ctx: ReplyState) -> list[Draft]:
         """Token sequences that may follow `ctx.ids`; verification decides what is kept."""
+
+    def accepted(self, ctx: ReplyState, accepted: Accepted) -> None:
+        """Feedback after each verified round (`ctx` already holds its tokens); by default ignored."""
 
 
 def separator_variants(text: str, args_key: str) -> list[str]:
@@ -88,3 +115,30 @@ def encode_after(tokenizer, ids: list[int], text: str, lookback: int = 3) -> lis
         if enc[:k] == tail:
             return enc[k:]
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+class ReplyText:
+    """A reply's text from its tokens: special tokens dropped, except the format's call markers.
+
+    Mistral's `[TOOL_CALLS]` (and Llama 3's `<|python_tag|>`) are special tokens in their
+    tokenizers, so `decode(skip_special_tokens=True)` alone would cut them out of the text that the
+    format parses; a marker that is plain text in a tokenizer is left to the plain decode."""
+
+    def __init__(self, tokenizer, fmt: ToolFormat):
+        self.tokenizer = tokenizer
+        self.keep: dict[int, str] = {}
+        for marker in fmt.markers:
+            ids = tokenizer.encode(marker, add_special_tokens=False)
+            if len(ids) == 1 and not tokenizer.decode(ids, skip_special_tokens=True):
+                self.keep[ids[0]] = marker
+
+    def __call__(self, ids: list[int]) -> str:
+        decode = self.tokenizer.decode
+        cuts = [i for i, t in enumerate(ids) if t in self.keep] if self.keep else []
+        if not cuts:
+            return decode(ids, skip_special_tokens=True)
+        parts, start = [], 0
+        for i in cuts:
+            parts += [decode(ids[start:i], skip_special_tokens=True), self.keep[ids[i]]]
+            start = i + 1
+        return "".join(parts) + decode(ids[start:], skip_special_tokens=True)

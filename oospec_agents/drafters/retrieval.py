@@ -7,7 +7,7 @@ import json
 import threading
 from collections import OrderedDict
 
-from .base import Draft, ReplyState, Drafter
+from .base import Accepted, Draft, ReplyState, Drafter
 
 
 class RetrievalDrafter(Drafter):
@@ -80,6 +80,11 @@ class CallMemory:
             self._by_tools[key] = replies[-self.size:]
             while len(self._by_tools) > self.max_tool_sets:  # the least recently used tool set goes
                 self._by_tools.popitem(last=False)
+
+    def accepted(self, ctx: ReplyState, accepted: Accepted) -> None:
+        """The drafters' feedback hook: a finished reply is kept for its tool set."""
+        if accepted.done:
+            self.remember(ctx.tools, ctx.new)
 
     def clear(self) -> None:
         with self._lock:

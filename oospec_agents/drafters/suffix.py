@@ -28,9 +28,12 @@ def suffix_cache(max_depth: int):
 
 class SuffixDrafter(Drafter):
     """Drafts as `RetrievalDrafter` does, from the same sequences, with a suffix tree in place of n-gram
-    matching. Its drafts count as retrieval's. It follows one reply at a time (the engine serialises
-    replies): a new `ReplyState` starts a request whose local tree holds the prompt, and the global tree
-    is kept equal to the reply's pool, so what it may recall is what the call memory holds.
+    matching. Its drafts count as retrieval's. It follows one reply at a time: a new `ReplyState` starts
+    a request whose local tree holds the prompt, and the global tree is kept equal to the reply's pool,
+    so what it may recall is what the call memory holds. Replies decoding at the same time (an engine
+    with `max_batch` > 1 and concurrent requests) make it start over at each switch: still lossless (the
+    target verifies every draft), but it drafts less. Give it an engine that decodes one reply at a time
+    (the bench's `suffix` method runs its records one after the other).
     """
     source = "retrieval"
 

@@ -2,6 +2,8 @@
 `achat`), and each reply is the one it gets alone."""
 import asyncio
 
+from oospec_testing import batch_sizes
+
 from llama_index.core.base.llms.types import ChatMessage
 
 from llama_index.llms.oospec import OoOSpec
@@ -12,11 +14,7 @@ ASKS = [[ChatMessage(role="user", content=f"Question {i}: what is {i} plus {i}?"
 async def test_gathered_achats_share_the_engines_forwards(tiny_engine):
     llm = OoOSpec(engine=tiny_engine, method="ar", max_new_tokens=24)
     alone = [(await llm.achat(m)).message.content for m in ASKS]
-    sizes, real = [], tiny_engine._batcher._forward
-    tiny_engine._batcher._forward = lambda rows: sizes.append(len(rows)) or real(rows)
-    try:
+    with batch_sizes(tiny_engine) as sizes:
         gathered = await asyncio.gather(*(llm.achat(m) for m in ASKS))
-    finally:
-        tiny_engine._batcher._forward = real
     assert [r.message.content for r in gathered] == alone
     assert sizes and max(sizes) > 1, "no forward was shared"
