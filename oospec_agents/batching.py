@@ -1,6 +1,6 @@
 """Concurrent replies share each target forward (#58): who runs the target next.
 
-Every reply keeps its own state (engine.py), its own KV cache and its own thread; only the target
+Every reply keeps its own state (request.py), its own KV cache and its own thread; only the target
 forward is shared. A reply that wants the target hands its `Seat` a job and waits:
 
     verify job     one reply's draft tree on its own cache: batchable. The verify jobs of every reply
@@ -26,12 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import batch_attention
 from .batch_attention import TreeRow
-# engine.py and verify.py import `Row` (now `TreeRow`) and `batched_forward`, and call `install`, from here;
-# their home is batch_attention.py, where those callers should import them from
-from .batch_attention import TreeRow as Row  # noqa: F401
-from .batch_attention import batched_forward  # noqa: F401
 
 #: replies that share a forward at most, by default (`Engine(max_batch=...)`, `oospec serve --max-batch`)
 DEFAULT_MAX_BATCH = 8
@@ -177,8 +172,3 @@ class Batcher:
         for j, r in zip(jobs, results):
             j.result, j.batch, j.done = r, len(jobs), True
 
-
-def install(model, windows: dict, passes_on: tuple[str, ...] = ()) -> str | None:
-    """`batch_attention.install`, as engine.py calls it today; `passes_on` (the implementations of ours that
-    pass batched rounds on) is not needed any more: the attention registry knows them."""
-    return batch_attention.install(model, windows)

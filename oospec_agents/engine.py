@@ -11,8 +11,7 @@ import functools
 import threading
 from typing import Iterator
 
-from . import batching, checks, loading
-from . import deterministic as det
+from . import batch_attention, batching, checks, loading
 from .batching import Batcher
 from .calllog import DEFAULT_MAX_MB as DEFAULT_LOG_MB
 from .calllog import open_call_log
@@ -110,10 +109,10 @@ class Engine(DecodeLoop):
         self._grammars = Grammars(tokenizer, self.fmt, self.eos_ids, target.config.get_text_config().vocab_size)
         # Replies from several threads share the target: their verify forwards are batched, the rest take
         # turns (batching.py). `batching_refusal`: why this target's rounds are not batched (None: they are).
-        self.batching_refusal = batching.install(target, self._verifier.layout.windows, (det.EXACT_ATTENTION,)) \
+        self.batching_refusal = batch_attention.install(target, self._verifier.layout.windows) \
             if max_batch > 1 else "max_batch=1"
         # the forward holds the target, not the engine: an engine dropped is freed (no cycle through it)
-        self._batcher = Batcher(functools.partial(batching.batched_forward, target, self._verifier.cache_kw,
+        self._batcher = Batcher(functools.partial(batch_attention.batched_forward, target, self._verifier.cache_kw,
                                                   device=self._verifier.device),
                                 max_batch, batched=self.batching_refusal is None)
         self._logged_faults: set[str] = set()

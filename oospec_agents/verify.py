@@ -259,9 +259,9 @@ class Verifier:
 
     def row(self, tree: Tree, cache, past_len: int):
         """The tree as one row of a batched forward (batching.py): its tokens, positions and mask."""
-        from .batching import Row
+        from .batch_attention import TreeRow
         positions = [past_len + d for d in tree.depths]
-        return Row(list(tree.tokens), positions, cache, lambda: self._tree_mask(tree, past_len))
+        return TreeRow(list(tree.tokens), positions, cache, lambda: self._tree_mask(tree, past_len))
 
     def _tree_mask(self, tree: Tree, past_len: int, window: int | None = None) -> torch.Tensor:
         """Node i sees the cached past and its own ancestors; under a sliding `window`, only the
