@@ -25,13 +25,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import CallPredicted, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
 from ..batching import DEFAULT_MAX_BATCH
-from ..frontend import ChatRequest, choice_count
+from ..frontend import ChatRequest, choice_count, settings
 from . import admin
 from .errors import Guard, ServeError, error_body, install_error_handlers
 from .extension import Extension, Predictions
 from .metrics import Metrics
 from .protocol import (ChatCompletionRequest, Completion, check_tool_messages, check_tools, refuse_sampling,
-                       refuse_unserved, sampling, sse)
+                       refuse_unserved, sse)
 from .responses import RESPONSES_PATH, ResponsesRequest, respond
 from .scheduler import Scheduler
 
@@ -147,13 +147,9 @@ def create_app(engine=None, *, loader: Callable[[], Any] | None = None, model: s
         check_tool_messages(req)
         eng = state.ready_engine()
         method = req.method or state.method
-        chat = ChatRequest(req.messages, req.tools, req.tool_choice or "auto", method=method,
-                           stop=[req.stop] if isinstance(req.stop, str) else req.stop,
-                           response_format=req.response_format, prediction=req.prediction,
-                           chat_template_kwargs=req.chat_template_kwargs, reasoning_effort=req.reasoning_effort,
-                           speculative_tools=ext.speculative_tools, **sampling(req))
-        if req.max_completion_tokens or req.max_tokens:
-            chat.max_new_tokens = req.max_completion_tokens or req.max_tokens
+        wire = {"method": method, "max_tokens": req.max_completion_tokens or req.max_tokens or None,
+                "top_k": None if req.top_k == -1 else req.top_k, "speculative_tools": ext.speculative_tools}
+        chat = ChatRequest.of(req.messages, settings(wire, req))  # vLLM's top_k=-1: no top-k
         # Bad input raises here, on the loop, before the request takes a place in the queue.
         cancelled = threading.Event()  # set when the client leaves: the engine stops after its round
         events = chat.stream_choices(eng, choice_count(req.n), cancelled)

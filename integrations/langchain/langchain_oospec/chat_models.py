@@ -30,25 +30,22 @@ from langchain_core.utils.function_calling import convert_to_openai_function, co
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
+from oospec_agents import Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.events import CallPredicted, ToolCallReady
-from oospec_agents.frontend import (ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate, call_problems,
-                                    check_penalties, check_seed, choice_count, openai_logprobs)
-from oospec_agents.sampling import Sampling
+from oospec_agents.frontend import (ChatRequest, EngineLike, LazyEngine, ParallelToolCalls, Usage, aiterate,
+                                    call_problems, choice_count, read_sampling, settings)
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
 from .custom_events import SpeculativeEvent, adispatch, dispatch
 
-#: the sampling settings, as ChatOpenAI names them: fields, and keyword arguments of a single call
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "top_logprobs")
-#: ChatOpenAI's penalties: not served, so only the neutral value is taken (`frontend.check_penalties`)
-_NEUTRAL = ("frequency_penalty", "presence_penalty")
-#: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
+#: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`): ChatOpenAI's names.
+#: Its penalties and `logit_bias` are not served: only the neutral value is taken (`frontend.check_penalties`).
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "response_format", "prediction",
                 "parallel_tool_calls", "logit_bias", "chat_template_kwargs", "reasoning_effort", "speculative_tools",
-                *_SAMPLING, *_NEUTRAL)
+                "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "top_logprobs",
+                "frequency_penalty", "presence_penalty")
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -152,7 +149,7 @@ class ChatOoOSpec(BaseChatModel):
     chat_template: str | None = None
     """A Jinja chat template, or the path of a file holding one, replacing the target tokenizer's own
     (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja)."""
-    engine: Engine | None = Field(default=None, exclude=True)
+    engine: EngineLike | None = Field(default=None, exclude=True)
     """An already loaded engine, used instead of loading `model`."""
     _engines: LazyEngine = PrivateAttr()
     """`engine`, or the shared engine of `model` (or of a per-call `model`), loaded on first use."""
@@ -164,7 +161,8 @@ class ChatOoOSpec(BaseChatModel):
 
     @model_validator(mode="after")
     def _select_engine(self) -> ChatOoOSpec:
-        self._sampling({})  # bad settings fail here, naming the field
+        read_sampling(settings(self))  # bad settings fail here, naming the field
+        choice_count(self.n)
         if self.engine is not None and "model" not in self.model_fields_set:
             self.model = self.engine.model_name
         options = {"target_device": self.target_device, "sidecar_device": self.sidecar_device,
@@ -353,7 +351,7 @@ class ChatOoOSpec(BaseChatModel):
         for index in range(self._choices(kwargs)):
             yield from self._choice_chunks(engine, request.for_choice(index), kwargs)
 
-    def _choice_chunks(self, engine: Engine, request: ChatRequest,
+    def _choice_chunks(self, engine: EngineLike, request: ChatRequest,
                        kwargs: dict) -> Iterator[ChatGenerationChunk | SpeculativeEvent]:
         parallel = ParallelToolCalls.openai(kwargs.get("parallel_tool_calls"))
         with closing(request.stream(engine)) as events:
@@ -376,40 +374,17 @@ class ChatOoOSpec(BaseChatModel):
                 elif isinstance(event, Generation):  # always the last event
                     yield _last_chunk(event, engine.model_name, parallel)
 
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, ChatRequest]:
-        """The engine for this call and what to ask of it."""
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None,
+                 kwargs: dict) -> tuple[EngineLike, ChatRequest]:
+        """The engine for this call and what to ask of it: the call's keyword arguments over the fields
+        (a bad sampling setting is a ValueError naming the field: the engine's `SamplingError`).
+        `speculative_tools` is SpeculativeToolsMiddleware's, for the engine's pay-back rule."""
         unknown = sorted(set(kwargs) - set(_CALL_KWARGS))
         if unknown:
             raise TypeError(f"ChatOoOSpec got unsupported call arguments {unknown}; supported: {list(_CALL_KWARGS)}")
-        settings = self._sampling(kwargs)
-        settings.pop("n")
-        request = ChatRequest(
-            messages=to_openai_messages(messages),
-            tools=kwargs.get("tools"),
-            tool_choice=kwargs.get("tool_choice", "auto"),
-            max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
-            method=kwargs.get("method", self.method),
-            stop=self.stop if stop is None else stop,
-            response_format=kwargs.get("response_format"),
-            prediction=kwargs.get("prediction"),
-            chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
-            reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
-            speculative_tools=kwargs.get("speculative_tools"),  # SpeculativeToolsMiddleware's, for the pay-back rule
-            **settings,
-        )
+        given = kwargs if stop is None else {**kwargs, "stop": stop}
+        request = ChatRequest.of(to_openai_messages(messages), settings(given, self))
         return self._engines.get(kwargs.get("model")), request
-
-    def _sampling(self, kwargs: dict) -> dict:
-        """The sampling settings of a call (its keyword arguments over the fields), checked: the
-        ChatRequest's, and `n`. A bad value is a ValueError naming the field (the engine's
-        `SamplingError`); a penalty or `logit_bias` that is not neutral too (`frontend.check_penalties`)."""
-        get = lambda name: kwargs.get(name, getattr(self, name))  # noqa: E731
-        check_penalties({name: get(name) for name in _NEUTRAL}, get("logit_bias"))
-        settings = {name: get(name) for name in ("temperature", "top_p", "top_k", "min_p", "seed")}
-        Sampling(**settings)
-        check_seed(settings["seed"])
-        return {**settings, "n": choice_count(get("n")),
-                "logprobs": openai_logprobs(get("logprobs"), get("top_logprobs"))}
 
 
 class _LastChunk(ChatGenerationChunk):

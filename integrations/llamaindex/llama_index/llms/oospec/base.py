@@ -42,21 +42,20 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
-from oospec_agents import (CallPredicted, Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta,
+from oospec_agents import (CallPredicted, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta,
                            ToolCallReady)
 from oospec_agents.engine import Event
-from oospec_agents.frontend import (CallsSoFar, ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate,
-                                    check_seed, openai_logprobs)
-from oospec_agents.sampling import Sampling
+from oospec_agents.frontend import (CallsSoFar, ChatRequest, EngineLike, LazyEngine, ParallelToolCalls, Usage,
+                                    aiterate, read_sampling, settings)
 
 from .events import CallPredictedEvent, ReplyEndEvent, ToolCallReadyEvent, dispatcher
 from .messages import assistant_message, to_engine_messages, tool_calls_of
 
-# The sampling settings: fields, and keyword arguments of a single call.
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "top_logprobs")
-# What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three.
+# What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three. The sampling
+# settings (the last seven) are fields too, and the call's win.
 _CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format", "prediction",
-                "chat_template_kwargs", "reasoning_effort", "speculative_tools", *_SAMPLING)
+                "chat_template_kwargs", "reasoning_effort", "speculative_tools", "temperature", "top_p", "top_k",
+                "min_p", "seed", "logprobs", "top_logprobs")
 
 
 class OoOSpec(FunctionCallingLLM):
@@ -148,7 +147,7 @@ class OoOSpec(FunctionCallingLLM):
         strict: bool = False,
         deterministic: Optional[bool] = None,
         call_log: Union[str, os.PathLike, None] = None,
-        engine: Optional[Engine] = None,
+        engine: Optional[EngineLike] = None,
         **kwargs: Any,
     ) -> None:
         placement = {"sidecar": sidecar, "target_device": target_device, "sidecar_device": sidecar_device}
@@ -157,7 +156,7 @@ class OoOSpec(FunctionCallingLLM):
             if given:
                 raise ValueError(f"pass either engine= or {'=, '.join(given)}=, not both: the engine "
                                  "already holds its models and their devices")
-            if not isinstance(engine, Engine):
+            if not isinstance(engine, EngineLike):
                 raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
             model = engine.model_name
         chat_template = None if chat_template is None else os.fspath(chat_template)
@@ -166,7 +165,7 @@ class OoOSpec(FunctionCallingLLM):
                          max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens,
                          chat_template=chat_template, sidecar_placement=sidecar_placement, strict=strict,
                          deterministic=deterministic, call_log=call_log, **placement, **kwargs)
-        self._sampling({})  # bad settings fail here, naming the field
+        read_sampling(settings(self))  # bad settings fail here, naming the field
         # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
         self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device, "sidecar_device": sidecar_device,
                                                         "prefix_cache_tokens": prefix_cache_tokens,
@@ -179,7 +178,7 @@ class OoOSpec(FunctionCallingLLM):
         return "OoOSpec"
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> EngineLike:
         """The engine, loaded now if this is its first use."""
         return self._engine.get()
 
@@ -322,25 +321,9 @@ class OoOSpec(FunctionCallingLLM):
         tools = kwargs.get("tools") or None
         if tools and self.strict:
             tools = [_strict_tool(t) for t in tools]
-        request = ChatRequest(messages=to_engine_messages(messages), tools=tools,
-                              tool_choice=kwargs.get("tool_choice", "auto"),
-                              max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
-                              method=self.method, response_format=kwargs.get("response_format"),
-                              prediction=kwargs.get("prediction"),
-                              chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
-                              reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
-                              speculative_tools=kwargs.get("speculative_tools"),
-                              **self._sampling(kwargs))
+        given = {**kwargs, "tools": tools, "max_tokens": kwargs.get("max_new_tokens", self.max_new_tokens)}
+        request = ChatRequest.of(to_engine_messages(messages), settings(given, self))
         return request, ParallelToolCalls(bool(kwargs.get("allow_parallel_tool_calls", True)))
-
-    def _sampling(self, kwargs: dict) -> dict:
-        """A call's sampling settings (its keyword arguments over the fields), checked: a bad value is a
-        ValueError naming the field (the engine's `SamplingError`)."""
-        get = lambda name: kwargs.get(name, getattr(self, name))  # noqa: E731
-        settings = {name: get(name) for name in ("temperature", "top_p", "top_k", "min_p", "seed")}
-        Sampling(**settings)
-        check_seed(settings["seed"])
-        return {**settings, "logprobs": openai_logprobs(get("logprobs"), get("top_logprobs"))}
 
     def _final(self, generation: Generation, parallel: ParallelToolCalls, delta: Optional[str] = None) -> ChatResponse:
         """The reply as `chat` returns it and `stream_chat` ends with. Its calls are classed as LlamaIndex's
