@@ -35,8 +35,8 @@ from .drafters.prediction import Prediction, matched_tokens, prediction_text
 from .drafters.retrieval import CallMemory
 from .errors import AdapterError, ContextLengthError, OoOSpecError, PredictionError
 from .events import CallPredicted, LogprobsDelta, ReasoningDelta, ReplyEvents, TextDelta, ToolCallDelta, ToolCallReady
+from .finish import read_reply
 from .formats import Reasoning, ToolFormat, detect_format, detect_reasoning
-from .formats.base import ENDED_INSIDE, UNTERMINATED
 from .gcheap import freeze_gc_heap
 from .grammar import Grammars, Guide, StrictLogitsProcessor, response_schema
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
@@ -47,7 +47,7 @@ from .sidecar import cores, layout
 from .sidecar.payback import DEFAULT_RATIO, PayBack
 from .sidecar.session import HintSession, Outcome, follows_up
 from .stats import SOURCES, DecodeStats
-from .tools import Tool, check_calls, normalize_tools, resolve_tool_choice
+from .tools import Tool, normalize_tools, resolve_tool_choice
 from .verify import Verifier, build_tree, eos_ids
 
 log = logging.getLogger(__name__)
@@ -595,21 +595,13 @@ class Engine:
             torch.cuda.synchronize(self._verifier.device)
 
     def _finish(self, req: Prepared, reply: "_Reply", stats: DecodeStats, ids: str) -> Generation:
-        thought, answer = reply.events.read(reply.text, final=True)  # read as the stream was
-        content, parsed = reply.events.fmt.parse(answer)
-        if reply.finish == "stop" and reply.new and reply.new[-1] in self.eos_ids:  # not cut off: the model ended
-            parsed = [dict(c, error=ENDED_INSIDE) if c.get("error") == UNTERMINATED else c for c in parsed]
-        calls, invalid, problems = check_calls(reply.events.settle(answer, parsed), req.tools, id_prefix=ids)
-        finish = reply.finish
-        if (calls or invalid) and finish == "stop":  # as OpenAI's: a message holding calls, readable or not
-            finish = "tool_calls"
+        ended = reply.finish == "stop" and bool(reply.new) and reply.new[-1] in self.eos_ids  # the model ended it
+        read = read_reply(reply.events, reply.text, req.tools, ids, reply.finish, ended)
         stats.new_tokens = len(reply.new)
         if stats.margins is not None:
             del stats.margins[len(reply.new):]
-        return Generation(text=reply.text, token_ids=reply.new, tool_calls=calls, invalid_tool_calls=invalid,
-                          stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids),
-                          logprobs=None if req.top_logprobs is None else reply.logprobs[:len(reply.new)],
-                          tool_call_problems=problems, reasoning=None if thought is None else thought.strip())
+        return Generation(text=reply.text, token_ids=reply.new, stats=stats, prompt_tokens=len(req.prompt_ids),
+                          logprobs=None if req.top_logprobs is None else reply.logprobs[:len(reply.new)], **read)
 
 
 def _auto_layout(sidecar, target: cores.Place, kw: dict) -> tuple[cores.Place, cores.Place] | None:
@@ -754,15 +746,9 @@ class _Reply:
             return []
         taken = self.choose.take() if chosen else []
         entries = [TokenLogprob(t, 0.0) for t in pending[:len(pending) - len(taken)]] + taken
-        scored = [self._openai(e) for e in entries[:kept]]
+        scored = [e.openai(lambda t: self.decode.tokenizer.decode([t])) for e in entries[:kept]]
         self.logprobs += scored
         return scored
-
-    def _openai(self, entry: TokenLogprob) -> dict:
-        def token(tid: int, logprob: float) -> dict:
-            text = self.decode.tokenizer.decode([tid])
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-        return token(entry.token_id, entry.logprob) | {"top_logprobs": [token(t, lp) for t, lp in entry.top]}
 
     def close(self) -> Iterator[ReasoningDelta | TextDelta | ToolCallDelta]:
         """The reply is over: everything still held back is decided."""
