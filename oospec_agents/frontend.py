@@ -42,11 +42,6 @@ T = TypeVar("T")
 
 #: the most choices (`n`) one request may ask for: they are decoded one after another
 MAX_CHOICES = 8
-#: the settings `ChatRequest.of` reads, by OpenAI's names (and vLLM's `top_k`, `min_p`, `chat_template_kwargs`)
-SETTINGS = ("tools", "tool_choice", "max_tokens", "method", "stop", "response_format", "prediction",
-            "chat_template_kwargs", "reasoning_effort", "speculative_tools", "temperature", "top_p", "top_k",
-            "min_p", "seed", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "logit_bias")
 
 
 @runtime_checkable
@@ -77,9 +72,10 @@ def settings(*layers: Mapping[str, Any] | object) -> Callable[[str], Any]:
 
 def read_sampling(setting: Callable[[str], Any]) -> tuple[Sampling, bool | int | None]:
     """A request's sampling, its settings read by name with `setting` (`settings`), checked: the
-    `Sampling` the engine draws with, and its one `logprobs` argument from OpenAI's `logprobs` and
-    `top_logprobs` (`openai_logprobs`). A penalty or `logit_bias` that is not neutral is refused
-    (`check_penalties`). A bad value is a `SamplingError` naming its field in `.param`."""
+    `Sampling` the engine draws with (`temperature`, `top_p`, `top_k`, `min_p`, `seed`), and its one
+    `logprobs` argument from OpenAI's `logprobs` and `top_logprobs` (`openai_logprobs`). A penalty
+    (`PENALTIES`) or `logit_bias` that is not neutral is refused (`check_penalties`). A bad value is a
+    `SamplingError` naming its field in `.param`."""
     check_penalties({name: setting(name) for name in PENALTIES}, setting("logit_bias"))
     sampling = Sampling(setting("temperature"), setting("top_p"), setting("top_k"), setting("min_p"), setting("seed"))
     return sampling, openai_logprobs(setting("logprobs"), setting("top_logprobs"))
@@ -111,10 +107,12 @@ class ChatRequest:
 
     @classmethod
     def of(cls, messages: list[dict], setting: Callable[[str], Any]) -> "ChatRequest":
-        """A front-end's request, its settings read by name (`SETTINGS`, OpenAI's names) with `setting`
-        (`settings`: a call's keyword arguments over a model's fields), None for unset: `max_tokens` is
-        `max_new_tokens` (256 unset), a `stop` string one stop sequence. Its sampling is checked now
-        (`read_sampling`); the rest by the engine, when the request is streamed."""
+        """A front-end's request, its settings read by name with `setting` (`settings`: a call's keyword
+        arguments over a model's fields), None for unset. The names are OpenAI's (vLLM's for `top_k`,
+        `min_p`, `repetition_penalty`, `chat_template_kwargs`): `tools`, `tool_choice`, `max_tokens` (256
+        unset), `method`, `stop` (a string is one stop sequence), `response_format`, `prediction`,
+        `chat_template_kwargs`, `reasoning_effort`, `speculative_tools`, and `read_sampling`'s. Its sampling
+        is checked now; the rest by the engine, when the request is streamed."""
         sampling, logprobs = read_sampling(setting)
         max_tokens, stop = setting("max_tokens"), setting("stop")
         return cls(messages, setting("tools"), setting("tool_choice") or "auto",
