@@ -53,6 +53,17 @@ def prepare(r: Renderer, messages, tools=None, tool_choice="auto", max_new_token
                     min(max_new_tokens, r.context_window - len(prompt_ids)), stops, guide, reasoning=reasoning)
 
 
+def one_sampling(sampling: Sampling | None, *settings) -> Sampling:
+    """`Engine.stream`'s sampling: a `Sampling` given whole, or its settings one by one (never both)."""
+    if sampling is None:
+        return Sampling(*settings)
+    if not isinstance(sampling, Sampling):
+        raise OoOSpecError(f"sampling must be an oospec_agents.sampling.Sampling, got {type(sampling).__name__}")
+    if any(s is not None for s in settings):
+        raise OoOSpecError("give sampling= or temperature/top_p/top_k/min_p/seed, not both")
+    return sampling
+
+
 def with_decoding(req: Prepared, sampling: Sampling, logprobs, speculative_tools) -> Prepared:
     """`req` with `Engine.stream`'s sampling, logprobs and speculative tools, checked."""
     return replace(req, sampling=sampling, top_logprobs=check_logprobs(logprobs),

@@ -34,15 +34,14 @@ from .drafters.base import Prediction
 from .drafters.prediction import matched_tokens
 from .drafters.stack import tell
 from .events import CallPredicted, ReplyEvents
+from .finish import read_reply
 from .formats import ToolFormat
-from .formats.base import ENDED_INSIDE, UNTERMINATED
 from .request import Event, Generation, Prepared, RequestState
 from .sampling import Choice
 from .sidecar import FixedHint, HintRequest, Sidecar
 from .sidecar import cores
 from .sidecar.session import HintSession, Outcome, follows_up
 from .stats import SOURCES, DecodeStats
-from .tools import check_calls
 from .verify import Tree, build_tree
 
 log = logging.getLogger(__name__)
@@ -227,21 +226,13 @@ class DecodeLoop:
     def _finish(self, rs: RequestState) -> Generation:
         """The finished reply: its calls read and checked as the stream read them."""
         req, stats, new = rs.req, rs.stats, rs.new
-        thought, answer = rs.events.read(rs.text, final=True)  # read as the stream was
-        content, parsed = rs.events.fmt.parse(answer)
-        if rs.finish == "stop" and new and new[-1] in self.eos_ids:  # not cut off: the model ended
-            parsed = [dict(c, error=ENDED_INSIDE) if c.get("error") == UNTERMINATED else c for c in parsed]
-        calls, invalid, problems = check_calls(rs.events.settle(answer, parsed), req.tools, id_prefix=rs.call_id_prefix)
-        finish = rs.finish
-        if (calls or invalid) and finish == "stop":  # as OpenAI's: a message holding calls, readable or not
-            finish = "tool_calls"
+        ended = rs.finish == "stop" and bool(new) and new[-1] in self.eos_ids  # not cut off: the model ended
+        read = read_reply(rs.events, rs.text, req.tools, rs.call_id_prefix, rs.finish, ended)  # as the stream read
         stats.new_tokens = len(new)
         if stats.margins is not None:
             del stats.margins[len(new):]
-        return Generation(text=rs.text, token_ids=new, tool_calls=calls, invalid_tool_calls=invalid,
-                          stats=stats, content=content, finish_reason=finish, prompt_tokens=len(req.prompt_ids),
-                          logprobs=None if req.top_logprobs is None else rs.logprobs[:len(new)],
-                          tool_call_problems=problems, reasoning=None if thought is None else thought.strip())
+        return Generation(text=rs.text, token_ids=new, stats=stats, prompt_tokens=len(req.prompt_ids),
+                          logprobs=None if req.top_logprobs is None else rs.logprobs[:len(new)], **read)
 
     def _judge_hint(self, rs: RequestState, gen: Generation) -> None:
         """The wave ran: was its prediction exactly a call the target wrote? (the pay-back rule learns it)"""

@@ -203,7 +203,8 @@ class Engine(DecodeLoop):
                strict: bool = False, response_format=None, prediction=None, temperature: float | None = None,
                top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
                seed: int | None = None, logprobs: bool | int | None = None, chat_template_kwargs=None,
-               reasoning_effort=None, speculative_tools: dict | None = None) -> Iterator[Event]:
+               reasoning_effort=None, speculative_tools: dict | None = None,
+               sampling: Sampling | None = None) -> Iterator[Event]:
         """Yield `ReasoningDelta`s, `TextDelta`s and `ToolCallDelta`s in the round that commits their
         tokens, a `ToolCallReady` in the round a call's arguments close (one per `Generation.tool_calls`
         entry), a `CallPredicted` in the round the sidecar's hint is first read (a prediction, never a
@@ -212,11 +213,13 @@ class Engine(DecodeLoop):
         prediction (speculative.py); a sidecar on the target's cores then runs its wave where the tool time
         it can hide pays for it (sidecar/payback.py). Close the iterator (`contextlib.closing`) to abandon a reply
         early; or set `cancel` from any thread: the reply ends, with no Generation, after the round in
-        progress (whether or not that round had an event to yield)."""
+        progress (whether or not that round had an event to yield). `sampling`: the settings as one
+        `Sampling` (the front-ends' form), instead of `temperature`, `top_p`, `top_k`, `min_p`, `seed`."""
         checks.check_method(method)
+        sampling = checks.one_sampling(sampling, temperature, top_p, top_k, min_p, seed)
         req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict,  # bad input raises here, eagerly
                            response_format, chat_template_kwargs, reasoning_effort)
-        req = checks.with_decoding(req, Sampling(temperature, top_p, top_k, min_p, seed), logprobs, speculative_tools)
+        req = checks.with_decoding(req, sampling, logprobs, speculative_tools)
         predicted = checks.prediction_ids(self.tokenizer, prediction, self.context_window)
         return self._seated(lambda seat: self._decode(self._begin(req, method, hint, record_margins, cancel,
                                                                   predicted, seat)))

@@ -1,10 +1,13 @@
 """The seam every front-end stands on: LangChain's ChatOoOSpec, LlamaIndex's OoOSpec and the server.
 
-- `ChatRequest`: one typed request, checked by the engine, instead of `**request` dicts; its sampling
-  settings, and `for_choice` (choice i of n: its own seed).
-- `choice_count`, `openai_logprobs`, `check_seed`, `check_penalties`: the sampling rules the engine
-  does not own (how many choices, OpenAI's `logprobs`/`top_logprobs` pair, a seed's range, penalties
-  and `logit_bias`), one place for every front-end; `sampling.Sampling` checks the rest.
+- `ChatRequest`: one typed request, checked by the engine, instead of `**request` dicts; `ChatRequest.of`
+  builds it from a front-end's settings (`settings`: a call's keyword arguments over a model's fields),
+  its sampling one `sampling.Sampling`; `for_choice` (choice i of n: its own seed).
+- `EngineLike`: what a front-end asks of an engine; `Engine` has it, and so has the test double
+  (testing.ScriptedEngine).
+- `read_sampling`, `choice_count`, `openai_logprobs`, `check_penalties`: the sampling rules, one place
+  for every front-end (how many choices, OpenAI's `logprobs`/`top_logprobs` pair, penalties and
+  `logit_bias`); `sampling.Sampling` checks the settings the engine draws with.
 - `LazyEngine`: engine selection, loaded on first use and shared between chat-model objects.
 - `Bridge`: the one sync-to-async bridge for the engine's blocking event stream; `aiterate` runs it on
   the loop's executor, the server's scheduler (serve/scheduler.py) on its queue's worker.
@@ -26,22 +29,56 @@ import dataclasses
 import threading
 from contextlib import aclosing, closing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Iterator, TypeVar
+from typing import (Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Iterator, Mapping, Protocol, TypeVar,
+                    runtime_checkable)
 
 from .chat import join_text_parts  # noqa: F401  (re-exported: the front-ends' text-part policy)
 from .engine import Engine, Event, Generation
 from .errors import SamplingError
 from .events import ToolCallDelta
-from .sampling import check_logprobs
+from .sampling import Sampling, check_logprobs
 
 T = TypeVar("T")
 
 #: the most choices (`n`) one request may ask for: they are decoded one after another
 MAX_CHOICES = 8
-#: the engine's seeds are 64-bit: OpenAI's and vLLM's range
-SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)
-#: ChatRequest's sampling fields, as the engine's keywords
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
+
+
+@runtime_checkable
+class EngineLike(Protocol):
+    """What a front-end asks of an engine: `Engine` is one; so is the test double `testing.ScriptedEngine`.
+    `stream` takes `Engine.stream`'s arguments (`ChatRequest.stream` passes them) and yields its events,
+    a `Generation` last."""
+    model_name: str
+    context_window: int
+
+    def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256, method: str = "oospec",
+               stop=None, cancel: threading.Event | None = None, **options: Any) -> Iterator[Event]: ...
+
+
+def settings(*layers: Mapping[str, Any] | object) -> Callable[[str], Any]:
+    """Settings by name, each from the first layer that has it: a mapping's key (a call's keyword
+    arguments), an object's attribute (a chat model's fields); None where no layer has it."""
+    def setting(name: str) -> Any:
+        for layer in layers:
+            if isinstance(layer, Mapping):
+                if name in layer:
+                    return layer[name]
+            elif hasattr(layer, name):
+                return getattr(layer, name)
+        return None
+    return setting
+
+
+def read_sampling(setting: Callable[[str], Any]) -> tuple[Sampling, bool | int | None]:
+    """A request's sampling, its settings read by name with `setting` (`settings`), checked: the
+    `Sampling` the engine draws with (`temperature`, `top_p`, `top_k`, `min_p`, `seed`), and its one
+    `logprobs` argument from OpenAI's `logprobs` and `top_logprobs` (`openai_logprobs`). A penalty
+    (`PENALTIES`) or `logit_bias` that is not neutral is refused (`check_penalties`). A bad value is a
+    `SamplingError` naming its field in `.param`."""
+    check_penalties({name: setting(name) for name in PENALTIES}, setting("logit_bias"))
+    sampling = Sampling(setting("temperature"), setting("top_p"), setting("top_k"), setting("min_p"), setting("seed"))
+    return sampling, openai_logprobs(setting("logprobs"), setting("top_logprobs"))
 
 
 @dataclass
@@ -55,12 +92,7 @@ class ChatRequest:
     stop: list[str] | None = None
     response_format: dict | None = None  # OpenAI's: a reply that calls no tool is JSON of its schema
     prediction: Any = None               # OpenAI's Predicted Outputs: drafted where the reply agrees with it
-    # Sampling (the engine's keywords; None leaves each unset): temperature None or 0 decodes greedily.
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
+    sampling: Sampling = field(default_factory=Sampling)  # greedy unless it has a temperature
     logprobs: bool | int | None = None   # True (the chosen token's), or alternatives per token (0-20)
     # Reasoning targets (docs/reasoning.md): arguments of the chat template, checked by the engine
     chat_template_kwargs: dict | None = None   # e.g. {"enable_thinking": False}
@@ -68,27 +100,42 @@ class ChatRequest:
     # Speculative tools (#55): {tool name: expected seconds or None}, for the engine's pay-back rule
     speculative_tools: dict | None = None
 
-    def stream(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Event]:
-        """The engine's event stream for this request (bad input raises here, eagerly: a bad sampling
-        setting is a `SamplingError` naming its field in `.param`, a bad template argument a
-        `TemplateArgumentError`); setting `cancel` ends it after the round in progress. With `logprobs`,
-        the stream has `LogprobsDelta`s too; where the target reasons, `ReasoningDelta`s."""
-        check_seed(self.seed)
+    @classmethod
+    def of(cls, messages: list[dict], setting: Callable[[str], Any]) -> "ChatRequest":
+        """A front-end's request, its settings read by name with `setting` (`settings`: a call's keyword
+        arguments over a model's fields), None for unset. The names are OpenAI's (vLLM's for `top_k`,
+        `min_p`, `repetition_penalty`, `chat_template_kwargs`): `tools`, `tool_choice`, `max_tokens` (256
+        unset), `method`, `stop` (a string is one stop sequence), `response_format`, `prediction`,
+        `chat_template_kwargs`, `reasoning_effort`, `speculative_tools`, and `read_sampling`'s. Its sampling
+        is checked now; the rest by the engine, when the request is streamed."""
+        sampling, logprobs = read_sampling(setting)
+        max_tokens, stop = setting("max_tokens"), setting("stop")
+        return cls(messages, setting("tools"), setting("tool_choice") or "auto",
+                   max_new_tokens=256 if max_tokens is None else max_tokens, method=setting("method") or "oospec",
+                   stop=[stop] if isinstance(stop, str) else stop, response_format=setting("response_format"),
+                   prediction=setting("prediction"), sampling=sampling, logprobs=logprobs,
+                   chat_template_kwargs=setting("chat_template_kwargs"), reasoning_effort=setting("reasoning_effort"),
+                   speculative_tools=setting("speculative_tools"))
+
+    def stream(self, engine: EngineLike, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """The engine's event stream for this request (bad input raises here, eagerly: a bad template
+        argument is a `TemplateArgumentError`); setting `cancel` ends it after the round in progress.
+        With `logprobs`, the stream has `LogprobsDelta`s too; where the target reasons, `ReasoningDelta`s."""
         optional = ("response_format", "prediction", "chat_template_kwargs", "reasoning_effort",
-                    "speculative_tools") + _SAMPLING
+                    "speculative_tools", "logprobs")
         extra = {k: v for k in optional if (v := getattr(self, k)) is not None}
         return engine.stream(self.messages, self.tools, tool_choice=self.tool_choice or "auto",
                              max_new_tokens=self.max_new_tokens, method=self.method, stop=self.stop, cancel=cancel,
-                             **extra)
+                             sampling=self.sampling, **extra)
 
-    def stream_choices(self, engine: Engine, n: int = 1, cancel: threading.Event | None = None) -> Iterator[Event]:
+    def stream_choices(self, engine: EngineLike, n: int = 1, cancel: threading.Event | None = None) -> Iterator[Event]:
         """The events of `n` choices (`for_choice`), one after another: choice i's events follow i
         Generations. Choice 0's stream is made now (bad input raises here, eagerly), each other one
         as it starts; a cancelled reply starts no other."""
         first = self.stream(engine, cancel)
         return first if n == 1 else self._choices(first, engine, n, cancel)
 
-    def _choices(self, first: Iterator[Event], engine: Engine, n: int, cancel: threading.Event | None):
+    def _choices(self, first: Iterator[Event], engine: EngineLike, n: int, cancel: threading.Event | None):
         try:
             with closing(first) as events:
                 yield from events
@@ -103,11 +150,12 @@ class ChatRequest:
     def for_choice(self, index: int) -> "ChatRequest":
         """The request of choice `index` of several (`n`): the same, with its own seed, `seed + index`
         when a seed is given (without one, every choice draws a fresh seed)."""
-        if index == 0 or self.seed is None:
+        seed = self.sampling.seed
+        if index == 0 or seed is None:
             return self
-        return dataclasses.replace(self, seed=self.seed + index)
+        return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, seed=seed + index))
 
-    def generate(self, engine: Engine) -> Generation:
+    def generate(self, engine: EngineLike) -> Generation:
         with closing(self.stream(engine)) as events:
             return _last(events)
 
@@ -126,15 +174,6 @@ def choice_count(n: Any) -> int:
         raise _refused("n", f"n must be an integer from 1 to {MAX_CHOICES} (the choices are decoded one after "
                             f"another), got {n!r}")
     return n
-
-
-def check_seed(seed: Any) -> None:
-    """A seed is an integer in the 64-bit range (`SEED_RANGE`), or None."""
-    if seed is None:
-        return
-    low, high = SEED_RANGE
-    if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
-        raise _refused("seed", f"seed must be an integer from {low} to {high}, got {seed!r}")
 
 
 #: the penalties a request may carry: (the value that leaves the target's distribution as it is, the
@@ -231,9 +270,9 @@ class LazyEngine:
     model: str = "embedded"
     sidecar: Any = None
     options: dict = field(default_factory=dict)   # from_pretrained keywords: devices, dtype, ...
-    engine: Engine | None = None
+    engine: EngineLike | None = None
 
-    def get(self, model: str | None = None) -> Engine:
+    def get(self, model: str | None = None) -> EngineLike:
         if self.engine is not None and model in (None, self.model):
             return self.engine
         options = {k: v for k, v in self.options.items() if v is not None}

@@ -154,15 +154,9 @@ class RequestState:
             return []
         taken = self.choose.take() if chosen else []
         entries = [TokenLogprob(t, 0.0) for t in pending[:len(pending) - len(taken)]] + taken
-        scored = [self._openai(e) for e in entries[:kept]]
+        scored = [e.openai(lambda t: self.decode.tokenizer.decode([t])) for e in entries[:kept]]
         self.logprobs += scored
         return scored
-
-    def _openai(self, entry: TokenLogprob) -> dict:
-        def token(tid: int, logprob: float) -> dict:
-            text = self.decode.tokenizer.decode([tid])
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-        return token(entry.token_id, entry.logprob) | {"top_logprobs": [token(t, lp) for t, lp in entry.top]}
 
     def close(self) -> Iterator[ReasoningDelta | TextDelta | ToolCallDelta]:
         """The reply is over: everything still held back is decided."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from transformers import LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, \
@@ -137,6 +138,14 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+
+    def openai(self, token_text: Callable[[int], str]) -> dict:
+        """OpenAI's logprobs entry (`{"token", "logprob", "bytes", "top_logprobs"}`), each token's text
+        `token_text(token id)`."""
+        def one(token_id: int, logprob: float) -> dict:
+            text = token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return one(self.token_id, self.logprob) | {"top_logprobs": [one(t, lp) for t, lp in self.top]}
 
 
 class Choice:

@@ -1,15 +1,19 @@
 """TEST DOUBLE: `ScriptedEngine` replays scripted raw replies instead of decoding with a model.
 
-Only the decoding is faked. Requests are checked, replies are cut into events, parsed and validated
-by the engine's own code, so front-end tests (LangChain, LlamaIndex, the server) exercise the real
-event stream without loading a model. Replies are committed in `step`-character rounds, as a real
-engine commits them in tokens.
+It is a `frontend.EngineLike`, as `Engine` is: front-end tests (LangChain, LlamaIndex, the server, the
+bench) drive it through the same `stream`, without loading a model. Only the decoding is scripted
+(and the stats, fixed numbers): requests are checked, replies are cut into events by the engine's
+`ReplyEvents` and finished by its `finish.read_reply` (content, calls classed as OpenAI classes them,
+`finish_reason`), so nothing of finishing is written twice. Replies are committed in `step`-character
+rounds, as a real engine commits them in tokens; a scripted reply ends without an end-of-sequence token,
+read as a reply cut at a stop string is.
 
-The sampling keywords (`temperature`, `top_p`, `top_k`, `min_p`, `seed`, `logprobs`) are checked as the
-engine checks them (a `SamplingError` naming the field, before any event) and recorded in `requests`;
-the reply is the scripted one whatever they are. With `logprobs`, each "token" (a `step`-character
-piece; the last takes the rest) gets a made-up entry in OpenAI's shape, sent as a `LogprobsDelta` in
-its round, as the engine sends them.
+The sampling keywords (`temperature`, `top_p`, `top_k`, `min_p`, `seed`, `logprobs`) are checked by
+the engine's own `Sampling` and `check_logprobs` (a `SamplingError` naming the field, before any event)
+and recorded in `requests`; the reply is the scripted one whatever they are. With `logprobs`, each
+"token" (a `step`-character piece; the last takes the rest) gets a made-up `TokenLogprob` (-0.25; its
+alternatives "alt1", "alt2", ... below it), in OpenAI's shape as the engine writes it, sent as a
+`LogprobsDelta` in its round.
 
 Given a `Reasoning` (formats/reasoning.py), replies reason as a `<think>` template's do: the block
 streams as `ReasoningDelta`s and lands in `Generation.reasoning`; content and calls are read after it.
@@ -18,14 +22,18 @@ template to check them against).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator
 
-from .engine import Engine, Event, Generation
+from .chat import normalize_messages
+from .checks import one_sampling
+from .engine import Event, Generation
 from .events import CallPredicted, LogprobsDelta, ReplyEvents
+from .finish import read_reply
 from .formats import HermesFormat, Reasoning
-from .sampling import Sampling, check_logprobs
+from .sampling import Sampling, TokenLogprob, check_logprobs
 from .stats import DecodeStats
-from .tools import check_calls
+from .tools import Tool, normalize_tools, resolve_tool_choice
 
 
 #: Sampling settings every front-end refuses before decoding: (the field its error names, the settings,
@@ -65,40 +73,37 @@ CALL_REPLIES = {
 }
 
 
-class ScriptedEngine(Engine):
+class ScriptedEngine:
+    """Replays `replies`, one per request, in order (a `frontend.EngineLike`). `predictions`: reply k (in
+    the order replayed) -> the calls its `CallPredicted` names, sent in round `predict_round` (a method
+    other than "oospec" gets none, as the engine's: only oospec runs the sidecar)."""
+
+    sidecar = None   # it has no sidecar (the server and the bench ask)
+    max_batch = 1    # it replays one reply at a time
+
     def __init__(self, *replies: str, step: int = 4, model_name: str = "scripted-test-double",
                  reasoning: Reasoning | None = None, predictions: dict[int, list[dict]] | None = None,
                  predict_round: int = 1):
-        # no super().__init__: there is no model to load
         self.fmt = HermesFormat()
         self.reasoning = reasoning  # how replies reason (None: they do not)
-        self.native_tools = False
         self.model_name = model_name
         self.context_window = 4096
         self.replies = list(replies)
         self.step = step
         self.requests: list[dict] = []
-        # reply k (in the order replayed) -> the calls its `CallPredicted` names, sent in round `predict_round`
-        # (a method other than "oospec" gets none, as the engine's: only oospec runs the sidecar)
         self.predictions = dict(predictions or {})
         self.predict_round = predict_round
         self._replayed = 0
 
-    def prepare(self, messages, tools=None, tool_choice="auto", max_new_tokens: int = 256, stop=None):
-        from .chat import normalize_messages
-        from .tools import normalize_tools, resolve_tool_choice
-        msgs, offered = normalize_messages(messages), normalize_tools(tools)
-        resolve_tool_choice(tool_choice, offered)
-        return msgs, offered
-
     def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens=256, method="oospec",
-               stop=None, temperature=None, top_p=None, top_k=None, min_p=None, seed=None, logprobs=None,
-               **kw) -> Iterator[Event]:
-        _, offered = self.prepare(messages, tools, tool_choice, max_new_tokens, stop)
-        Sampling(temperature, top_p, top_k, min_p, seed)  # bad settings raise here, as the engine's do
+               stop=None, cancel=None, temperature=None, top_p=None, top_k=None, min_p=None, seed=None,
+               logprobs=None, sampling: Sampling | None = None, **kw) -> Iterator[Event]:
+        """`Engine.stream`'s arguments; `cancel` is not polled (a scripted reply is replayed whole)."""
+        offered = _checked(messages, tools, tool_choice)
+        # bad settings raise here, as the engine's do
+        settings = one_sampling(sampling, temperature, top_p, top_k, min_p, seed)
         top_logprobs = check_logprobs(logprobs)
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p, "seed": seed,
-                    "logprobs": logprobs}
+        sampling = {**dataclasses.asdict(settings), "logprobs": logprobs}
         self.requests.append({"messages": messages, "tools": tools, "tool_choice": tool_choice,
                               "max_new_tokens": max_new_tokens, "method": method, "stop": stop,
                               **{k: v for k, v in kw.items() if k in ("response_format", "prediction",
@@ -111,12 +116,12 @@ class ScriptedEngine(Engine):
         self._replayed += 1
         return self._replay(text, offered, method, top_logprobs, predicted)
 
-    def _replay(self, text: str, offered, method: str, top_logprobs: int | None = None,
+    def _replay(self, text: str, offered: list[Tool], method: str, top_logprobs: int | None = None,
                 predicted: list[dict] | None = None) -> Iterator[Event]:
         events = ReplyEvents(self.fmt, lambda i: f"call_scripted_{i}", self.reasoning)
         n = max(1, len(text) // self.step)
         pieces = [text[i * self.step:(i + 1) * self.step] for i in range(n - 1)] + [text[(n - 1) * self.step:]]
-        scored = [] if top_logprobs is None else [_entry(piece, top_logprobs) for piece in pieces]
+        scored = [] if top_logprobs is None else _scored(pieces, top_logprobs)
         if predicted is not None and self.predict_round == 0:
             yield CallPredicted(predicted)
         for round_, end in enumerate(range(self.step, len(text), self.step)):
@@ -128,21 +133,27 @@ class ScriptedEngine(Engine):
         yield from events.feed(text, final=True)
         if scored:
             yield LogprobsDelta([scored[-1]])
-        thought, answer = events.read(text, final=True)
-        content, parsed = self.fmt.parse(answer)
-        calls, invalid, problems = check_calls(events.settle(answer, parsed), offered, id_prefix="call_scripted")
-        yield from events.ready_for(calls)
+        read = read_reply(events, text, offered, "call_scripted", "stop")
+        yield from events.ready_for(read["tool_calls"])
         stats = DecodeStats(method, prompt_tokens=11, new_tokens=n, target_forwards=3,
                             accepted_by_source={"schema": 5, "retrieval": 0, "hint": 2}, hint_bytes=40)
-        yield Generation(text=text, token_ids=list(range(n)), tool_calls=calls, invalid_tool_calls=invalid,
-                         stats=stats, content=content, finish_reason="tool_calls" if calls or invalid else "stop",
-                         prompt_tokens=11, logprobs=None if top_logprobs is None else scored,
-                         tool_call_problems=problems, reasoning=None if thought is None else thought.strip())
+        yield Generation(text=text, token_ids=list(range(n)), stats=stats, prompt_tokens=11,
+                         logprobs=None if top_logprobs is None else scored, **read)
 
 
-def _entry(token: str, top: int) -> dict:
-    """A made-up logprobs entry in OpenAI's shape: the token at -0.25, and `top` alternatives."""
-    def one(text: str, logprob: float) -> dict:
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-    return one(token, -0.25) | {"top_logprobs": [one(token if k == 0 else f"alt{k}", -0.25 * (k + 1))
-                                                 for k in range(top)]}
+def _checked(messages, tools, tool_choice) -> list[Tool]:
+    """The request's checks that need no template, as the engine makes them; the tools offered."""
+    normalize_messages(messages)
+    offered = normalize_tools(tools)
+    resolve_tool_choice(tool_choice, offered)
+    return offered
+
+
+def _scored(pieces: list[str], top: int) -> list[dict]:
+    """A made-up logprobs entry per piece, as the engine writes one (`TokenLogprob.openai`): the piece at
+    -0.25, and `top` alternatives, the piece itself and "alt1", "alt2", ... below it. The pieces are
+    tokens 0..n-1 of the double's vocabulary, "alt<k>" token n+k."""
+    n = len(pieces)
+    text = lambda token: pieces[token] if token < n else f"alt{token - n}"  # noqa: E731
+    return [TokenLogprob(i, -0.25, tuple((i if k == 0 else n + k, -0.25 * (k + 1)) for k in range(top))).openai(text)
+            for i in range(n)]

@@ -22,9 +22,10 @@ from serve_testing import API_KEY, running
 
 from langchain_oospec import ChatOoOSpec
 from llama_index.llms.oospec import OoOSpec
-from oospec_agents import Engine
+from oospec_agents import Engine, ReasoningDelta, TextDelta, ToolCallReady
 from oospec_agents.errors import TemplateArgumentError
 from oospec_agents.formats import HermesFormat, Reasoning
+from oospec_agents.frontend import ChatRequest
 from oospec_agents.serve import create_app
 from oospec_agents.testing import ScriptedEngine
 from oospec_testing import TEMPLATES, ScriptedTarget, greedy, tiny_qwen3
@@ -181,6 +182,25 @@ def test_scripted_engine_reasons_for_unit_tests():
     assert (message.additional_kwargs["reasoning_content"], message.content) == (THOUGHT, CONTENT)
     assert len(message.tool_calls) == 2 and engine.requests[-1]["reasoning_effort"] == "low"
     assert _sum(list(llm.stream(ASK))).additional_kwargs == message.additional_kwargs
+
+
+def test_the_test_double_reads_a_reply_as_the_engine_does(thinker):
+    """Given the text the scripted target writes, the double's events and Generation read it as the real
+    engine's do (the double finishes with the engine's own `finish.read_reply`): only the decoding, the
+    calls' ids and the stats are its own."""
+    def run(engine):
+        events = list(ChatRequest(MESSAGES, [WEATHER], max_new_tokens=N).stream(engine))
+        joined = {kind: "".join(e.text for e in events if isinstance(e, kind)) for kind in (ReasoningDelta, TextDelta)}
+        ready = [(e.name, e.arguments) for e in events if isinstance(e, ToolCallReady)]
+        return events[-1], joined, ready
+    (real, real_joined, real_ready) = run(thinker)
+    (fake, fake_joined, fake_ready) = run(ScriptedEngine(REPLY, reasoning=Reasoning()))
+    assert fake.text == real.text == REPLY
+    assert (fake.content, fake.reasoning, fake.finish_reason) == (real.content, real.reasoning, real.finish_reason)
+    assert fake_joined == real_joined and fake_ready == real_ready == [("get_weather", {"city": c}) for c in CITIES]
+    named = [[(c["name"], c["arguments"]) for c in gen.tool_calls] for gen in (fake, real)]
+    assert named[0] == named[1] and fake.invalid_tool_calls == real.invalid_tool_calls == []
+    assert fake.tool_call_problems == real.tool_call_problems == []
 
 
 # ------------------------------------------------------------------ LlamaIndex

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import METHODS
 from ..errors import SamplingError
-from ..frontend import PENALTIES, ChatRequest, call_problems, check_penalties, choice_count, openai_logprobs
+from ..frontend import PENALTIES, ChatRequest, call_problems, check_penalties, choice_count, settings
 
 #: stats not worth a line in every response
 _HIDDEN_STATS = ("margins", "sidecar_profile", "rounds")
@@ -82,14 +82,10 @@ class ChatCompletionRequest(BaseModel):
         """The engine's request for this one (checked by `check_request`): the one place where the
         server's wire fields become a `frontend.ChatRequest`. `method` is the request's or the server's;
         `speculative_tools` the `oospec` extension's (extension.py)."""
-        chat = ChatRequest(self.messages, self.tools, self.tool_choice or "auto", method=method,
-                           stop=[self.stop] if isinstance(self.stop, str) else self.stop,
-                           response_format=self.response_format, prediction=self.prediction,
-                           chat_template_kwargs=self.chat_template_kwargs, reasoning_effort=self.reasoning_effort,
-                           speculative_tools=speculative_tools, **sampling(self))
-        if self.max_completion_tokens or self.max_tokens:
-            chat.max_new_tokens = self.max_completion_tokens or self.max_tokens
-        return chat
+        wire = {"method": method, "max_tokens": self.max_completion_tokens or self.max_tokens or None,
+                "top_k": None if self.top_k == -1 else self.top_k,  # vLLM's top_k=-1: no top-k
+                "speculative_tools": speculative_tools}
+        return ChatRequest.of(self.messages, settings(wire, self))
 
 
 class ResponsesRequest(BaseModel):
@@ -149,14 +145,6 @@ def refuse_sampling(req: ChatCompletionRequest) -> None:
         choice_count(req.n)
     except SamplingError as e:
         raise RequestError(str(e), e.param, getattr(e, "code", None)) from None
-
-
-def sampling(req: ChatCompletionRequest) -> dict:
-    """The request's sampling settings, as `ChatRequest` takes them (the engine checks their values):
-    vLLM's `top_k=-1` is no top-k, and OpenAI's `logprobs`/`top_logprobs` pair is the engine's one
-    `logprobs` (`frontend.openai_logprobs`)."""
-    return {"temperature": req.temperature, "top_p": req.top_p, "top_k": None if req.top_k == -1 else req.top_k,
-            "min_p": req.min_p, "seed": req.seed, "logprobs": openai_logprobs(req.logprobs, req.top_logprobs)}
 
 
 def refuse_unserved(req: ChatCompletionRequest) -> None:

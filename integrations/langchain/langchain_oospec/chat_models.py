@@ -30,25 +30,23 @@ from langchain_core.utils.function_calling import convert_to_openai_function, co
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from oospec_agents import Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
+from oospec_agents import Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta
+from oospec_agents.engine import Event
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.events import CallPredicted, ToolCallReady
-from oospec_agents.frontend import (ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate, call_problems,
-                                    check_penalties, check_seed, choice_count, openai_logprobs)
-from oospec_agents.sampling import Sampling
+from oospec_agents.frontend import (ChatRequest, EngineLike, LazyEngine, ParallelToolCalls, Usage, aiterate,
+                                    call_problems, choice_count, read_sampling, settings)
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
 from .custom_events import SpeculativeEvent, adispatch, dispatch
 
-#: the sampling settings, as ChatOpenAI names them: fields, and keyword arguments of a single call
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "top_logprobs")
-#: ChatOpenAI's penalties: not served, so only the neutral value is taken (`frontend.check_penalties`)
-_NEUTRAL = ("frequency_penalty", "presence_penalty")
-#: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`)
+#: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`): ChatOpenAI's names.
+#: Its penalties and `logit_bias` are not served: only the neutral value is taken (`frontend.check_penalties`).
 _CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "response_format", "prediction",
                 "parallel_tool_calls", "logit_bias", "chat_template_kwargs", "reasoning_effort", "speculative_tools",
-                *_SAMPLING, *_NEUTRAL)
+                "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "top_logprobs",
+                "frequency_penalty", "presence_penalty")
 
 
 class ChatOoOSpec(BaseChatModel):
@@ -152,7 +150,7 @@ class ChatOoOSpec(BaseChatModel):
     chat_template: str | None = None
     """A Jinja chat template, or the path of a file holding one, replacing the target tokenizer's own
     (needed when it has none, e.g. Gemma 3 270M: oospec_agents/templates/gemma3.jinja)."""
-    engine: Engine | None = Field(default=None, exclude=True)
+    engine: EngineLike | None = Field(default=None, exclude=True)
     """An already loaded engine, used instead of loading `model`."""
     _engines: LazyEngine = PrivateAttr()
     """`engine`, or the shared engine of `model` (or of a per-call `model`), loaded on first use."""
@@ -164,7 +162,8 @@ class ChatOoOSpec(BaseChatModel):
 
     @model_validator(mode="after")
     def _select_engine(self) -> ChatOoOSpec:
-        self._sampling({})  # bad settings fail here, naming the field
+        read_sampling(settings(self))  # bad settings fail here, naming the field
+        choice_count(self.n)
         if self.engine is not None and "model" not in self.model_fields_set:
             self.model = self.engine.model_name
         options = {"target_device": self.target_device, "sidecar_device": self.sidecar_device,
@@ -246,30 +245,7 @@ class ChatOoOSpec(BaseChatModel):
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
-        if strict is not None and method == "json_mode":
-            raise ValueError("Argument `strict` is not supported with `method`='json_mode'")
-        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-        ls_format = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
-        if method in ("function_calling", "json_schema") and schema is None:
-            raise ValueError(f"schema must be given for method={method!r}")
-        if method == "function_calling":
-            name = convert_to_openai_tool(schema)["function"]["name"]
-            llm = self.bind_tools([schema], tool_choice=name, strict=strict, ls_structured_output_format=ls_format)
-            tools_parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
-                            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
-            parser: Runnable = RunnableLambda(_reject_invalid_call) | tools_parser
-        elif method in ("json_schema", "json_mode"):
-            response_format = (_json_schema_response_format(schema, strict) if method == "json_schema"
-                               else {"type": "json_object"})
-            llm = self.bind(response_format=response_format, ls_structured_output_format=ls_format)
-            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
-        else:
-            raise ValueError(f"method must be 'function_calling', 'json_schema' or 'json_mode', got {method!r}")
-        if not include_raw:
-            return llm | parser
-        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
-        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
+        return _structured_output(self, schema, method, include_raw, strict)
 
     # ------------------------------------------------------------------ generation
     # One code path, as in langchain-ollama: `_stream` maps the engine's events to chunks, and
@@ -341,8 +317,9 @@ class ChatOoOSpec(BaseChatModel):
                 kwargs: dict) -> Iterator[ChatGenerationChunk | SpeculativeEvent]:
         """One chunk per engine event, as the engine commits it: reasoning (in
         `additional_kwargs["reasoning_content"]`, as ChatOllama's and ChatDeepSeek's chunks carry it, so the
-        chunks' sum joins it), text, a call's name, its argument fragments; the last chunk carries usage and stats. `parallel_tool_calls=False` (as ChatOpenAI
-        takes it): the reply's first call only, by the front-ends' one rule, as the server keeps it.
+        chunks' sum joins it), text, a call's name, its argument fragments; the last chunk carries usage and
+        stats. `parallel_tool_calls=False` (as ChatOpenAI takes it): the reply's first call only, by the
+        front-ends' one rule, as the server keeps it.
         With logprobs asked for, a chunk of empty content carries each round's in
         `generation_info["logprobs"]` (`{"content": [...]}`, as ChatOpenAI's chunks do), which LangChain
         puts in the chunk's `response_metadata`; the chunks' sum concatenates them. With `n` > 1, the
@@ -351,65 +328,44 @@ class ChatOoOSpec(BaseChatModel):
         the run's callback handlers as custom events (custom_events.py); they change no chunk."""
         engine, request = self._request(messages, stop, kwargs)
         for index in range(self._choices(kwargs)):
-            yield from self._choice_chunks(engine, request.for_choice(index), kwargs)
+            parallel = ParallelToolCalls.openai(kwargs.get("parallel_tool_calls"))
+            with closing(request.for_choice(index).stream(engine)) as events:
+                yield from _reply_chunks(events, engine.model_name, parallel)
 
-    def _choice_chunks(self, engine: Engine, request: ChatRequest,
-                       kwargs: dict) -> Iterator[ChatGenerationChunk | SpeculativeEvent]:
-        parallel = ParallelToolCalls.openai(kwargs.get("parallel_tool_calls"))
-        with closing(request.stream(engine)) as events:
-            for event in events:
-                if isinstance(event, TextDelta):
-                    yield ChatGenerationChunk(message=AIMessageChunk(content=event.text))
-                elif isinstance(event, ReasoningDelta):
-                    yield ChatGenerationChunk(message=AIMessageChunk(
-                        content="", additional_kwargs={"reasoning_content": event.text}))
-                elif isinstance(event, ToolCallDelta):
-                    if not parallel.keeps(event):
-                        continue
-                    call = tool_call_chunk(name=event.name, args=event.arguments, id=event.id, index=event.index)
-                    yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call]))
-                elif isinstance(event, LogprobsDelta):
-                    yield ChatGenerationChunk(message=AIMessageChunk(content=""),
-                                              generation_info={"logprobs": {"content": event.content}})
-                elif isinstance(event, (CallPredicted, ToolCallReady)):  # for the callback handlers only
-                    yield event
-                elif isinstance(event, Generation):  # always the last event
-                    yield _last_chunk(event, engine.model_name, parallel)
-
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> tuple[Engine, ChatRequest]:
-        """The engine for this call and what to ask of it."""
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None,
+                 kwargs: dict) -> tuple[EngineLike, ChatRequest]:
+        """The engine for this call and what to ask of it: the call's keyword arguments over the fields
+        (a bad sampling setting is a ValueError naming the field: the engine's `SamplingError`).
+        `speculative_tools` is SpeculativeToolsMiddleware's, for the engine's pay-back rule."""
         unknown = sorted(set(kwargs) - set(_CALL_KWARGS))
         if unknown:
             raise TypeError(f"ChatOoOSpec got unsupported call arguments {unknown}; supported: {list(_CALL_KWARGS)}")
-        settings = self._sampling(kwargs)
-        settings.pop("n")
-        request = ChatRequest(
-            messages=to_openai_messages(messages),
-            tools=kwargs.get("tools"),
-            tool_choice=kwargs.get("tool_choice", "auto"),
-            max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
-            method=kwargs.get("method", self.method),
-            stop=self.stop if stop is None else stop,
-            response_format=kwargs.get("response_format"),
-            prediction=kwargs.get("prediction"),
-            chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
-            reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
-            speculative_tools=kwargs.get("speculative_tools"),  # SpeculativeToolsMiddleware's, for the pay-back rule
-            **settings,
-        )
+        given = kwargs if stop is None else {**kwargs, "stop": stop}
+        request = ChatRequest.of(to_openai_messages(messages), settings(given, self))
         return self._engines.get(kwargs.get("model")), request
 
-    def _sampling(self, kwargs: dict) -> dict:
-        """The sampling settings of a call (its keyword arguments over the fields), checked: the
-        ChatRequest's, and `n`. A bad value is a ValueError naming the field (the engine's
-        `SamplingError`); a penalty or `logit_bias` that is not neutral too (`frontend.check_penalties`)."""
-        get = lambda name: kwargs.get(name, getattr(self, name))  # noqa: E731
-        check_penalties({name: get(name) for name in _NEUTRAL}, get("logit_bias"))
-        settings = {name: get(name) for name in ("temperature", "top_p", "top_k", "min_p", "seed")}
-        Sampling(**settings)
-        check_seed(settings["seed"])
-        return {**settings, "n": choice_count(get("n")),
-                "logprobs": openai_logprobs(get("logprobs"), get("top_logprobs"))}
+
+def _reply_chunks(events: Iterable[Event], model_name: str,
+                  parallel: ParallelToolCalls) -> Iterator[ChatGenerationChunk | SpeculativeEvent]:
+    """One reply's chunks, one per engine event (`ChatOoOSpec._chunks`), its speculative events as they are."""
+    for event in events:
+        if isinstance(event, TextDelta):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+        elif isinstance(event, ReasoningDelta):
+            yield ChatGenerationChunk(message=AIMessageChunk(
+                content="", additional_kwargs={"reasoning_content": event.text}))
+        elif isinstance(event, ToolCallDelta):
+            if not parallel.keeps(event):
+                continue
+            call = tool_call_chunk(name=event.name, args=event.arguments, id=event.id, index=event.index)
+            yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call]))
+        elif isinstance(event, LogprobsDelta):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=""),
+                                      generation_info={"logprobs": {"content": event.content}})
+        elif isinstance(event, (CallPredicted, ToolCallReady)):  # for the callback handlers only
+            yield event
+        elif isinstance(event, Generation):  # always the last event
+            yield _LastChunk(event, model_name, parallel)
 
 
 class _LastChunk(ChatGenerationChunk):
@@ -420,14 +376,32 @@ class _LastChunk(ChatGenerationChunk):
     _generation: Generation = PrivateAttr()
     _parallel: ParallelToolCalls = PrivateAttr(default_factory=ParallelToolCalls)  # which calls are kept
 
+    def __init__(self, gen: Generation, model_name: str, parallel: ParallelToolCalls):
+        super().__init__(message=AIMessageChunk(content="", usage_metadata=_usage_metadata(Usage.of(gen)),
+                                                response_metadata=_response_metadata(gen, model_name, parallel),
+                                                chunk_position="last"))
+        self._generation, self._parallel = gen, parallel
 
-def _last_chunk(gen: Generation, model_name: str, parallel: ParallelToolCalls) -> _LastChunk:
-    metadata = _response_metadata(gen, model_name, parallel)
-    chunk = _LastChunk(message=AIMessageChunk(content="", usage_metadata=_usage_metadata(Usage.of(gen)),
-                                              response_metadata=metadata, chunk_position="last"))
-    chunk._generation = gen
-    chunk._parallel = parallel
-    return chunk
+    def generation(self, full: ChatGenerationChunk) -> ChatGeneration:
+        """The message of its choice, `full` the sum of its stream: its calls as ChatOpenAI and ChatOllama
+        class them, those whose arguments parse in `tool_calls` (a schema misfit too: its problem is in
+        `response_metadata["tool_call_problems"]`), the others in `invalid_tool_calls`. An invalid call's
+        `error` is None, as the summed stream's is (LangChain's sum of chunks sets none): its reason is in
+        `tool_call_problems` too. Its reasoning is the stream's, joined (`additional_kwargs["reasoning_content"]`)."""
+        gen, parallel = self._generation, self._parallel
+        message = AIMessage(
+            content=full.message.content,
+            tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"])
+                        for c in parallel.shown(gen.tool_calls)],
+            invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=None)
+                                for c in parallel.shown(gen.invalid_tool_calls)],
+            additional_kwargs=full.message.additional_kwargs,
+            usage_metadata=full.message.usage_metadata,
+            response_metadata=full.message.response_metadata,
+        )
+        # as ChatOpenAI's: LangChain puts generation_info in the message's response_metadata
+        info = None if gen.logprobs is None else {"logprobs": {"content": gen.logprobs}}
+        return ChatGeneration(message=message, generation_info=info)
 
 
 def _dispatched(items: Iterable[ChatGenerationChunk | SpeculativeEvent],
@@ -458,33 +432,40 @@ def _result(chunks: Iterable[ChatGenerationChunk]) -> ChatResult:
     for last in chunks:
         full = last if full is None else full + last
         if isinstance(last, _LastChunk):
-            generations.append(_generation(full, last))
+            generations.append(last.generation(full))
             full = None
     if full is not None or not generations:
         raise RuntimeError(f"ChatOoOSpec's stream ended without its last chunk; it ended with {last!r}")
     return ChatResult(generations=generations)
 
 
-def _generation(full: ChatGenerationChunk, last: _LastChunk) -> ChatGeneration:
-    """The message of one choice, the sum of its stream: its calls as ChatOpenAI and ChatOllama class
-    them, those whose arguments parse in `tool_calls` (a schema misfit too: its problem is in
-    `response_metadata["tool_call_problems"]`), the others in `invalid_tool_calls`. An invalid call's
-    `error` is None, as the summed stream's is (LangChain's sum of chunks sets none): its reason is in
-    `tool_call_problems` too. Its reasoning is the stream's, joined (`additional_kwargs["reasoning_content"]`)."""
-    gen, parallel = last._generation, last._parallel
-    message = AIMessage(
-        content=full.message.content,
-        tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c["id"])
-                    for c in parallel.shown(gen.tool_calls)],
-        invalid_tool_calls=[invalid_tool_call(name=c["name"], args=c["arguments"], id=c["id"], error=None)
-                            for c in parallel.shown(gen.invalid_tool_calls)],
-        additional_kwargs=full.message.additional_kwargs,
-        usage_metadata=full.message.usage_metadata,
-        response_metadata=full.message.response_metadata,
-    )
-    # as ChatOpenAI's: LangChain puts generation_info in the message's response_metadata
-    info = None if gen.logprobs is None else {"logprobs": {"content": gen.logprobs}}
-    return ChatGeneration(message=message, generation_info=info)
+def _structured_output(model: ChatOoOSpec, schema: dict | type | None, method: str, include_raw: bool,
+                       strict: bool | None) -> Runnable[LanguageModelInput, dict | Any]:
+    """`ChatOoOSpec.with_structured_output`: `model` bound to answer in `schema`, and the parser of its answer."""
+    if strict is not None and method == "json_mode":
+        raise ValueError("Argument `strict` is not supported with `method`='json_mode'")
+    is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+    ls_format = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+    if method in ("function_calling", "json_schema") and schema is None:
+        raise ValueError(f"schema must be given for method={method!r}")
+    if method == "function_calling":
+        name = convert_to_openai_tool(schema)["function"]["name"]
+        llm = model.bind_tools([schema], tool_choice=name, strict=strict, ls_structured_output_format=ls_format)
+        tools_parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
+                        else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+        parser: Runnable = RunnableLambda(_reject_invalid_call) | tools_parser
+    elif method in ("json_schema", "json_mode"):
+        response_format = (_json_schema_response_format(schema, strict) if method == "json_schema"
+                           else {"type": "json_object"})
+        llm = model.bind(response_format=response_format, ls_structured_output_format=ls_format)
+        parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+    else:
+        raise ValueError(f"method must be 'function_calling', 'json_schema' or 'json_mode', got {method!r}")
+    if not include_raw:
+        return llm | parser
+    parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+    unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
+    return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
 
 
 def _openai_tool(tool: Any, position: int, strict: bool | None = None) -> dict:

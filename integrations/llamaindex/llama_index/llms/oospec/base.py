@@ -1,24 +1,19 @@
 """OoOSpec: a LlamaIndex FunctionCallingLLM that runs local HF models through the oospec engine.
 
-This module owns LlamaIndex's idioms: chat and completion methods and their callbacks, ChatResponses
-carrying the whole message so far (and its `logprobs` so far), the sampling fields as LlamaIndex's
-OpenAI LLM names them, a reasoning target's reasoning (a `ThinkingBlock`, and `thinking_delta` in a
-stream's `ChatResponse.additional_kwargs`, as llama-index-llms-ollama and -openai give them),
-`_prepare_chat_with_tools` and `get_tool_calls_from_response`, and the speculative tools' events
-(events.py) dispatched through LlamaIndex's instrumentation while a reply decodes. Message
-translation is messages.py's; what every front-end shares (the request, its sampling rules, the
-engine's loading, the async bridge, usage, the `allow_parallel_tool_calls` rule) is
-oospec_agents.frontend's.
+This module owns LlamaIndex's idioms: chat and completion methods and their callbacks, the sampling
+fields as LlamaIndex's OpenAI LLM names them, `_prepare_chat_with_tools` and
+`get_tool_calls_from_response`. The engine's events become ChatResponses in responses.py (the whole
+message so far, its `logprobs` so far, a reasoning target's reasoning); the speculative tools' events are
+dispatched through LlamaIndex's instrumentation while a reply decodes by events.py; message translation
+is messages.py's. What every front-end shares (the request and its builder, its sampling rules, the
+engine's loading, the async bridge, usage, the `allow_parallel_tool_calls` rule) is oospec_agents.frontend's.
 """
 from __future__ import annotations
 
 import asyncio
 import os
-from contextlib import closing
-from dataclasses import asdict
-from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
-import pydantic_core
 from llama_index.core.base.llms.generic_utils import (
     achat_to_completion_decorator,
     astream_chat_to_completion_decorator,
@@ -34,7 +29,6 @@ from llama_index.core.base.llms.types import (
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
-    LogProb,
     MessageRole,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -42,21 +36,18 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
-from oospec_agents import (CallPredicted, Engine, Generation, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta,
-                           ToolCallReady)
-from oospec_agents.engine import Event
-from oospec_agents.frontend import (CallsSoFar, ChatRequest, LazyEngine, ParallelToolCalls, Usage, aiterate,
-                                    check_seed, openai_logprobs)
-from oospec_agents.sampling import Sampling
+from oospec_agents.frontend import (ChatRequest, EngineLike, LazyEngine, ParallelToolCalls, aiterate, read_sampling,
+                                    settings)
 
-from .events import CallPredictedEvent, ReplyEndEvent, ToolCallReadyEvent, dispatcher
-from .messages import assistant_message, to_engine_messages, tool_calls_of
+from .events import dispatching
+from .messages import to_engine_messages, tool_calls_of
+from .responses import final_response, responses
 
-# The sampling settings: fields, and keyword arguments of a single call.
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "top_logprobs")
-# What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three.
+# What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three. The sampling
+# settings (the last seven) are fields too, and the call's win.
 _CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format", "prediction",
-                "chat_template_kwargs", "reasoning_effort", "speculative_tools", *_SAMPLING)
+                "chat_template_kwargs", "reasoning_effort", "speculative_tools", "temperature", "top_p", "top_k",
+                "min_p", "seed", "logprobs", "top_logprobs")
 
 
 class OoOSpec(FunctionCallingLLM):
@@ -148,7 +139,7 @@ class OoOSpec(FunctionCallingLLM):
         strict: bool = False,
         deterministic: Optional[bool] = None,
         call_log: Union[str, os.PathLike, None] = None,
-        engine: Optional[Engine] = None,
+        engine: Optional[EngineLike] = None,
         **kwargs: Any,
     ) -> None:
         placement = {"sidecar": sidecar, "target_device": target_device, "sidecar_device": sidecar_device}
@@ -157,7 +148,7 @@ class OoOSpec(FunctionCallingLLM):
             if given:
                 raise ValueError(f"pass either engine= or {'=, '.join(given)}=, not both: the engine "
                                  "already holds its models and their devices")
-            if not isinstance(engine, Engine):
+            if not isinstance(engine, EngineLike):
                 raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
             model = engine.model_name
         chat_template = None if chat_template is None else os.fspath(chat_template)
@@ -166,7 +157,7 @@ class OoOSpec(FunctionCallingLLM):
                          max_new_tokens=max_new_tokens, prefix_cache_tokens=prefix_cache_tokens,
                          chat_template=chat_template, sidecar_placement=sidecar_placement, strict=strict,
                          deterministic=deterministic, call_log=call_log, **placement, **kwargs)
-        self._sampling({})  # bad settings fail here, naming the field
+        read_sampling(settings(self))  # bad settings fail here, naming the field
         # Nothing loads here: the engine is loaded (or found among the shared ones) on first use.
         self._engine = LazyEngine(self.model, sidecar, {"target_device": target_device, "sidecar_device": sidecar_device,
                                                         "prefix_cache_tokens": prefix_cache_tokens,
@@ -179,7 +170,7 @@ class OoOSpec(FunctionCallingLLM):
         return "OoOSpec"
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> EngineLike:
         """The engine, loaded now if this is its first use."""
         return self._engine.get()
 
@@ -236,81 +227,30 @@ class OoOSpec(FunctionCallingLLM):
     def _chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request, parallel = self._request(messages, kwargs)
         generation = None
-        for generation in self._dispatching(request.stream(self.engine), parallel):
+        for generation in dispatching(request.stream(self.engine), parallel, id(self)):
             pass
-        return self._final(generation, parallel)
+        return final_response(generation, parallel)
 
     async def _achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request, parallel = self._request(messages, kwargs)
         # Through the event bridge rather than one blocking call, so that a cancelled `achat`
         # stops the decode after its current round and frees the engine.
         generation = None
-        async for generation in aiterate(lambda: self._dispatching(request.stream(self.engine), parallel)):
+        async for generation in aiterate(lambda: dispatching(request.stream(self.engine), parallel, id(self))):
             pass
-        return self._final(generation, parallel)
+        return final_response(generation, parallel)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         request, parallel = self._request(messages, kwargs)
         events = request.stream(self.engine)  # bad input fails here, not on the first chunk
-        return self._responses(self._dispatching(events, parallel), parallel)
+        return responses(dispatching(events, parallel, id(self)), parallel)
 
     async def _astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         request, parallel = self._request(messages, kwargs)
         # A first use loads the models: seconds that must not block the event loop.
         engine = await asyncio.to_thread(self._engine.get)
         events = request.stream(engine)  # bad input fails here, not on the first chunk
-        return aiterate(lambda: self._responses(self._dispatching(events, parallel), parallel))
-
-    def _dispatching(self, events: Iterator[Event], parallel: ParallelToolCalls) -> Iterator[Event]:
-        """The engine's events, passed on unchanged, with the speculative tools' events (events.py)
-        dispatched on the way, each before the engine event it comes from is passed on: the reply's
-        ReplyEndEvent before its Generation. Of the ToolCallReadys (one per `Generation.tool_calls` entry,
-        in order), those of the calls the message keeps: all, or the first."""
-        with closing(events):
-            ready = 0
-            for event in events:
-                if isinstance(event, CallPredicted):
-                    dispatcher.event(CallPredictedEvent(calls=event.calls, confidence=event.confidence,
-                                                        llm_id=id(self)))
-                elif isinstance(event, ToolCallReady):
-                    if parallel.allowed or ready == 0:
-                        dispatcher.event(ToolCallReadyEvent(index=event.index, tool_id=event.id, tool_name=event.name,
-                                                            tool_kwargs=event.arguments, llm_id=id(self)))
-                    ready += 1
-                elif isinstance(event, Generation):
-                    calls = [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"])
-                             for c in parallel.first(event.tool_calls)]
-                    dispatcher.event(ReplyEndEvent(tool_calls=calls, llm_id=id(self)))
-                yield event
-
-    def _responses(self, events: Iterator[Event], parallel: ParallelToolCalls) -> ChatResponseGen:
-        """One ChatResponse per engine event, each carrying the whole message so far: its reasoning (a
-        ThinkingBlock; the new piece in `additional_kwargs["thinking_delta"]`, where LlamaIndex's agents
-        read it), its text, and a ToolCallBlock per call begun, whose `tool_kwargs` grow as argument
-        fragments arrive. The last one carries the validated calls and the raw reply."""
-        # Closed with this generator, so that a stream abandoned early releases the engine at once.
-        with closing(events):
-            thought, content, calls, scored = "", "", CallsSoFar(), []
-            for event in events:
-                if isinstance(event, Generation):
-                    yield self._final(event, parallel, delta="")
-                    return
-                if not isinstance(event, (ReasoningDelta, TextDelta, LogprobsDelta, ToolCallDelta)):
-                    continue  # CallPredicted, ToolCallReady: nothing the message shows
-                delta, extra = "", {}
-                if isinstance(event, ReasoningDelta):
-                    thought, extra = thought + event.text, {"thinking_delta": event.text}
-                elif isinstance(event, TextDelta):
-                    content, delta = content + event.text, event.text
-                elif isinstance(event, LogprobsDelta):
-                    scored += event.content
-                elif isinstance(event, ToolCallDelta):
-                    call = calls.feed(event)
-                    call["kwargs"] = _partial_kwargs(call["arguments"], call.get("kwargs", {}))
-                so_far = [dict(c, arguments=c["kwargs"]) for c in calls.calls]
-                yield ChatResponse(message=assistant_message(content, parallel.first(so_far), thought),
-                                   delta=delta, logprobs=_logprobs(scored) if scored else None,
-                                   additional_kwargs=extra)
+        return aiterate(lambda: responses(dispatching(events, parallel, id(self)), parallel))
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> tuple[ChatRequest, ParallelToolCalls]:
         """The engine request for one reply, and which of its tool calls to keep: every one, or (unless
@@ -322,52 +262,9 @@ class OoOSpec(FunctionCallingLLM):
         tools = kwargs.get("tools") or None
         if tools and self.strict:
             tools = [_strict_tool(t) for t in tools]
-        request = ChatRequest(messages=to_engine_messages(messages), tools=tools,
-                              tool_choice=kwargs.get("tool_choice", "auto"),
-                              max_new_tokens=kwargs.get("max_new_tokens", self.max_new_tokens),
-                              method=self.method, response_format=kwargs.get("response_format"),
-                              prediction=kwargs.get("prediction"),
-                              chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
-                              reasoning_effort=kwargs.get("reasoning_effort", self.reasoning_effort),
-                              speculative_tools=kwargs.get("speculative_tools"),
-                              **self._sampling(kwargs))
+        given = {**kwargs, "tools": tools, "max_tokens": kwargs.get("max_new_tokens", self.max_new_tokens)}
+        request = ChatRequest.of(to_engine_messages(messages), settings(given, self))
         return request, ParallelToolCalls(bool(kwargs.get("allow_parallel_tool_calls", True)))
-
-    def _sampling(self, kwargs: dict) -> dict:
-        """A call's sampling settings (its keyword arguments over the fields), checked: a bad value is a
-        ValueError naming the field (the engine's `SamplingError`)."""
-        get = lambda name: kwargs.get(name, getattr(self, name))  # noqa: E731
-        settings = {name: get(name) for name in ("temperature", "top_p", "top_k", "min_p", "seed")}
-        Sampling(**settings)
-        check_seed(settings["seed"])
-        return {**settings, "logprobs": openai_logprobs(get("logprobs"), get("top_logprobs"))}
-
-    def _final(self, generation: Generation, parallel: ParallelToolCalls, delta: Optional[str] = None) -> ChatResponse:
-        """The reply as `chat` returns it and `stream_chat` ends with. Its calls are classed as LlamaIndex's
-        OpenAI LLM reads OpenAI's: each whose arguments parse is a ToolCallBlock, a schema misfit too, whose
-        problem is in `message.additional_kwargs["tool_call_problems"]` ({"id", "name", "error"}, present
-        when a call of the message has one); a call whose arguments do not parse is left out of the
-        message, reported in `raw["invalid_tool_calls"]` with the reason. The reasoning is a ThinkingBlock
-        before the text, as the stream's last message has it."""
-        # without allow_parallel_tool_calls, the first call only, as llama-index-llms-openai's
-        # force_single_tool_call keeps one
-        calls = parallel.first(generation.tool_calls)
-        ids = {c["id"] for c in calls}
-        problems = [p for p in generation.tool_call_problems if p["id"] in ids]
-        usage = Usage.of(generation)
-        raw = {
-            "usage": {**asdict(usage), "total_tokens": usage.total_tokens},
-            "finish_reason": generation.finish_reason,
-            "text": generation.text,
-            "invalid_tool_calls": generation.invalid_tool_calls,
-            "stats": generation.stats.to_dict(),
-            "sidecar": generation.stats.sidecar,
-        }
-        logprobs = None if generation.logprobs is None else _logprobs(generation.logprobs)
-        message = assistant_message(generation.content, calls, generation.reasoning)
-        if problems:
-            message.additional_kwargs["tool_call_problems"] = problems
-        return ChatResponse(message=message, delta=delta, raw=raw, logprobs=logprobs)
 
     # ------------------------------------------------------------------ tools
 
@@ -448,25 +345,3 @@ def _strict_tool(tool: Any) -> Any:
     if "name" in tool and "strict" not in tool:  # a bare function dict
         return {**tool, "strict": True}
     return tool
-
-
-def _logprobs(entries: List[dict]) -> List[List[LogProb]]:
-    """OpenAI's logprobs entries as LlamaIndex's: per token, its `top_logprobs` alternatives (as
-    llama-index-llms-openai converts them), or the chosen token alone when no alternatives were asked for."""
-    def one(entry: dict) -> LogProb:
-        return LogProb(token=entry["token"], logprob=entry["logprob"], bytes=entry["bytes"])
-    return [[one(alt) for alt in entry["top_logprobs"]] or [one(entry)] for entry in entries]
-
-
-def _partial_kwargs(arguments: str, before: dict) -> dict:
-    """The arguments an unfinished JSON text holds so far, an unfinished string value included.
-
-    pydantic-core's partial mode, not LlamaIndex's `parse_partial_json` (which llama-index-llms-openai
-    uses): that one reads `{"city": "San` as an unfinished key and gives `{"city": None}` until the
-    string closes, so a long argument would not be seen growing. Text that does not parse (nothing
-    yet, or a model writing invalid JSON) keeps the arguments the call had."""
-    try:
-        parsed = pydantic_core.from_json(arguments, allow_partial="trailing-strings")
-    except ValueError:
-        return before
-    return parsed if isinstance(parsed, dict) else before

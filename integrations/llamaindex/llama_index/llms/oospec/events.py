@@ -14,15 +14,21 @@ keep to one LLM's replies.
   calls the message keeps: without `allow_parallel_tool_calls`, the first.
 - `ReplyEndEvent`: the reply is over; its verified calls as the message keeps them, as
   `get_tool_calls_from_response` gives them (what an agent runs next).
+
+`dispatching` dispatches them from the engine's event stream.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from contextlib import closing
+from typing import Any, Dict, Iterator, List, Optional
 
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.llms.llm import ToolSelection
+from oospec_agents import CallPredicted, Generation, ToolCallReady
+from oospec_agents.engine import Event
+from oospec_agents.frontend import ParallelToolCalls
 
 #: The dispatcher OoOSpec dispatches these events through; they propagate to the root dispatcher too.
 dispatcher = get_dispatcher(__name__)
@@ -64,3 +70,25 @@ class ReplyEndEvent(BaseEvent):
     @classmethod
     def class_name(cls) -> str:
         return "ReplyEndEvent"
+
+
+def dispatching(events: Iterator[Event], parallel: ParallelToolCalls, llm_id: int) -> Iterator[Event]:
+    """The engine's events, passed on unchanged, with these events dispatched on the way (as OoOSpec
+    `llm_id`'s), each before the engine event it comes from is passed on: the reply's ReplyEndEvent
+    before its Generation. Of the ToolCallReadys (one per `Generation.tool_calls` entry, in order),
+    those of the calls the message keeps: all, or the first."""
+    with closing(events):
+        ready = 0
+        for event in events:
+            if isinstance(event, CallPredicted):
+                dispatcher.event(CallPredictedEvent(calls=event.calls, confidence=event.confidence, llm_id=llm_id))
+            elif isinstance(event, ToolCallReady):
+                if parallel.allowed or ready == 0:
+                    dispatcher.event(ToolCallReadyEvent(index=event.index, tool_id=event.id, tool_name=event.name,
+                                                        tool_kwargs=event.arguments, llm_id=llm_id))
+                ready += 1
+            elif isinstance(event, Generation):
+                calls = [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"])
+                         for c in parallel.first(event.tool_calls)]
+                dispatcher.event(ReplyEndEvent(tool_calls=calls, llm_id=llm_id))
+            yield event
