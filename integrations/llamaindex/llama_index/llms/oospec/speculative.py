@@ -49,11 +49,10 @@ class SpeculativeTool(AsyncBaseTool):
 
     is_speculative = True  # read by OoOSpec (base.py), which names these tools' seconds to the engine
 
-    def __init__(self, tool: BaseTool, runner: SpeculativeTools, expected_s: Optional[float] = None) -> None:
+    def __init__(self, tool: BaseTool, runner: SpeculativeTools) -> None:
         self._tool = adapt_to_async_tool(tool)
         self._given = tool
         self._runner = runner
-        self._expected_s = expected_s
 
     @property
     def metadata(self) -> ToolMetadata:
@@ -66,10 +65,9 @@ class SpeculativeTool(AsyncBaseTool):
 
     @property
     def expected_latency(self) -> Optional[float]:
-        """Expected seconds of one run: the mean of the runs measured so far, else as given when marked
-        (else None). The engine's pay-back rule weighs it (`speculative_tools=`)."""
-        measured = self._runner.expected_latency().get(self.metadata.get_name())
-        return self._expected_s if measured is None else measured
+        """Expected seconds of one run: the mean of the runs measured so far, else the `tool_seconds`
+        given (else None). The engine's pay-back rule weighs it (`speculative_tools=`)."""
+        return self._runner.expected_latency().get(self.metadata.get_name())
 
     def call(self, *args: Any, **kwargs: Any) -> ToolOutput:
         if args or not _is_json(kwargs):
@@ -82,10 +80,10 @@ class SpeculativeTool(AsyncBaseTool):
         return await self._runner.arun(self.metadata.get_name(), kwargs, lambda: self._tool.acall(**kwargs))
 
     @classmethod
-    def wrap(cls, tool: BaseTool, runner: SpeculativeTools, expected_s: Optional[float] = None) -> "SpeculativeTool":
+    def wrap(cls, tool: BaseTool, runner: SpeculativeTools) -> "SpeculativeTool":
         """The wrapper of `tool`: a SpeculativeFunctionTool for a FunctionTool, else a SpeculativeTool."""
         kind = SpeculativeFunctionTool if isinstance(tool, FunctionTool) else SpeculativeTool
-        return kind(tool, runner, expected_s)
+        return kind(tool, runner)
 
 
 class SpeculativeFunctionTool(SpeculativeTool, FunctionTool):
@@ -93,9 +91,9 @@ class SpeculativeFunctionTool(SpeculativeTool, FunctionTool):
     parameter as LlamaIndex inspects them) whose calls go through the runner as SpeculativeTool's do. Its
     own `partial_params` are empty: the wrapped tool adds its own, so a call's key is the model's call."""
 
-    def __init__(self, tool: FunctionTool, runner: SpeculativeTools, expected_s: Optional[float] = None) -> None:
+    def __init__(self, tool: FunctionTool, runner: SpeculativeTools) -> None:
         FunctionTool.__init__(self, fn=tool.real_fn, metadata=tool.metadata)
-        SpeculativeTool.__init__(self, tool, runner, expected_s)
+        SpeculativeTool.__init__(self, tool, runner)
 
 
 class SpeculativeToolsHandler(BaseEventHandler):
@@ -134,9 +132,10 @@ class OoOSpecSpeculativeTools:
 
     `tools`: the agent's tools (BaseTools or plain functions, as `FunctionAgent(tools=...)` takes them).
     `speculative`: the ones safe to start before the agent runs them (read-only and idempotent; see
-    docs/speculative-tools.md), by name, tool or function; or a mapping of those to the expected
-    seconds of one run (None: measured), which the engine's pay-back rule weighs. `llm`: follow only this
-    OoOSpec's replies (None: every OoOSpec's). `max_in_flight`, `min_confidence`: the runner's.
+    docs/speculative-tools.md), by name, tool or function. `llm`: follow only this OoOSpec's replies
+    (None: every OoOSpec's). `max_in_flight`, `min_confidence`, `tool_seconds` (the expected seconds of
+    one run by tool name, until measured: the engine's pay-back rule weighs them): the runner's, as
+    `SpeculativeToolsMiddleware` takes them in LangChain.
 
     Give `.tools` to the agent; `.stats` counts `predictions`, `started`, `hits` and `wasted` (and the
     runner's other counters). Close it (or use it as a context manager) to stop following the replies
@@ -152,8 +151,8 @@ class OoOSpecSpeculativeTools:
     """
 
     def __init__(self, tools: Sequence[Union[BaseTool, Callable[..., Any]]],
-                 speculative: Union[Iterable[Any], Mapping[Any, Optional[float]]], *, llm: Any = None,
-                 max_in_flight: int = 4, min_confidence: Optional[float] = None) -> None:
+                 speculative: Iterable[Any], *, llm: Any = None, max_in_flight: int = 4,
+                 min_confidence: Optional[float] = None, tool_seconds: Optional[Mapping[str, float]] = None) -> None:
         given = [_as_tool(t, i) for i, t in enumerate(tools)]
         by_name: Dict[str, BaseTool] = {}
         for tool in given:
@@ -168,9 +167,10 @@ class OoOSpecSpeculativeTools:
                 raise ValueError(f"tool {name!r} takes the workflow Context ({tool.ctx_param_name!r}), which only the "
                                  "agent's own call has: it cannot be started early, so it cannot be speculative")
         self.runner = SpeculativeTools({name: _speculative_run(adapt_to_async_tool(by_name[name])) for name in marked},
-                                       max_in_flight=max_in_flight, min_confidence=min_confidence)
-        self.tools: List[BaseTool] = [SpeculativeTool.wrap(t, self.runner, marked[n])
-                                      if (n := t.metadata.get_name()) in marked else t for t in given]
+                                       max_in_flight=max_in_flight, min_confidence=min_confidence,
+                                       tool_seconds=tool_seconds)
+        self.tools: List[BaseTool] = [SpeculativeTool.wrap(t, self.runner) if t.metadata.get_name() in marked else t
+                                      for t in given]
         self.handler = SpeculativeToolsHandler(runner=self.runner, llm_id=None if llm is None else _llm_id(llm))
         dispatcher.add_event_handler(self.handler)
 
@@ -181,7 +181,8 @@ class OoOSpecSpeculativeTools:
         return self.runner.stats
 
     def expected_latency(self) -> Dict[str, Optional[float]]:
-        """Per speculative tool: the mean measured seconds of its runs, None before any."""
+        """Per speculative tool: the mean measured seconds of its runs, before any the `tool_seconds`
+        given, else None."""
         return self.runner.expected_latency()
 
     def close(self) -> None:
@@ -205,20 +206,14 @@ def _as_tool(tool: Any, index: int) -> BaseTool:
     raise TypeError(f"tools[{index}] must be a LlamaIndex BaseTool or a function, got {type(tool).__name__}")
 
 
-def _marked(speculative: Any, by_name: Dict[str, BaseTool]) -> Dict[str, Optional[float]]:
-    """The speculative tools' names, each with its expected seconds (None: measured)."""
+def _marked(speculative: Any, by_name: Dict[str, BaseTool]) -> List[str]:
+    """The speculative tools' names, in order."""
+    if isinstance(speculative, Mapping):
+        raise TypeError("speculative is a list of tool names, tools or functions; give the expected seconds of "
+                        f"one run as tool_seconds={{name: seconds}} (got the mapping {dict(speculative)!r})")
     if isinstance(speculative, (str, bytes)) or not isinstance(speculative, Iterable):
-        raise TypeError(f"speculative must be a list (or a mapping to expected seconds) of tool names, tools or "
-                        f"functions, got {speculative!r}")
-    entries = speculative.items() if isinstance(speculative, Mapping) else ((s, None) for s in speculative)
-    marked: Dict[str, Optional[float]] = {}
-    for entry, seconds in entries:
-        name = _name_of(entry, by_name)
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0):
-            raise ValueError(f"the expected seconds of speculative tool {name!r} must be a number >= 0 or None, "
-                             f"got {seconds!r}")
-        marked[name] = None if seconds is None else float(seconds)
-    return marked
+        raise TypeError(f"speculative must be a list of tool names, tools or functions, got {speculative!r}")
+    return list(dict.fromkeys(_name_of(entry, by_name) for entry in speculative))
 
 
 def _name_of(entry: Any, by_name: Dict[str, BaseTool]) -> str:
