@@ -44,9 +44,10 @@ async def read_only_tools(client: Any, trust: Iterable[str] = (), overrides: Map
     tools: list[ServerTool] = []
     for server in connections:
         async with client.session(server) as session:
-            for tool in listed(server, await every_tool(session)):
-                openai_tool(tool)  # a schema the engine cannot take: an error naming tool and server, now
-                tools.append(ServerTool(tool.server, f"{server}_{tool.name}" if prefix else tool.name,
-                                        tool.annotations, tool.input_schema, tool.description))
+            listing = await every_tool(session)
+        for tool in listed(server, listing):  # outside the session: its task group would wrap our errors
+            openai_tool(tool)  # a schema the engine cannot take: an error naming tool and server, now
+            tools.append(ServerTool(tool.server, f"{server}_{tool.name}" if prefix else tool.name,
+                                    tool.annotations, tool.input_schema, tool.description))
     return early_tools(tools, trust, overrides)
 
