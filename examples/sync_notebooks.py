@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 
 HERE = Path(__file__).parent
-TWINS = ["langchain_agent", "llamaindex_agent", "benchmark"]
+TWINS = ["langchain_agent", "llamaindex_agent", "benchmark", "mcp_agent"]
 _ASYNCIO_RUN = re.compile(r"^(\s*(?:[\w, ]+ = )?)asyncio\.run\((.*)\)\s*$")
 
 
