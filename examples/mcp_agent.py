@@ -15,6 +15,7 @@
 
 # %%
 import asyncio
+import atexit
 import socket
 import subprocess
 import sys
@@ -55,6 +56,7 @@ if __name__ == "__main__":
     mcp.run("streamable-http")
 ''')
 process = subprocess.Popen([sys.executable, str(server)])
+atexit.register(process.terminate)  # stopped however this ends
 url = f"http://127.0.0.1:{port}/mcp"
 for _ in range(600):  # until it accepts connections
     try:
