@@ -57,7 +57,8 @@ def test_a_predicted_destructive_call_never_starts(monkeypatch, records, tmp_pat
 
 
 @pytest.mark.parametrize("name, destructive", [
-    ("book_table", True), ("sendEmail", True), ("delete-file", True), ("Create.Event", True), ("set_alarm", True),
+    ("book_table", True), ("sendEmail", True), ("delete-file", True), ("calendar.CreateEvent", True), ("spotify.play", True),
+    ("set_alarm", True), ("circle_properties.get", False),
     ("get_weather", False), ("search_flights", False), ("booking_status", False), ("calculate", False),
     ("list_settings", False),
 ])

@@ -182,9 +182,10 @@ WRITE_VERBS = frozenset((
 
 
 def annotations_for(name: str) -> dict:
-    """The MCP bench server's annotations of tool `name`: destructive when the first word of the name
-    (split at `_`, `-`, `.`, spaces and lower-to-upper case changes) is in WRITE_VERBS, else read-only."""
-    first = re.split(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])", name.strip())[0].lower()
+    """The MCP bench server's annotations of tool `name`: destructive when the first word of its last
+    dotted part (`spotify.play` -> `play`; words split at `_`, `-`, spaces and lower-to-upper case
+    changes) is in WRITE_VERBS, else read-only."""
+    first = re.split(r"[_\-\s]+|(?<=[a-z0-9])(?=[A-Z])", name.strip().rsplit(".", 1)[-1])[0].lower()
     if first in WRITE_VERBS:
         return {"readOnlyHint": False, "destructiveHint": True}
     return {"readOnlyHint": True, "destructiveHint": False}
