@@ -110,13 +110,14 @@ def session(request, travel):
             yield s
 
 
-def runner_for(session: McpSession, trust=("travel",)) -> SpeculativeTools:
-    """The runner of the tools the session's server declares read-only, each a real tools/call."""
+def runner_for(session: McpSession, trust=("travel",), meta: dict | None = None) -> SpeculativeTools:
+    """The runner of the tools the session's server declares read-only, each a real tools/call (with
+    the request `_meta` given: {"oospec": {"latency": s}} sets the server's sleep)."""
     names = early_tools(listed(session.name, session.list_tools()), trust)
 
     def tool(name):
         async def run(arguments):
-            return text_of(await session.acall(name, arguments))
+            return text_of(await session.acall(name, arguments, meta))
         return run
     return SpeculativeTools({name: tool(name) for name in names})
 
@@ -155,7 +156,7 @@ def test_a_wasted_run_is_cancelled_on_the_server(session, travel):
     _, log = travel
     nowhere = {"location": "Nowhere"}
     before = len(cancelled(log))
-    with runner_for(session) as runner:
+    with runner_for(session, meta={"oospec": {"latency": 20}}) as runner:  # still running when dropped
         runner.predicted([{"name": "get_local_time", "arguments": nowhere}])
         assert wait_for(lambda: any(c["arguments"] == nowhere for c in calls(log)))  # the server is running it
         assert runner.settle([]) == 1
