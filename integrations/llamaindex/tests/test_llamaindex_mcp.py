@@ -68,11 +68,24 @@ async def agent_run(llm, clients, trust=None):
             spec.close()
 
 
+def by_call_id(value):
+    """`value` with every list of tool calls or results in call-id order: FunctionAgent keeps a step's
+    parallel results in the order they finish, with or without speculation."""
+    if isinstance(value, dict):
+        return {k: by_call_id(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [by_call_id(v) for v in value]
+        if items and all(isinstance(v, dict) and "tool_id" in v for v in items):
+            items.sort(key=lambda v: str(v["tool_id"]))
+        return items
+    return value
+
+
 def transcript(response, events) -> str:
     steps, results = [], []
     for e in events:
         if isinstance(e, AgentOutput):
-            steps.append((e.response.model_dump(), [c.model_dump() for c in e.tool_calls]))
+            steps.append(by_call_id((e.response.model_dump(), [c.model_dump() for c in e.tool_calls])))
         elif isinstance(e, ToolCallResult):
             out = e.tool_output
             results.append((len(steps), e.tool_id, e.tool_name, e.tool_kwargs, out.content, out.is_error))
