@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EDITABLE := -e ".[langchain,llamaindex,train,bench,serve,ray,dev]" -e integrations/langchain -e integrations/llamaindex
+EDITABLE := -e ".[langchain,llamaindex,train,bench,serve,ray,mcp,dev]" -e integrations/langchain -e integrations/llamaindex
 
 .PHONY: demo test serve install clean
 

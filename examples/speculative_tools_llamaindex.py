@@ -17,9 +17,9 @@ from llama_index.llms.oospec import OoOSpec, OoOSpecSpeculativeTools
 TOOL_SECONDS = 1.0
 
 
-def get_current_weather(location: str) -> str:
+async def get_current_weather(location: str) -> str:
     """Get the current weather in a given city."""
-    time.sleep(TOOL_SECONDS)  # stands for an HTTP GET: slow, read-only, safe to start early
+    await asyncio.sleep(TOOL_SECONDS)  # stands for an async HTTP GET: slow, read-only, safe to start early
     return f"It is 22 degrees Celsius and sunny in {location}."
 
 
@@ -29,16 +29,17 @@ def send_email(to: str, body: str) -> str:
 
 
 # %% [markdown]
-# Wrap the agent's tools and give the agent `spec.tools`. `speculative` maps each tool that may run
-# early to its expected seconds (the engine's pay-back rule weighs them until the runner has measured
-# the tool); `llm=` follows only this LLM's replies. Leaving the `with` block stops the runner.
+# Wrap the agent's tools and give the agent `spec.tools`. `speculative` names the tools that may run
+# early; `tool_seconds` their expected seconds (the engine's pay-back rule weighs them until the runner
+# has measured the tool); `llm=` follows only this LLM's replies. Leaving the `with` block stops the runner.
 
 # %%
 llm = OoOSpec(model="embedded", max_tokens=48)
 
 
 async def ask(question: str):
-    with OoOSpecSpeculativeTools([get_current_weather, send_email], speculative={"get_current_weather": TOOL_SECONDS},
+    with OoOSpecSpeculativeTools([get_current_weather, send_email], speculative=["get_current_weather"],
+                                 tool_seconds={"get_current_weather": TOOL_SECONDS},
                                  llm=llm) as spec:
         agent = FunctionAgent(tools=spec.tools, llm=llm)
         start = time.perf_counter()

@@ -13,7 +13,7 @@ import nbformat
 
 HERE = Path(__file__).parent
 TWINS = ["langchain_agent", "llamaindex_agent", "benchmark", "speculative_tools_langchain", "speculative_tools_llamaindex",
-         "hf_model"]
+         "hf_model", "mcp_agent"]
 _ASYNCIO_RUN = re.compile(r"^(\s*(?:[\w, ]+ = )?)asyncio\.run\((.*)\)\s*$")
 
 

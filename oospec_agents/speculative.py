@@ -74,12 +74,13 @@ class SpeculativeTools:
     (a daemon thread, so sync and async callers alike can wait for it); a plain one on its thread pool.
     `max_in_flight`: at most this many live runs at once (the rest are skipped and counted).
     `min_confidence`: when set, a prediction whose confidence is below it, or None, starts nothing.
+    `tool_seconds`: {name: expected seconds of one run} for tools not yet measured (`expected_latency`).
 
     Thread-safe: the engine's stream and the agent's tool calls may come from different threads.
     """
 
     def __init__(self, tools: Mapping[str, Callable[[dict], Any]], max_in_flight: int = 4,
-                 min_confidence: float | None = None):
+                 min_confidence: float | None = None, tool_seconds: Mapping[str, float] | None = None):
         if not isinstance(tools, Mapping):
             raise TypeError(f"tools must map a tool name to its callable, got {type(tools).__name__}")
         for name, fn in tools.items():
@@ -94,6 +95,7 @@ class SpeculativeTools:
                                            or not 0.0 <= min_confidence <= 1.0):
             raise ValueError(f"min_confidence must be None or a probability in [0, 1], got {min_confidence!r}")
         self._tools = dict(tools)
+        self._given_seconds = _checked_seconds(tool_seconds or {}, self._tools)
         self._async = {name: _is_coroutine_function(fn) for name, fn in self._tools.items()}
         self.max_in_flight = max_in_flight
         self.min_confidence = min_confidence
@@ -171,7 +173,7 @@ class SpeculativeTools:
             try:
                 return run.future.result()
             except concurrent.futures.CancelledError:
-                self._cancelled_while_claimed(run)
+                _cancelled_while_claimed(run)
         return self._timed(key[0], call)
 
     async def arun(self, name: str, arguments: dict | str, acall: Callable[[], Awaitable[Any]]) -> Any:
@@ -185,7 +187,7 @@ class SpeculativeTools:
             except asyncio.CancelledError:
                 if not run.aborted:  # the caller itself was cancelled (and with it the run it awaited)
                     raise
-                self._cancelled_while_claimed(run)
+                _cancelled_while_claimed(run)
         began = time.perf_counter()
         try:
             return await acall()
@@ -196,10 +198,12 @@ class SpeculativeTools:
 
     def expected_latency(self) -> dict[str, float | None]:
         """Per speculative tool: the mean of its measured runs in seconds (every run the runner started,
-        claimed or not, and every normal execution it timed in `run`/`arun`), None before any. What
-        the engine's pay-back rule weighs (`speculative_tools=` of `Engine.stream`)."""
+        claimed or not, and every normal execution it timed in `run`/`arun`); before any, the
+        `tool_seconds` given, else None. What the engine's pay-back rule weighs (`speculative_tools=`
+        of `Engine.stream`)."""
         with self._lock:
-            return {name: self._latency[name][1] if name in self._latency else None for name in self._tools}
+            return {name: self._latency[name][1] if name in self._latency else self._given_seconds.get(name)
+                    for name in self._tools}
 
     @property
     def stats(self) -> dict[str, int]:
@@ -341,14 +345,6 @@ class SpeculativeTools:
                 self._stats["hits" if run.source == "predicted" else "ready_hits"] += 1
             return run
 
-    @staticmethod
-    def _cancelled_while_claimed(run: _Run) -> None:
-        """A claimed run was cancelled (only `close` cancels one): if the tool never began, the caller
-        runs it normally; if it began, running it again would run the tool twice for one call."""
-        if run.began:
-            raise RuntimeError(f"the speculative run of {run.key[0]!r} was cancelled by close() while the agent "
-                               "waited for its result")
-
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         """The runner's own event loop, started on first use in a daemon thread (lock held)."""
         if self._loop is None:
@@ -364,6 +360,26 @@ class SpeculativeTools:
             self._loop_thread.start()
             started.wait()
         return self._loop
+
+
+def _cancelled_while_claimed(run: _Run) -> None:
+    """A claimed run was cancelled (only `close` cancels one): if the tool never began, the caller
+    runs it normally; if it began, running it again would run the tool twice for one call."""
+    if run.began:
+        raise RuntimeError(f"the speculative run of {run.key[0]!r} was cancelled by close() while the agent "
+                           "waited for its result")
+
+
+def _checked_seconds(seconds: Any, tools: Mapping[str, Any]) -> dict[str, float]:
+    """`tool_seconds`, checked: a mapping of speculative tools' names to seconds >= 0."""
+    if not isinstance(seconds, Mapping):
+        raise TypeError(f"tool_seconds must map a speculative tool's name to its expected seconds, got {seconds!r}")
+    for name, value in seconds.items():
+        if name not in tools:
+            raise ValueError(f"tool_seconds names {name!r}, which is not a speculative tool ({sorted(tools)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"tool_seconds[{name!r}] must be a number of seconds >= 0, got {value!r}")
+    return {name: float(value) for name, value in seconds.items()}
 
 
 def _key_of(call) -> tuple[str, str]:

@@ -331,6 +331,24 @@ def test_expected_latency_is_none_before_any_run_then_a_mean(weather):
         assert latency["get_weather"] >= 0.0 and latency["search"] is None
 
 
+def test_tool_seconds_stand_until_a_run_is_measured(weather):
+    with SpeculativeTools({"get_weather": weather, "search": AsyncTool()}, tool_seconds={"search": 2}) as runner:
+        assert runner.expected_latency() == {"get_weather": None, "search": 2.0}
+        runner.run("search", PARIS, lambda: "found")  # a normal execution: now measured, far under 2 s
+        assert runner.expected_latency()["search"] < 2.0
+
+
+@pytest.mark.parametrize("seconds, error, message", [
+    ({"send_email": 1.0}, ValueError, r"tool_seconds names 'send_email', which is not a speculative tool \(\['get_weather'\]\)"),
+    ({"get_weather": -1}, ValueError, r"tool_seconds\['get_weather'\] must be a number of seconds >= 0, got -1"),
+    ({"get_weather": True}, ValueError, r"tool_seconds\['get_weather'\] must be a number of seconds >= 0, got True"),
+    ([("get_weather", 1.0)], TypeError, "tool_seconds must map a speculative tool's name to its expected seconds"),
+])
+def test_bad_tool_seconds_are_clear_errors(weather, seconds, error, message):
+    with pytest.raises(error, match=message):
+        SpeculativeTools({"get_weather": weather}, tool_seconds=seconds)
+
+
 def test_close_cancels_runs_and_later_calls_run_normally():
     search = AsyncTool(gated=True)
     runner = SpeculativeTools({"search": search})

@@ -17,6 +17,12 @@ worker on its own, as the decode bench's `@split` rows):
                    engine is told the tools' expected latency (`speculative_tools=`: the runner's mean
                    of measured runs, or `--tool-latency`'s mean before any), which its pay-back rule weighs
 
+With `--mcp` (stdio or http) every call, speculative or not, is a `tools/call` on a real MCP server
+process (agent_tools.McpTools) whose annotations say which tools are read-only (a stated rule on the
+tool's name); the runner holds only those (the bench trusts its own server), and results.json adds,
+per method, `unsafe_early`: the early calls the server received of any tool it did not declare
+read-only (always 0), beside `mcp_calls` and `early_calls`.
+
 Every method runs every record, interleaved (the order rotated per record, as the decode bench does),
 each episode on an empty prefix cache and call memory; within the episode both keep the earlier
 steps, as one agent session's requests do. Each step records G (the reply's seconds, request to
@@ -38,7 +44,7 @@ from ..engine import Generation
 from ..events import CallPredicted
 from ..sidecar import cores
 from ..speculative import SpeculativeTools, call_key
-from .agent_tools import Latency, Simulator
+from .agent_tools import Latency, McpTools, Simulator
 from .methods import SPLIT_SUFFIX, _wait_for_sidecar
 from .metrics import compare, tie_tolerance
 
@@ -56,6 +62,7 @@ class AgentConfig:
     warmup: bool = True
     progress: bool = True
     max_in_flight: int = 4                       # SpeculativeTools' bound on runs in flight
+    mcp: str | None = None                       # serve the tools from an MCP server: "stdio" or "http"
 
 
 def check_methods(names, layout: str = "shared") -> list[str]:
@@ -121,17 +128,27 @@ class Step:
 class AgentBench:
     """The engines, the simulated tools and one speculative runner per `+tools` row, for one run."""
 
-    def __init__(self, engine, config: AgentConfig, tool_names, results=None, split_engine=None):
+    def __init__(self, engine, config: AgentConfig, tools: dict[str, dict], results=None, split_engine=None):
+        """`tools`: {name: OpenAI function dict} of every tool the records offer."""
         self.engine, self.split_engine, self.config = engine, split_engine, config
         self.sim = Simulator(config.latency, results)
-        self.runners = {m: SpeculativeTools(self.sim.speculative(tool_names), max_in_flight=config.max_in_flight)
-                        for m in config.methods if uses_runner(m)}
+        self.mcp = McpTools(self.sim, tools, config.mcp) if config.mcp else None
+        self.runners = {m: self._runner(m, list(tools)) for m in config.methods if uses_runner(m)}
         self.pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="oospec-agent-tools")
+
+    def _runner(self, m: str, names: list[str]) -> SpeculativeTools:
+        """Method `m`'s runner: every simulated tool, or with MCP the ones its server declares read-only;
+        each expected to take `--tool-latency`'s mean until measured (the engine's pay-back rule)."""
+        tools = self.mcp.speculative(m) if self.mcp else self.sim.speculative(names)
+        return SpeculativeTools(tools, max_in_flight=self.config.max_in_flight,
+                                tool_seconds=dict.fromkeys(tools, self.config.latency.expected))
 
     def close(self) -> None:
         for runner in self.runners.values():
             runner.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.mcp is not None:
+            self.mcp.close()
 
     def episode(self, rec: dict, m: str) -> dict:
         """Run one episode of `rec` with method `m`; {"wall_s", "steps": [Step], "runner": stats delta}."""
@@ -159,7 +176,7 @@ class AgentBench:
                 "runner": None if runner is None else {k: after[k] - before[k] for k in after}}
 
     def _step(self, engine, messages, tools, m: str, runner: SpeculativeTools | None) -> Step:
-        extra = {"speculative_tools": self._expected(runner)} if runner is not None else {}
+        extra = {"speculative_tools": runner.expected_latency()} if runner is not None else {}
         predictions: list[tuple[float, list[dict]]] = []
         gen = None
         t0 = time.perf_counter()
@@ -177,7 +194,7 @@ class AgentBench:
             runner.settle(calls)
         T = max((self.sim.answer(c["name"], c["arguments"])[0] for c in calls), default=0.0)
         t1 = time.perf_counter()
-        results = self._run_tools(calls, runner)
+        results = self._run_tools(calls, runner, m)
         tools_wall = time.perf_counter() - t1
         g, exact = _lead(predictions, calls)
         s = gen.stats
@@ -185,16 +202,15 @@ class AgentBench:
                     s.margins, gen.text, gen.content, s.target_forwards, gen.finish_reason, len(gen.invalid_tool_calls),
                     s.sidecar_skipped, getattr(s, "hidden_estimate_s", None))
 
-    def _expected(self, runner: SpeculativeTools) -> dict[str, float]:
-        """The speculative tools' expected seconds for the pay-back rule: the runner's mean of measured
-        runs, or the configured latency's mean for a tool not yet measured."""
-        return {name: self.config.latency.expected if s is None else s for name, s in runner.expected_latency().items()}
-
-    def _run_tools(self, calls: list[dict], runner: SpeculativeTools | None) -> list[str]:
+    def _run_tools(self, calls: list[dict], runner: SpeculativeTools | None, m: str) -> list[str]:
         """Run the verified calls, in parallel when there are several; through the runner where there is
-        one (it hands over an identical speculative run's result, else runs the call)."""
+        one (it hands over an identical speculative run's result, else runs the call); with MCP, each a
+        `tools/call` on the server."""
         def one(c):
-            run = lambda: self.sim.call(c["name"], c["arguments"])  # noqa: E731
+            if self.mcp is not None:
+                run = lambda: self.mcp.call(c["name"], c["arguments"], m)  # noqa: E731
+            else:
+                run = lambda: self.sim.call(c["name"], c["arguments"])  # noqa: E731
             return run() if runner is None else runner.run(c["name"], c["arguments"], run)
         if len(calls) < 2:
             return [one(c) for c in calls]
@@ -275,8 +291,11 @@ def run_agent_bench(engine, records: list[dict], config: AgentConfig, *, results
     if split_engine is None and (split := [m for m in methods if m.endswith(SPLIT_SUFFIX)]):
         raise ValueError(f"method(s) {split} need a split layout: pass --layout split or both")
     tol = tie_tolerance(getattr(getattr(engine, "target", None), "dtype", None))
-    names = sorted({t["function"]["name"] for rec in records for t in rec["tools"]})
-    bench = AgentBench(engine, config, names, results, split_engine)
+    tools: dict[str, dict] = {}
+    for rec in records:
+        for t in rec["tools"]:
+            tools.setdefault(t["function"]["name"], t["function"])
+    bench = AgentBench(engine, config, dict(sorted(tools.items())), results, split_engine)
     started = time.time()
     bar = tqdm(total=(len(records) + int(config.warmup)) * len(methods), desc="oospec bench --agent", unit="episode",
                disable=not config.progress)
@@ -288,6 +307,9 @@ def run_agent_bench(engine, records: list[dict], config: AgentConfig, *, results
         bar.close()
         bench.close()
     out = summarize(rows, methods)
+    if bench.mcp is not None:
+        for m, counts in bench.mcp.counts(methods).items():
+            out["methods"][m] |= counts
     out["episodes"] = rows
     out["env"] = _environment(engine)
     out["config"] = {"data": data, "n_records": len(records), "methods": methods, "tool_latency": str(config.latency),
@@ -295,8 +317,17 @@ def run_agent_bench(engine, records: list[dict], config: AgentConfig, *, results
                      "max_new_tokens": config.max_new_tokens, "tool_choice": "auto", "warmup": config.warmup,
                      "tools_in_parallel": True, "max_in_flight": config.max_in_flight, "tie_tolerance": tol,
                      "reference": methods[0], "wall_s": round(time.time() - started, 1),
-                     "layout": _layouts(engine, split_engine)}
+                     "layout": _layouts(engine, split_engine), "mcp": _mcp_config(bench.mcp)}
     return out
+
+
+def _mcp_config(mcp: McpTools | None) -> dict | None:
+    if mcp is None:
+        return None
+    from .agent_tools import WRITE_VERBS
+    return {"transport": mcp.transport, "server": mcp.SERVER, "trusted": [mcp.SERVER], "read_only": mcp.read_only,
+            "rule": "destructive when the tool name's first word is a write verb, else read-only",
+            "write_verbs": sorted(WRITE_VERBS)}
 
 
 def _record(bench: AgentBench, rec: dict, methods: list[str], index: int, tol: float, bar) -> dict:

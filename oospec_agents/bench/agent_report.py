@@ -165,6 +165,7 @@ def markdown(results: dict) -> str:
         "|---|---|" + "---|" * len(COLUMNS),
     ]
     lines += [f"| {m} | {f['n']} | " + " | ".join(cell(f) for _, cell in COLUMNS) + " |" for m, f in methods.items()]
+    lines += _mcp_lines(cfg.get("mcp"), methods)
     shared = {m: f["speedup_vs_toolspec_shared"] for m, f in methods.items() if f.get("speedup_vs_toolspec_shared")}
     if shared:
         lines += ["", "`@split` rows against `toolspec` on every core: "
@@ -198,6 +199,19 @@ def markdown(results: dict) -> str:
                      + " | ".join(_f(figs[m]["agent_wall_s"], "{:.3f}") for m in names) + " |")
     lines += ["", f"Run took {cfg['wall_s']} s (git {env.get('git_commit')}).", ""]
     return "\n".join(lines)
+
+
+def _mcp_lines(mcp: dict | None, methods: dict) -> list[str]:
+    """With --mcp: what served the tools, and per method the server's count of calls, early calls and
+    early calls of tools it did not declare read-only (`unsafe_early`, always 0)."""
+    if not mcp:
+        return []
+    lines = ["", f"Every tool call was a `tools/call` on a real MCP server process ({mcp['transport']}; the bench trusts "
+             f"its annotations): {mcp['rule']} ({len(mcp['read_only'])} tools read-only). Per method, the calls the "
+             "server received / of them started early / early calls of a tool not declared read-only:", "",
+             "| method | mcp calls | early calls | unsafe early |", "|---|---|---|---|"]
+    return lines + [f"| {m} | {f.get('mcp_calls')} | {f.get('early_calls')} | {f.get('unsafe_early')} |"
+                    for m, f in methods.items()]
 
 
 def _notes(f: dict, max_steps: int) -> list[tuple[str, int]]:

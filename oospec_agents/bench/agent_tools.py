@@ -10,6 +10,15 @@ A call's latency comes from `--tool-latency`: a fixed number of seconds, or `log
 log-normal with that median, sigma 0.5 unless `lognormal:MEDIAN:SIGMA`) drawn from a generator seeded
 by the record, the step and the call, so every method sees the same latencies and a speculative run
 of the right call sleeps as long as the verified call would.
+
+With `--mcp`, `McpTools` serves the same tools from a real MCP server process (oospec_agents/mcp/
+server.py, FastMCP; stdio or streamable HTTP on 127.0.0.1), so every call is a `tools/call` and the
+figures include the MCP round trip. The bench draws each call's latency and result as above and sends
+them in the request's `_meta`; the server sleeps that latency and answers that result, so every method
+still gets the same. The server annotates each tool by one stated rule (`annotations_for`): a name
+whose first word is a write verb (`WRITE_VERBS`: create, update, delete, send, book, ...) is
+destructive, any other read-only; the bench trusts that server, so the read-only ones, and only they,
+are started early.
 """
 from __future__ import annotations
 
@@ -18,9 +27,13 @@ import hashlib
 import json
 import math
 import random
+import re
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Awaitable, Callable
 
 from ..speculative import call_key
@@ -156,3 +169,99 @@ class Simulator:
                 return await self.acall(name, arguments)
             return run
         return {name: tool(name) for name in names}
+
+
+#: a tool whose name's first word is one of these writes: the MCP bench server declares it destructive
+WRITE_VERBS = frozenset((
+    "add", "apply", "approve", "archive", "assign", "book", "buy", "cancel", "change", "clear", "close", "create",
+    "delete", "deposit", "disable", "edit", "enable", "execute", "forward", "insert", "install", "invite", "log",
+    "login", "logout", "make", "mark", "modify", "move", "open", "order", "pay", "place", "play", "post", "publish",
+    "purchase", "put", "register", "reject", "remove", "rename", "replace", "reply", "request", "reschedule",
+    "reserve", "reset", "restart", "run", "save", "schedule", "send", "set", "share", "start", "stop", "submit",
+    "transfer", "turn", "uninstall", "unsubscribe", "update", "upload", "withdraw", "write"))
+
+
+def annotations_for(name: str) -> dict:
+    """The MCP bench server's annotations of tool `name`: destructive when the first word of its last
+    dotted part (`spotify.play` -> `play`; words split at `_`, `-`, spaces and lower-to-upper case
+    changes) is in WRITE_VERBS, else read-only."""
+    first = re.split(r"[_\-\s]+|(?<=[a-z0-9])(?=[A-Z])", name.strip().rsplit(".", 1)[-1])[0].lower()
+    if first in WRITE_VERBS:
+        return {"readOnlyHint": False, "destructiveHint": True}
+    return {"readOnlyHint": True, "destructiveHint": False}
+
+
+class McpTools:
+    """The simulated tools of one benchmark run, served by a real MCP server process that this starts
+    (`transport` "stdio" or "http") and `close` stops. `tools`: {name: OpenAI function dict}. Each call
+    carries `{"oospec": {"latency", "result", "method", "early"}}` in its `_meta`; the server logs them,
+    which `counts` reads back: the calls each method made, and how many of them started early."""
+
+    SERVER = "bench"
+
+    def __init__(self, sim: Simulator, tools: dict[str, dict], transport: str = "stdio"):
+        from ..mcp import early_tools, listed
+        from ..mcp.session import HttpServer, McpSession, server_command
+        if transport not in ("stdio", "http"):
+            raise ValueError(f"--mcp: expected stdio or http, got {transport!r}")
+        self.sim, self.transport = sim, transport
+        self.folder = Path(tempfile.mkdtemp(prefix="oospec-bench-mcp-"))
+        self.log = self.folder / "calls.jsonl"
+        spec = self.folder / "server.json"
+        spec.write_text(json.dumps({"name": self.SERVER, "log": str(self.log), "tools": [
+            {"name": name, "description": fn.get("description") or "", "annotations": annotations_for(name),
+             "inputSchema": fn.get("parameters") or {"type": "object", "properties": {}}}
+            for name, fn in tools.items()]}))
+        self.server = HttpServer(spec) if transport == "http" else None
+        command, args = server_command(spec)
+        self.session = (McpSession(self.SERVER, url=self.server.url) if self.server
+                        else McpSession(self.SERVER, command=command, args=args))
+        #: what the server declares read-only, as the client reads it: the only tools started early
+        self.read_only = early_tools(listed(self.SERVER, self.session.list_tools()), trust=[self.SERVER])
+        self.received: list[dict] = []
+
+    def call(self, name: str, arguments: dict, method: str) -> str:
+        """The agent's execution of a verified call: a `tools/call`, its result's text."""
+        from ..mcp.session import text_of
+        return text_of(self.session.call(name, arguments, self._meta(name, arguments, method, early=False)))
+
+    def speculative(self, method: str) -> dict[str, Callable[[dict], Awaitable[str]]]:
+        """{name: async tool} of the read-only tools, for method `method`'s runner: each run a `tools/call`
+        marked early; cancelling it cancels the request on the server."""
+        from ..mcp.session import text_of
+
+        def tool(name: str):
+            async def run(arguments: dict) -> str:
+                meta = self._meta(name, arguments, method, early=True)
+                return text_of(await self.session.acall(name, arguments, meta))
+            return run
+        return {name: tool(name) for name in self.read_only}
+
+    def _meta(self, name: str, arguments: dict, method: str, early: bool) -> dict:
+        seconds, out = self.sim.answer(name, arguments)
+        return {"oospec": {"latency": seconds, "result": out, "method": method, "early": early}}
+
+    def counts(self, methods) -> dict[str, dict]:
+        """Per method: `mcp_calls` (tools/call requests the server received), `early_calls` (of those, the
+        runs the speculative runner started) and `unsafe_early` (early calls of a tool the server did not
+        declare read-only: must be 0)."""
+        out = {m: {"mcp_calls": 0, "early_calls": 0, "unsafe_early": 0} for m in methods}
+        for row in self.received:
+            meta = row.get("oospec") or {}
+            if row.get("cancelled") or meta.get("method") not in out:
+                continue
+            count = out[meta["method"]]
+            count["mcp_calls"] += 1
+            if meta.get("early"):
+                count["early_calls"] += 1
+                count["unsafe_early"] += row["tool"] not in self.read_only
+        return out
+
+    def close(self) -> None:
+        """End the session and the server; keep what the server logged (`received`)."""
+        self.session.close()
+        if self.server is not None:
+            self.server.stop()
+        if self.log.exists():
+            self.received = [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        shutil.rmtree(self.folder, ignore_errors=True)

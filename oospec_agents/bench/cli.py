@@ -99,6 +99,10 @@ def add_parser(sub, name):
                             "every method); default 1")
     agent.add_argument("--max-steps", type=_positive, default=4, metavar="N",
                        help="with --agent: an episode ends after N replies, or at a reply without calls (default 4)")
+    agent.add_argument("--mcp", nargs="?", const="stdio", choices=("stdio", "http"), default=None,
+                       help="with --agent: serve the tools from a real MCP server process (stdio, the default, or "
+                            "streamable HTTP on 127.0.0.1), annotated read-only or destructive by name (docs/mcp.md); "
+                            "only its read-only tools start early; results.json adds unsafe_early per method")
     p.add_argument("--temperature", type=float, default=None, metavar="T",
                    help="sample at temperature T (engine methods only: ar, toolspec, oospec); every method draws "
                         "with the same seed per record (--seed + the record's index), so where the target's "
@@ -132,6 +136,8 @@ def run(args):
         return run_agent(args)
     if args.tool_latency is not None or args.max_steps != 4:
         raise ValueError("--tool-latency and --max-steps set up agent episodes: add --agent")
+    if args.mcp:
+        raise ValueError("--mcp serves agent episodes' tools from an MCP server: add --agent")
     args.methods = args.methods or ",".join(METHODS)
     args.tool_choice = args.tool_choice or "required"
     if args.server:
@@ -250,7 +256,7 @@ def run_agent(args):
         _check_sidecar(engine, sidecar)
     latency = args.tool_latency or Latency(1.0)
     config = AgentConfig(tuple(methods), latency, args.max_steps, args.max_new_tokens, warmup=not args.no_warmup,
-                         progress=not args.quiet)
+                         progress=not args.quiet, mcp=args.mcp)
     data = args.data + (f" (sources {args.sources})" if args.sources else "")
     results = run_agent_bench(engine, records, config, results=recorded_results(load_all(args.data)),
                               split_engine=split_engine, data=data)

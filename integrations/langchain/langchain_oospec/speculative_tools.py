@@ -80,7 +80,7 @@ class SpeculativeToolCalls:
             them (`speculative_tools()`, which the engine's pay-back rule weighs).
 
     Use `model_step` / `amodel_step` around each model call, `wrap_tool_call` / `awrap_tool_call` as
-    the tool executor's wrapper, and `close()` when done. One instance serves one agent run at a
+    the tool executor's wrapper, and `close()` when done (or use it as a context manager: `with`). One instance serves one agent run at a
     time: concurrent runs sharing it stay correct, but one step's `settle` drops the others' runs.
     """
 
@@ -97,9 +97,8 @@ class SpeculativeToolCalls:
             raise ValueError("speculative names no tool: give the tools that may run before the agent runs them")
         for tool in filter(None, self._tools.values()):
             _check_runs_early(tool)
-        self._given_seconds = _checked_seconds(tool_seconds or {}, self._tools)
-        self.runner = SpeculativeTools({name: self._early(name) for name in self._tools},
-                                       max_in_flight=max_in_flight, min_confidence=min_confidence)
+        self.runner = SpeculativeTools({name: self._early(name) for name in self._tools}, max_in_flight=max_in_flight,
+                                       min_confidence=min_confidence, tool_seconds=tool_seconds)
         self._listener = _Listener(self.runner)
 
     @property
@@ -112,9 +111,7 @@ class SpeculativeToolCalls:
         """{speculative tool: expected seconds or None}: the runner's mean of its measured runs, else the
         `tool_seconds` given. ChatOoOSpec's `speculative_tools=` call argument: the engine's pay-back rule
         runs the sidecar's wave where the tool time a hit hides pays for it."""
-        measured = self.runner.expected_latency()
-        return {name: seconds if seconds is not None else self._given_seconds.get(name)
-                for name, seconds in measured.items()}
+        return self.runner.expected_latency()
 
     def offer(self, tools: Iterable[Any]) -> None:
         """The tools of a model request: a speculative tool given by name is the one of that name
@@ -190,8 +187,14 @@ class SpeculativeToolCalls:
         return outcome if fallback.used else await handler(_claimed(request, outcome))
 
     def close(self) -> None:
-        """Cancel the runs in flight and stop the runner's threads."""
+        """Cancel the runs in flight and stop the runner's threads. Idempotent."""
         self.runner.close()
+
+    def __enter__(self) -> SpeculativeToolCalls:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # -- inside ---------------------------------------------------------------------------------------
 
@@ -285,17 +288,6 @@ def _name_and_tool(item: Any) -> tuple[str, BaseTool | None]:
         return item.__name__, None
     raise TypeError(f"speculative: each entry must be a LangChain tool, a tool name or the function a tool was "
                     f"made from, got {item!r}")
-
-
-def _checked_seconds(seconds: dict, speculative: dict) -> dict[str, float]:
-    if not isinstance(seconds, dict):
-        raise TypeError(f"tool_seconds must map a speculative tool's name to its expected seconds, got {seconds!r}")
-    for name, value in seconds.items():
-        if name not in speculative:
-            raise ValueError(f"tool_seconds names {name!r}, which is not a speculative tool ({sorted(speculative)})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"tool_seconds[{name!r}] must be a number of seconds >= 0, got {value!r}")
-    return dict(seconds)
 
 
 def _check_runs_early(tool: BaseTool) -> None:

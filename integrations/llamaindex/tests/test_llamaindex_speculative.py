@@ -428,11 +428,11 @@ def test_wrapped_tools_keep_the_metadata_and_the_model_sees_the_same_schemas():
 
 
 def test_the_engine_is_told_the_speculative_tools_and_their_expected_seconds():
-    """Per marked tool: the runner's measured mean, else the seconds given when marked, else None."""
+    """Per marked tool: the runner's measured mean, else the `tool_seconds` given, else None."""
     tools = [Weather().tool(), FunctionTool.from_defaults(lambda to, body: "sent", name="send_email")]
     llm, engine = scripted_llm(*[("", [PARIS])] * 4, ANSWER)
     told = lambda: engine.kwargs[-1].get("speculative_tools", "absent")  # noqa: E731
-    with OoOSpecSpeculativeTools(tools, speculative={"get_weather": 1.5}) as given:
+    with OoOSpecSpeculativeTools(tools, speculative=["get_weather"], tool_seconds={"get_weather": 1.5}) as given:
         llm.chat_with_tools(given.tools, user_msg=QUESTION)
         assert told() == {"get_weather": 1.5}
         given.tools[0].call(city="Paris")  # its ready call's run, claimed: now measured
@@ -461,7 +461,11 @@ def test_a_call_that_is_no_model_call_runs_the_tool_directly():
     ({"speculative": ["search"]}, ValueError,
      r"speculative names 'search', which is not one of the tools \(\['get_weather'\]\)"),
     ({"speculative": "get_weather"}, TypeError, "speculative must be a list"),
-    ({"speculative": {"get_weather": -1}}, ValueError, "expected seconds of speculative tool 'get_weather' must be"),
+    ({"speculative": ["get_weather"], "tool_seconds": {"get_weather": -1}}, ValueError,
+     r"tool_seconds\['get_weather'\] must be a number of seconds >= 0, got -1"),
+    ({"speculative": ["get_weather"], "tool_seconds": {"send_email": 1.0}}, ValueError,
+     "tool_seconds names 'send_email', which is not a speculative tool"),
+    ({"speculative": {"get_weather": 1.5}}, TypeError, r"give the expected seconds of one run as tool_seconds="),
     ({"speculative": [3]}, TypeError, "speculative entries are tool names, tools or functions, got 3"),
     ({"speculative": ["get_weather"], "llm": "gpt"}, TypeError, "llm must be an OoOSpec"),
     ({"speculative": ["get_weather"], "max_in_flight": 0}, ValueError, "max_in_flight must be a positive integer"),

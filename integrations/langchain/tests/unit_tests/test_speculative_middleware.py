@@ -426,6 +426,17 @@ def test_bad_tool_seconds_are_clear_errors(seconds, message):
         SpeculativeToolsMiddleware(speculative=["get_weather"], tool_seconds=seconds)
 
 
+def test_the_middleware_is_a_context_manager_as_the_llamaindex_helper_is(tools):
+    """`with SpeculativeToolsMiddleware(...) as speculative:` closes its runner on leaving: a call ready
+    after that starts nothing, and the agent's own execution runs the tool."""
+    with SpeculativeToolsMiddleware(speculative=[tools.by_name["get_weather"]],
+                                    tool_seconds={"get_weather": 0.5}) as speculative:
+        assert speculative.speculative_tools() == {"get_weather": 0.5}
+    assert speculative.runner.ready("get_weather", {"city": "Paris"}) is False
+    assert speculative.runner.run("get_weather", {"city": "Paris"}, lambda: "normal") == "normal"
+    assert tools.ran == []
+
+
 class ToolCallbacks(BaseCallbackHandler):
     """The tool runs the agent's callback handlers see."""
 

@@ -15,16 +15,25 @@ framework-neutral runner (`oospec_agents.speculative.SpeculativeTools`):
   A FunctionTool's wrapper is a FunctionTool (`SpeculativeFunctionTool`, of the same function), so
   LlamaIndex code that treats FunctionTools apart (`call_tool`'s keyword arguments) treats it alike.
 
+An async tool's speculative run runs on the event loop of the agent whose reply predicted it (learnt
+by `AgentLoop`, a span handler that sees OoOSpec's async chat begin on that loop), where the agent's
+own calls of the tool run: a tool bound to that loop (an MCP client's HTTP connection pool,
+`BasicMCPClient`) works early as it works late. Without an async chat (sync use), on the runner's loop.
+
 Tools not marked are handed to the agent as they are: nothing starts them early, by any path.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from llama_index.core.bridge.pydantic import Field
+from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.span import SimpleSpan
+from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.tools import FunctionTool
 from llama_index.core.tools.function_tool import sync_to_async
 from llama_index.core.tools.types import (AsyncBaseTool, BaseTool, BaseToolAsyncAdapter, ToolMetadata, ToolOutput,
@@ -33,7 +42,8 @@ from oospec_agents.speculative import SpeculativeTools, call_key
 
 from .events import CallPredictedEvent, ReplyEndEvent, ToolCallReadyEvent, dispatcher
 
-__all__ = ["OoOSpecSpeculativeTools", "SpeculativeFunctionTool", "SpeculativeTool", "SpeculativeToolsHandler"]
+__all__ = ["AgentLoop", "OoOSpecSpeculativeTools", "SpeculativeFunctionTool", "SpeculativeTool",
+           "SpeculativeToolsHandler"]
 
 _log = logging.getLogger(__name__)
 
@@ -49,11 +59,10 @@ class SpeculativeTool(AsyncBaseTool):
 
     is_speculative = True  # read by OoOSpec (base.py), which names these tools' seconds to the engine
 
-    def __init__(self, tool: BaseTool, runner: SpeculativeTools, expected_s: Optional[float] = None) -> None:
+    def __init__(self, tool: BaseTool, runner: SpeculativeTools) -> None:
         self._tool = adapt_to_async_tool(tool)
         self._given = tool
         self._runner = runner
-        self._expected_s = expected_s
 
     @property
     def metadata(self) -> ToolMetadata:
@@ -66,10 +75,9 @@ class SpeculativeTool(AsyncBaseTool):
 
     @property
     def expected_latency(self) -> Optional[float]:
-        """Expected seconds of one run: the mean of the runs measured so far, else as given when marked
-        (else None). The engine's pay-back rule weighs it (`speculative_tools=`)."""
-        measured = self._runner.expected_latency().get(self.metadata.get_name())
-        return self._expected_s if measured is None else measured
+        """Expected seconds of one run: the mean of the runs measured so far, else the `tool_seconds`
+        given (else None). The engine's pay-back rule weighs it (`speculative_tools=`)."""
+        return self._runner.expected_latency().get(self.metadata.get_name())
 
     def call(self, *args: Any, **kwargs: Any) -> ToolOutput:
         if args or not _is_json(kwargs):
@@ -82,10 +90,10 @@ class SpeculativeTool(AsyncBaseTool):
         return await self._runner.arun(self.metadata.get_name(), kwargs, lambda: self._tool.acall(**kwargs))
 
     @classmethod
-    def wrap(cls, tool: BaseTool, runner: SpeculativeTools, expected_s: Optional[float] = None) -> "SpeculativeTool":
+    def wrap(cls, tool: BaseTool, runner: SpeculativeTools) -> "SpeculativeTool":
         """The wrapper of `tool`: a SpeculativeFunctionTool for a FunctionTool, else a SpeculativeTool."""
         kind = SpeculativeFunctionTool if isinstance(tool, FunctionTool) else SpeculativeTool
-        return kind(tool, runner, expected_s)
+        return kind(tool, runner)
 
 
 class SpeculativeFunctionTool(SpeculativeTool, FunctionTool):
@@ -93,9 +101,9 @@ class SpeculativeFunctionTool(SpeculativeTool, FunctionTool):
     parameter as LlamaIndex inspects them) whose calls go through the runner as SpeculativeTool's do. Its
     own `partial_params` are empty: the wrapped tool adds its own, so a call's key is the model's call."""
 
-    def __init__(self, tool: FunctionTool, runner: SpeculativeTools, expected_s: Optional[float] = None) -> None:
+    def __init__(self, tool: FunctionTool, runner: SpeculativeTools) -> None:
         FunctionTool.__init__(self, fn=tool.real_fn, metadata=tool.metadata)
-        SpeculativeTool.__init__(self, tool, runner, expected_s)
+        SpeculativeTool.__init__(self, tool, runner)
 
 
 class SpeculativeToolsHandler(BaseEventHandler):
@@ -128,15 +136,51 @@ class SpeculativeToolsHandler(BaseEventHandler):
                          event.class_name(), exc_info=True)
 
 
+class AgentLoop(BaseSpanHandler[SimpleSpan]):
+    """The event loop of the latest OoOSpec async chat (`achat`, `astream_chat`; with `llm_id`, only
+    that OoOSpec's): the agent's loop, where its tool calls run. A sync chat sets it to None. OoOSpec
+    decodes in a worker thread, so the events that start runs come from there: this span handler sees
+    the chat begin on the agent's own thread, before the decode."""
+
+    llm_id: Optional[int] = Field(default=None, description="id() of the one OoOSpec followed; None: every one.")
+    loop: Any = Field(default=None, exclude=True, description="The agent's event loop, or None.")
+
+    def __init__(self, llm_id: Optional[int] = None) -> None:
+        super().__init__()  # BaseSpanHandler's __init__ takes its own fields only
+        self.llm_id = llm_id
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "AgentLoop"
+
+    def new_span(self, id_: str, bound_args: Any, instance: Optional[Any] = None, parent_span_id: Optional[str] = None,
+                 tags: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+        if type(instance).__name__ != "OoOSpec" or self.llm_id not in (None, id(instance)):
+            return None
+        method = id_.partition("-")[0].rpartition(".")[2]
+        if method in ("achat", "astream_chat"):
+            self.loop = asyncio.get_running_loop()
+        elif method in ("chat", "stream_chat"):
+            self.loop = None
+        return None
+
+    def prepare_to_exit_span(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def prepare_to_drop_span(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 class OoOSpecSpeculativeTools:
     """The tools of a LlamaIndex agent, of which the `speculative` ones start early from OoOSpec's
     predictions and ready calls.
 
     `tools`: the agent's tools (BaseTools or plain functions, as `FunctionAgent(tools=...)` takes them).
     `speculative`: the ones safe to start before the agent runs them (read-only and idempotent; see
-    docs/speculative-tools.md), by name, tool or function; or a mapping of those to the expected
-    seconds of one run (None: measured), which the engine's pay-back rule weighs. `llm`: follow only this
-    OoOSpec's replies (None: every OoOSpec's). `max_in_flight`, `min_confidence`: the runner's.
+    docs/speculative-tools.md), by name, tool or function. `llm`: follow only this OoOSpec's replies
+    (None: every OoOSpec's). `max_in_flight`, `min_confidence`, `tool_seconds` (the expected seconds of
+    one run by tool name, until measured: the engine's pay-back rule weighs them): the runner's, as
+    `SpeculativeToolsMiddleware` takes them in LangChain.
 
     Give `.tools` to the agent; `.stats` counts `predictions`, `started`, `hits` and `wasted` (and the
     runner's other counters). Close it (or use it as a context manager) to stop following the replies
@@ -152,8 +196,8 @@ class OoOSpecSpeculativeTools:
     """
 
     def __init__(self, tools: Sequence[Union[BaseTool, Callable[..., Any]]],
-                 speculative: Union[Iterable[Any], Mapping[Any, Optional[float]]], *, llm: Any = None,
-                 max_in_flight: int = 4, min_confidence: Optional[float] = None) -> None:
+                 speculative: Iterable[Any], *, llm: Any = None, max_in_flight: int = 4,
+                 min_confidence: Optional[float] = None, tool_seconds: Optional[Mapping[str, float]] = None) -> None:
         given = [_as_tool(t, i) for i, t in enumerate(tools)]
         by_name: Dict[str, BaseTool] = {}
         for tool in given:
@@ -167,12 +211,17 @@ class OoOSpecSpeculativeTools:
             if isinstance(tool, FunctionTool) and tool.requires_context:
                 raise ValueError(f"tool {name!r} takes the workflow Context ({tool.ctx_param_name!r}), which only the "
                                  "agent's own call has: it cannot be started early, so it cannot be speculative")
-        self.runner = SpeculativeTools({name: _speculative_run(adapt_to_async_tool(by_name[name])) for name in marked},
-                                       max_in_flight=max_in_flight, min_confidence=min_confidence)
-        self.tools: List[BaseTool] = [SpeculativeTool.wrap(t, self.runner, marked[n])
-                                      if (n := t.metadata.get_name()) in marked else t for t in given]
-        self.handler = SpeculativeToolsHandler(runner=self.runner, llm_id=None if llm is None else _llm_id(llm))
+        llm_id = None if llm is None else _llm_id(llm)
+        self.agent_loop = AgentLoop(llm_id=llm_id)
+        self.runner = SpeculativeTools({name: _speculative_run(adapt_to_async_tool(by_name[name]), self.agent_loop)
+                                        for name in marked},
+                                       max_in_flight=max_in_flight, min_confidence=min_confidence,
+                                       tool_seconds=tool_seconds)
+        self.tools: List[BaseTool] = [SpeculativeTool.wrap(t, self.runner) if t.metadata.get_name() in marked else t
+                                      for t in given]
+        self.handler = SpeculativeToolsHandler(runner=self.runner, llm_id=llm_id)
         dispatcher.add_event_handler(self.handler)
+        get_dispatcher().add_span_handler(self.agent_loop)
 
     @property
     def stats(self) -> Dict[str, int]:
@@ -181,12 +230,15 @@ class OoOSpecSpeculativeTools:
         return self.runner.stats
 
     def expected_latency(self) -> Dict[str, Optional[float]]:
-        """Per speculative tool: the mean measured seconds of its runs, None before any."""
+        """Per speculative tool: the mean measured seconds of its runs, before any the `tool_seconds`
+        given, else None."""
         return self.runner.expected_latency()
 
     def close(self) -> None:
         """Stop following the replies, cancel the runs left, and stop the runner's threads. Idempotent."""
         dispatcher.event_handlers = [h for h in dispatcher.event_handlers if h is not self.handler]
+        root = get_dispatcher()
+        root.span_handlers = [h for h in root.span_handlers if h is not self.agent_loop]
         self.runner.close()
 
     def __enter__(self) -> "OoOSpecSpeculativeTools":
@@ -205,20 +257,14 @@ def _as_tool(tool: Any, index: int) -> BaseTool:
     raise TypeError(f"tools[{index}] must be a LlamaIndex BaseTool or a function, got {type(tool).__name__}")
 
 
-def _marked(speculative: Any, by_name: Dict[str, BaseTool]) -> Dict[str, Optional[float]]:
-    """The speculative tools' names, each with its expected seconds (None: measured)."""
+def _marked(speculative: Any, by_name: Dict[str, BaseTool]) -> List[str]:
+    """The speculative tools' names, in order."""
+    if isinstance(speculative, Mapping):
+        raise TypeError("speculative is a list of tool names, tools or functions; give the expected seconds of "
+                        f"one run as tool_seconds={{name: seconds}} (got the mapping {dict(speculative)!r})")
     if isinstance(speculative, (str, bytes)) or not isinstance(speculative, Iterable):
-        raise TypeError(f"speculative must be a list (or a mapping to expected seconds) of tool names, tools or "
-                        f"functions, got {speculative!r}")
-    entries = speculative.items() if isinstance(speculative, Mapping) else ((s, None) for s in speculative)
-    marked: Dict[str, Optional[float]] = {}
-    for entry, seconds in entries:
-        name = _name_of(entry, by_name)
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0):
-            raise ValueError(f"the expected seconds of speculative tool {name!r} must be a number >= 0 or None, "
-                             f"got {seconds!r}")
-        marked[name] = None if seconds is None else float(seconds)
-    return marked
+        raise TypeError(f"speculative must be a list of tool names, tools or functions, got {speculative!r}")
+    return list(dict.fromkeys(_name_of(entry, by_name) for entry in speculative))
 
 
 def _name_of(entry: Any, by_name: Dict[str, BaseTool]) -> str:
@@ -236,17 +282,21 @@ def _name_of(entry: Any, by_name: Dict[str, BaseTool]) -> str:
     return name
 
 
-def _speculative_run(tool: AsyncBaseTool) -> Callable[[Dict[str, Any]], Any]:
+def _speculative_run(tool: AsyncBaseTool, agent: AgentLoop) -> Callable[[Dict[str, Any]], Any]:
     """How the runner starts `tool` early, by the path the agent's `acall` takes: a tool whose async path
     is a sync function on a thread (a FunctionTool of a plain function, an adapted sync BaseTool) runs
-    `call` on the runner's pool; any other runs `acall` on the runner's event loop."""
+    `call` on the runner's pool; any other runs `acall` on the agent's event loop (`agent.loop`), else
+    on the runner's. Cancelling the run cancels its task there."""
     threaded = isinstance(tool, BaseToolAsyncAdapter) or (
         isinstance(tool, FunctionTool) and getattr(tool.async_fn, "__code__", None) is _SYNC_TO_ASYNC)
     if threaded:
         return lambda arguments: tool.call(**arguments)
 
     async def run(arguments: Dict[str, Any]) -> Awaitable[ToolOutput]:
-        return await tool.acall(**arguments)
+        loop = agent.loop
+        if loop is None or loop.is_closed() or loop is asyncio.get_running_loop():
+            return await tool.acall(**arguments)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(tool.acall(**arguments), loop))
     return run
 
 
