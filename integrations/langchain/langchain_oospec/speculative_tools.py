@@ -235,6 +235,11 @@ class _Claimed(BaseTool):
     _outcome: Any = PrivateAttr(default=None)
     _error: BaseException | None = PrivateAttr(default=None)
 
+    def holding(self, outcome: Any, error: BaseException | None) -> "_Claimed":
+        """This stand-in, holding the claimed run's outcome (or the error it raised)."""
+        self._outcome, self._error = outcome, error
+        return self
+
     def _run(self, *args: Any, **kwargs: Any) -> Any:
         return self._hand_over()
 
@@ -261,8 +266,7 @@ def _claimed(request: Any, outcome: Any = None, error: BaseException | None = No
     stand_in = _Claimed(name=tool.name, description=tool.description, return_direct=tool.return_direct,
                         tags=tool.tags, metadata=tool.metadata, response_format=response_format,
                         handle_tool_error=_content if message and outcome.status == "error" else False,
-                        handle_validation_error=False)
-    stand_in._outcome, stand_in._error = outcome, error
+                        handle_validation_error=False).holding(outcome, error)
     return request.override(tool=stand_in)
 
 
