@@ -30,11 +30,13 @@ def _batch(rows: list[list[int]], width: int = 4096):
     return ids, np.array([len(r) for r in rows], dtype=np.int32)
 
 
-def _replay(proposer, prompt: list[int], reply: list[int]) -> tuple[int, int]:
+def _replay(proposer, prompt: list[int], reply: list[int], after_first=None) -> tuple[int, int]:
     """Steps a greedy verifier takes to write `reply` with the proposer's drafts (prefill included),
-    and the draft tokens it accepted."""
+    and the draft tokens it accepted. `after_first()` runs after the first decode step."""
     n, steps, accepted = 1, 1, 0  # the prefill writes the first token
     while n < len(reply):
+        if steps == 2 and after_first is not None:
+            after_first()
         ids, lens = _batch([prompt + reply[:n]])
         draft = proposer.propose([[reply[n - 1]]], lens, ids)[0]
         assert len(draft) <= K
@@ -113,3 +115,40 @@ def test_partial_prefills_and_full_contexts_get_no_drafts(engine, replies):
 def test_needs_k():
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         OoOSpecProposer(tokenizer=object(), k=0)
+
+
+@pytest.fixture(scope="module")
+def sidecar():
+    """The embedded sidecar in a process of its own, as the proposer loads it in vLLM's worker."""
+    import torch
+
+    from oospec_agents.sidecar.load import load_sidecar
+    side = load_sidecar("embedded", device="cpu", dtype=torch.float32, sidecar_placement="process")
+    yield side
+    side.close()
+
+
+def test_the_sidecars_hint_joins_the_drafts(engine, replies, sidecar):
+    """The wave starts at a request's first step; once it has posted, its call is drafted."""
+    from oospec_agents.vllm.hints import SidecarHints
+    proposer = OoOSpecProposer(tokenizer=engine.tokenizer, k=K, hints=SidecarHints(sidecar, PromptReader(engine.tokenizer)))
+    for prompt, reply in replies[:4]:
+        _replay(proposer, prompt, reply, after_first=lambda: sidecar.wait_idle(60))
+    assert proposer.stats["by_source"].get("hint", 0) > 0, proposer.stats
+    assert proposer.hints.sessions == {}  # every finished request's session is closed
+
+
+def test_a_killed_sidecar_leaves_schema_and_retrieval(engine, replies, sidecar):
+    from oospec_agents.vllm.hints import SidecarHints
+    proposer = OoOSpecProposer(tokenizer=engine.tokenizer, k=K, hints=SidecarHints(sidecar, PromptReader(engine.tokenizer)))
+    (prompt, reply), plain = replies[4], OoOSpecProposer(tokenizer=engine.tokenizer, k=K, hints=None)
+    killed = []
+
+    def kill():
+        import os
+        import signal
+        killed.append(sidecar.pid)
+        os.kill(sidecar.pid, signal.SIGKILL)
+    steps, _ = _replay(proposer, prompt, reply, after_first=kill)
+    assert killed and steps == _replay(plain, prompt, reply)[0]
+    assert "hint" not in proposer.stats["by_source"]

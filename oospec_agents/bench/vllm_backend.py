@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -78,6 +81,41 @@ def generate(llm, prompts: list[list[int]], max_tokens: int, *, together: bool =
     return out
 
 
+def run_isolated(method: str, model: str, prompts: list[list[int]], max_tokens: int, *, dtype: str = "float32",
+                 k: int = 8, warmup: bool = True, together: bool = False, max_num_seqs: int = 32,
+                 env: dict | None = None, timeout_s: float = 1800) -> dict[str, list[VllmReply]]:
+    """`method` over `prompts` in a vLLM of its own, in a child process (`python -m
+    oospec_agents.bench.vllm_backend`): one vLLM per process, as vLLM expects, and nothing left behind.
+    Returns {"one": replies one at a time} and, with `together`, {"together": all submitted at once}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job.write_text(json.dumps({"method": method, "model": model, "prompts": prompts, "max_tokens": max_tokens,
+                                   "dtype": dtype, "k": k, "warmup": warmup, "together": together,
+                                   "max_num_seqs": max_num_seqs}))
+        done = subprocess.run([sys.executable, "-m", "oospec_agents.bench.vllm_backend", str(job), str(out)],
+                              env=dict(os.environ, **(env or {})), timeout=timeout_s)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"vLLM ({method}) exited with {done.returncode}; its output is above")
+        runs = json.loads(out.read_text())
+    return {name: [VllmReply(**r) for r in rows] for name, rows in runs.items()}
+
+
+def _child(job_path: str, out_path: str) -> None:
+    """The child process of `run_isolated`."""
+    job = json.loads(Path(job_path).read_text())
+    llm = open_llm(job["method"], job["model"], dtype=job["dtype"], k=job["k"], max_num_seqs=job["max_num_seqs"],
+                   max_model_len=max(2048, max(map(len, job["prompts"])) + job["max_tokens"] + job["k"] + 8))
+    try:
+        if job["warmup"]:
+            generate(llm, job["prompts"][:1], 8)
+        runs = {"one": generate(llm, job["prompts"], job["max_tokens"])}
+        if job["together"]:
+            runs["together"] = generate(llm, job["prompts"], job["max_tokens"], together=True)
+    finally:
+        close_llm(llm)
+    Path(out_path).write_text(json.dumps({name: [asdict(r) for r in rows] for name, rows in runs.items()}))
+
+
 def _reply(result, wall: float) -> VllmReply:
     completion = result.outputs[0]
     ids = list(completion.token_ids)
@@ -103,13 +141,7 @@ def run_vllm_bench(records: list[dict], methods: list[str], *, model: str | None
     runs: dict[str, list[VllmReply]] = {}
     started = time.time()
     for method in methods:
-        llm = open_llm(method, model, dtype=dtype, k=k, max_model_len=max(2048, max(map(len, prompts)) + max_new_tokens + k + 8))
-        try:
-            if warmup:
-                generate(llm, prompts[:1], 8)
-            runs[method] = generate(llm, prompts, max_new_tokens)
-        finally:
-            close_llm(llm)
+        runs[method] = run_isolated(method, model, prompts, max_new_tokens, dtype=dtype, k=k, warmup=warmup)["one"]
         if progress:
             print(f"{method}: {sum(len(r.token_ids) for r in runs[method])} tokens, "
                   f"{sum(r.forwards for r in runs[method])} steps", flush=True)
@@ -200,3 +232,7 @@ def run_cli(args, records: list[dict]) -> int:
         print(paths["report"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+if __name__ == "__main__":  # run_isolated's child (vLLM spawns its engine: this guard is required)
+    _child(sys.argv[1], sys.argv[2])
