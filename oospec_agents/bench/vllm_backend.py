@@ -65,25 +65,41 @@ class VllmReply:
     e2e_s: float
 
 
-def generate(llm, prompts: list[list[int]], max_tokens: int, *, together: bool = False) -> list[VllmReply]:
+def generate(llm, prompts: list[list[int]], max_tokens: int, *, together: bool = False,
+             schemas: list[dict | None] | None = None) -> list[VllmReply]:
     """Greedy replies to `prompts` (token ids): one request at a time, or all submitted at once
-    (`together`: vLLM batches them)."""
+    (`together`: vLLM batches them). `schemas[i]`, where given, constrains reply i to that JSON schema
+    with vLLM's structured outputs (`required_schema`)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    batches = [prompts] if together else [[p] for p in prompts]
+    from vllm.sampling_params import StructuredOutputsParams
+
+    def params(i: int) -> SamplingParams:
+        schema = schemas[i] if schemas else None
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                              structured_outputs=None if schema is None else StructuredOutputsParams(json=schema))
+    batches = [list(range(len(prompts)))] if together else [[i] for i in range(len(prompts))]
     out: list[VllmReply] = []
     for batch in batches:
         t0 = time.perf_counter()
-        results = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in batch], params, use_tqdm=False)
+        results = llm.generate([TokensPrompt(prompt_token_ids=list(prompts[i])) for i in batch],
+                               [params(i) for i in batch], use_tqdm=False)
         wall = time.perf_counter() - t0
         out += [_reply(r, wall) for r in results]
     return out
 
 
+def required_schema(tools: list[dict]) -> dict:
+    """The JSON schema vLLM's server constrains a `tool_choice="required"` reply to (its own function)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+    return get_json_schema_from_tools("required", [ChatCompletionToolsParam(**t) for t in tools])
+
+
 def run_isolated(method: str, model: str, prompts: list[list[int]], max_tokens: int, *, dtype: str = "float32",
                  k: int = 8, warmup: bool = True, together: bool = False, max_num_seqs: int = 32,
-                 env: dict | None = None, timeout_s: float = 1800) -> dict[str, list[VllmReply]]:
+                 schemas: list[dict | None] | None = None, env: dict | None = None,
+                 timeout_s: float = 1800) -> dict[str, list[VllmReply]]:
     """`method` over `prompts` in a vLLM of its own, in a child process (`python -m
     oospec_agents.bench.vllm_backend`): one vLLM per process, as vLLM expects, and nothing left behind.
     Returns {"one": replies one at a time} and, with `together`, {"together": all submitted at once}."""
@@ -91,7 +107,7 @@ def run_isolated(method: str, model: str, prompts: list[list[int]], max_tokens: 
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job.write_text(json.dumps({"method": method, "model": model, "prompts": prompts, "max_tokens": max_tokens,
                                    "dtype": dtype, "k": k, "warmup": warmup, "together": together,
-                                   "max_num_seqs": max_num_seqs}))
+                                   "max_num_seqs": max_num_seqs, "schemas": schemas}))
         done = subprocess.run([sys.executable, "-m", "oospec_agents.bench.vllm_backend", str(job), str(out)],
                               env=dict(os.environ, **(env or {})), timeout=timeout_s)
         if done.returncode != 0 or not out.exists():
@@ -108,9 +124,9 @@ def _child(job_path: str, out_path: str) -> None:
     try:
         if job["warmup"]:
             generate(llm, job["prompts"][:1], 8)
-        runs = {"one": generate(llm, job["prompts"], job["max_tokens"])}
+        runs = {"one": generate(llm, job["prompts"], job["max_tokens"], schemas=job.get("schemas"))}
         if job["together"]:
-            runs["together"] = generate(llm, job["prompts"], job["max_tokens"], together=True)
+            runs["together"] = generate(llm, job["prompts"], job["max_tokens"], together=True, schemas=job.get("schemas"))
     finally:
         close_llm(llm)
     Path(out_path).write_text(json.dumps({name: [asdict(r) for r in rows] for name, rows in runs.items()}))
@@ -131,21 +147,27 @@ def _reply(result, wall: float) -> VllmReply:
 def run_vllm_bench(records: list[dict], methods: list[str], *, model: str | None = None, dtype: str = "float32",
                    k: int = 8, max_new_tokens: int = 256, tool_choice: str = "auto", warmup: bool = True,
                    data: str | None = None, progress: bool = True) -> dict:
-    """Each method over `records`, one vLLM at a time; the figures against `vllm-ar` (run first)."""
+    """Each method over `records`, one vLLM at a time; the figures against `vllm-ar` (run first).
+    tool_choice "required" is what vLLM's server does with it: the plain prompt, the reply held to
+    vLLM's JSON schema of the calls by its structured outputs, on every method alike."""
     from ..vllm.model import embedded_target_dir
     for m in methods:
         speculative_config(m, k)  # an unknown method fails before anything loads
     methods = ["vllm-ar"] + [m for m in methods if m != "vllm-ar"]
     model = model or str(embedded_target_dir())
-    prompts = prompt_ids(records, tool_choice, dtype)
+    # vLLM constrains a required call with its structured outputs, after the plain prompt (no opener forced)
+    prompts = prompt_ids(records, "auto" if tool_choice == "required" else tool_choice, dtype)
+    schemas = [required_schema(r["tools"]) for r in records] if tool_choice == "required" else None
     runs: dict[str, list[VllmReply]] = {}
     started = time.time()
     for method in methods:
-        runs[method] = run_isolated(method, model, prompts, max_new_tokens, dtype=dtype, k=k, warmup=warmup)["one"]
+        runs[method] = run_isolated(method, model, prompts, max_new_tokens, dtype=dtype, k=k, warmup=warmup,
+                                    schemas=schemas)["one"]
         if progress:
             print(f"{method}: {sum(len(r.token_ids) for r in runs[method])} tokens, "
                   f"{sum(r.forwards for r in runs[method])} steps", flush=True)
     config = {"backend": "vllm", "model": model, "dtype": dtype, "k": k, "tool_choice": tool_choice,
+              "sidecar": os.environ.get("OOSPEC_VLLM_SIDECAR"),  # vllm-oospec's hints (docs/vllm.md)
               "max_new_tokens": max_new_tokens, "data": data, "n_records": len(records),
               "wall_s": round(time.time() - started, 1)}
     return summarize(runs, records, config)
@@ -200,7 +222,8 @@ def markdown(results: dict) -> str:
     lines = ["# oospec bench --backend vllm", "",
              f"{cfg['n_records']} records from `{cfg['data']}`, vLLM {results['env']['vllm']} on "
              f"{results['env']['device']}, {cfg['dtype']}, k={cfg['k']}, tool_choice={cfg['tool_choice']}, "
-             f"max_new_tokens={cfg['max_new_tokens']}, one request at a time, greedy.", "",
+             f"max_new_tokens={cfg['max_new_tokens']}, one request at a time, greedy; vllm-oospec's sidecar: "
+             f"{cfg.get('sidecar') or 'none (schema, retrieval and call memory only)'}.", "",
              "Steps: vLLM's target forwards (prefill + decode steps). Decode/e2e speedups are against `vllm-ar`.", "",
              "| method | lossless | steps | steps / AR | accepted per step | decode speedup | e2e speedup |",
              "|---|---|---|---|---|---|---|"]
