@@ -31,7 +31,11 @@ MAX_REQUESTS = 1024
 
 
 class OoOSpecProposer:
-    """vLLM's `custom_class` proposer: schema, retrieval (prompt, reply, call memory) and hint drafts."""
+    """vLLM's `custom_class` proposer: schema, retrieval (prompt, reply, call memory) and hint drafts.
+
+    vLLM passes only `vllm_config` (k is its `num_speculative_tokens`, the tokenizer its model's). The
+    keywords are for use outside vLLM: `tokenizer`, `k`, and `hints` (an object with `open`, `poll` and
+    `close`, as hints.SidecarHints; None: the sidecar OOSPEC_VLLM_SIDECAR names, if any)."""
 
     def __init__(self, vllm_config=None, *, tokenizer=None, k: int | None = None, hints=None,
                  memory_size: int = 32):
@@ -70,7 +74,7 @@ class OoOSpecProposer:
         if not len(sampled) or (self.max_model_len is not None and n >= self.max_model_len):
             return []  # a partial prefill, or a request at the end of its context: vLLM skips these
         self.stats["rows"] += 1
-        ids = [int(t) for t in row[:n]]
+        ids = row[:n].tolist()
         reply = self._reply(ids)
         if reply is None:
             self.stats["unrecognised"] += 1
