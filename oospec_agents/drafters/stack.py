@@ -7,7 +7,8 @@ API (`DrafterStack`):
     stack = DrafterStack(tokenizer, prompt_ids, tools)   # tools: OpenAI function-tool dicts (or None)
     draft = stack.propose(output_ids, k=8)    # each step: the ids committed after the prompt so far;
                                               # returns a linear draft, a list of at most k token ids
-                                              # (maybe empty) to verify after them
+                                              # (maybe empty) to verify after them; extend=True: a
+                                              # schema draft shorter than k is carried on by retrieval
     stack.hint(text)                          # the sidecar's call, as target-format text (from then on
     stack.hint_calls([{"name", "arguments"}]) # the hint is drafted; or its payload, rendered here)
     stack.accepted(output_ids)                # optional: what the target committed after the last
@@ -100,16 +101,36 @@ class DrafterStack:
 
     # ------------------------------------------------------------------ each step
 
-    def propose(self, output_ids: Sequence[int], k: int = 8) -> list[int]:
-        """A linear draft of at most `k` tokens to follow `output_ids` (the ids after the prompt)."""
+    def propose(self, output_ids: Sequence[int], k: int = 8, *, extend: bool = False) -> list[int]:
+        """A linear draft of at most `k` tokens to follow `output_ids` (the ids after the prompt). `extend`:
+        where the first draft is the schema's forced text and shorter than `k`, retrieval carries it on
+        from its end (a chain verifier, which cannot take the engine's tree of both, gains the rest)."""
         self.accepted(output_ids)
-        drafts = stack_drafts(self.drafters, self.state)
+        drafts = [d for d in stack_drafts(self.drafters, self.state) if d.tokens]
         if not drafts or k < 1:
             self._last = None
             return []
         first = drafts[0]
-        self._last = (len(self.state.ids), Draft(first.tokens[:k], first.source))
-        return list(first.tokens[:k])
+        tokens = list(first.tokens[:k])
+        if extend and first.source == "schema" and len(tokens) < k:
+            tokens += self._retrieval_after(tokens)[:k - len(tokens)]
+        self._last = (len(self.state.ids), Draft(tokens, first.source))
+        return tokens
+
+    @property
+    def source(self) -> str | None:
+        """The drafter whose draft the last `propose` returned (None: it drafted nothing)."""
+        return None if self._last is None else self._last[1].source
+
+    def _retrieval_after(self, head: list[int]) -> list[int]:
+        """Retrieval's continuation after the reply's ids and then `head` (a draft not yet verified)."""
+        state, saved = self.state, self.state.ids
+        state.ids = saved + head
+        try:
+            more = self.drafters["retrieval"].propose(state)
+        finally:
+            state.ids = saved
+        return list(more[0].tokens) if more else []
 
     def drafts(self, output_ids: Sequence[int]) -> list[Draft]:
         """Every drafter's drafts after `output_ids`, best first: the engine merges them into one tree."""

@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 
 from ..drafters.retrieval import CallMemory
-from .drafts import Drafting, ReplyDrafts
+from .drafts import ReplyDrafts
 from .prompt import PromptReader
 
 #: requests whose drafting state is kept at once (a step's batch is far smaller)
@@ -48,7 +48,6 @@ class OoOSpecProposer:
         if tokenizer is None:
             tokenizer = _load_tokenizer(model_config)
         self.reader = PromptReader(tokenizer)
-        self.drafting = Drafting()
         self.memory = CallMemory(size=memory_size)
         self.hints = hints if hints is not None else _hints_from_env(self.reader)
         self.replies: OrderedDict[int, ReplyDrafts] = OrderedDict()
@@ -85,7 +84,7 @@ class OoOSpecProposer:
             hint = self.hints.poll(reply.view.key)
             if hint:
                 reply.set_hint(hint)
-        draft, source = self.drafting.propose(reply, self.k)
+        draft, source = reply.propose(self.k)
         if draft:
             self.stats["drafted_rows"] += 1
             self.stats["draft_tokens"] += len(draft)
@@ -101,7 +100,7 @@ class OoOSpecProposer:
         if reply is not None:
             self.replies.move_to_end(view.key)
             return reply
-        reply = ReplyDrafts(view, ids, self.reader.fmt, self.reader.tokenizer, self.memory.recall(view.tools))
+        reply = ReplyDrafts(view, ids, self.reader.fmt, self.reader.tokenizer, self.memory)
         self.replies[view.key] = reply
         if self.hints is not None and view.tools:
             self.hints.open(view.key, ids[:view.n_prompt], list(view.tools))
@@ -116,7 +115,7 @@ class OoOSpecProposer:
 
     def _forget(self, key: int) -> None:
         reply = self.replies.pop(key)
-        self.memory.remember(list(reply.view.tools), reply.state.new)
+        reply.finish()
         if self.hints is not None:
             self.hints.close(key)
 
