@@ -37,11 +37,15 @@ MAX_WAIT_S = 0.25
 @dataclass(eq=False)
 class Job:
     """Work on the target: `fn()` runs it alone. A verify job also has `row()`, which makes its `TreeRow` only
-    when it joins a batched forward (a reply alone never builds one), and its `fn` then returns (logits,
-    forward seconds), as a batched forward gives the row."""
+    when it joins a batched forward (a reply alone never builds one), and `rowed(logits, seconds, batch)`,
+    which turns the row's logits from that forward into the job's result, on the job's own thread. So a
+    job's result is one type however it ran: what `fn` returns, or what `rowed` returns from a row (by
+    default the row's (logits, forward seconds))."""
     row: Callable[[], TreeRow] | None = None
     fn: Callable[[], Any] | None = None
+    rowed: Callable[[Any, float, int], Any] = lambda logits, seconds, batch: (logits, seconds)
     result: Any = None
+    from_row: bool = False      # the result is still a row's (logits, seconds), for `rowed`
     error: BaseException | None = None
     done: bool = False
     batch: int = 1              # replies in the forward that ran it
@@ -137,7 +141,7 @@ class Batcher:
                 seat.state = "busy"
         if job.error is not None:
             raise job.error
-        return job.result
+        return job.rowed(*job.result, job.batch) if job.from_row else job.result
 
     def _ready(self) -> bool:
         """A round starts when no seated reply is busy on the host (or the oldest job waited long enough)."""
@@ -170,5 +174,5 @@ class Batcher:
                 j.error, j.done = e, True
             return
         for j, r in zip(jobs, results):
-            j.result, j.batch, j.done = r, len(jobs), True
+            j.result, j.batch, j.from_row, j.done = r, len(jobs), len(jobs) > 1, True
 

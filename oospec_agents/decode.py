@@ -184,15 +184,14 @@ class DecodeLoop:
             path, nxt, logits = verifier.verify(fitted, rs.cache, at, choose=choose, **fixed)
             return _verified(fitted, at, path, nxt, logits, 1, verifier.last_forward_s, tuple(fed))
 
+        def rowed(logits, seconds: float, batch: int) -> Verified:  # the tree's row of a batched forward, walked
+            path, nxt, kept = verifier.accept(tree, logits, rs.cache, past, choose)
+            return _verified(tree, past, path, nxt, kept, batch, seconds)
+
         # beside other replies' trees, a normal mode tree is one row of a batched forward (batching.py)
         batchable = rs.shapes is None and self._batcher.max_batch > 1
-        job = Job(fn=alone, row=(lambda: verifier.row(tree, rs.cache, past)) if batchable else None)
-        out = rs.seat.run(job)
-        if isinstance(out, Verified):
-            return out
-        logits, seconds = out  # a batched forward's row: (its logits, the forward's seconds)
-        path, nxt, kept = verifier.accept(tree, logits, rs.cache, past, choose)
-        return _verified(tree, past, path, nxt, kept, job.batch, seconds)
+        return rs.seat.run(Job(fn=alone, row=(lambda: verifier.row(tree, rs.cache, past)) if batchable else None,
+                               rowed=rowed))
 
     def _open_hints(self, rs: RequestState) -> HintSession | None:
         """The sidecar's wave for this reply (oospec with tools), unless the pay-back rule skips it."""
