@@ -65,5 +65,5 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 .PHONY: test-vllm
-test-vllm: $(VLLM_STAMP)
+test-vllm: $(STAMP) $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider tests_vllm

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -108,3 +109,55 @@ def test_serve_with_the_sidecar_then_without_it(server, records, model_dir):
     finally:
         close_llm(llm)
     assert [r.token_ids for r in ar] == [ids for _, ids in served]
+
+
+#: Asks the server the same questions through three clients we did not write, from the project's own
+#: venv (.venv-vllm has no LangChain or LlamaIndex: their pins differ from vLLM's): the openai SDK,
+#: LangChain's ChatOpenAI and LlamaIndex's OpenAILike, greedy; prints each one's calls and content.
+CLIENTS = r'''
+import json, sys
+from langchain_openai import ChatOpenAI
+from llama_index.core.llms import ChatMessage
+from llama_index.llms.openai_like import OpenAILike
+from openai import OpenAI
+url, max_tokens, recs = sys.argv[1], int(sys.argv[2]), json.loads(sys.stdin.read())
+def calls(pairs):
+    return [{"name": n, "arguments": json.loads(a) if isinstance(a, str) else a} for n, a in pairs]
+out = []
+for rec in recs:
+    sdk = OpenAI(base_url=url, api_key="none").chat.completions.create(
+        model="smollm2", messages=rec["messages"], tools=rec["tools"], tool_choice="auto", temperature=0,
+        max_tokens=max_tokens).choices[0].message
+    lc = ChatOpenAI(base_url=url, api_key="none", model="smollm2", temperature=0, max_tokens=max_tokens) \
+        .bind_tools(rec["tools"], tool_choice="auto").invoke([(m["role"], m["content"]) for m in rec["messages"]])
+    li = OpenAILike(model="smollm2", api_base=url, api_key="none", is_chat_model=True, is_function_calling_model=True,
+                    temperature=0, max_tokens=max_tokens).chat(
+        [ChatMessage(role=m["role"], content=m["content"]) for m in rec["messages"]], tools=rec["tools"],
+        tool_choice="auto").message
+    out.append({
+        "openai": {"content": sdk.content or "", "calls": calls((c.function.name, c.function.arguments) for c in sdk.tool_calls or [])},
+        "langchain": {"content": lc.content or "", "calls": calls((c["name"], c["args"]) for c in lc.tool_calls)},
+        "llamaindex": {"content": li.content or "", "calls": calls((c.function.name, c.function.arguments)
+                                                                  for c in li.additional_kwargs.get("tool_calls", []))},
+    })
+print(json.dumps(out))
+'''
+
+
+def test_chatopenai_and_openailike_get_the_openai_sdks_reply(server, records):
+    """The served proposer is invisible to clients: ChatOpenAI and OpenAILike, unchanged, get the calls and
+    content the openai SDK gets from the same request."""
+    main_python = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
+    if not main_python.exists():
+        pytest.fail(f"the project's venv ({main_python}) holds the LangChain and LlamaIndex clients: make install")
+    plain = [r for r in records if all(m["role"] in ("system", "user") and isinstance(m.get("content"), str)
+                                       for m in r["messages"])][:3]
+    assert plain, "no record of plain system/user turns"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    run = subprocess.run([str(main_python), "-c", CLIENTS, server["url"] + "/v1", str(MAX_TOKENS)],
+                         input=json.dumps(plain), capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    replies = json.loads(run.stdout.strip().splitlines()[-1])
+    for reply in replies:
+        assert reply["langchain"] == reply["openai"] == reply["llamaindex"]
+    assert any(r["openai"]["calls"] for r in replies)
