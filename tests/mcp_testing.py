@@ -78,3 +78,41 @@ def cancelled(log: Path) -> list[dict]:
     if not log.exists():
         return []
     return [r for r in map(json.loads, log.read_text().splitlines()) if r.get("cancelled")]
+
+
+def transcript(messages) -> list[dict]:
+    """A LangChain agent's messages but for what differs between two runs of one conversation: message ids, call ids
+    (numbered in order of appearance), the adapter's content-block ids (a fresh uuid per conversion),
+    timings and usage."""
+    ids: dict[str, str] = {}
+    rows = []
+    for message in messages:
+        row = message.model_dump(exclude={"id", "response_metadata", "usage_metadata"})
+        for call in row.get("tool_calls") or []:
+            call["id"] = ids.setdefault(call["id"], f"call_{len(ids)}")
+        if "tool_call_id" in row:
+            row["tool_call_id"] = ids.get(row["tool_call_id"], row["tool_call_id"])
+        if isinstance(row["content"], list):
+            row["content"] = [{k: v for k, v in block.items() if k != "id"} if isinstance(block, dict) else block
+                              for block in row["content"]]
+        rows.append(row)
+    return rows
+
+
+def travel_and_mail(folder: Path, latency: float = 0.3) -> tuple[Path, Path, Path, Path]:
+    """The end-to-end tests' two servers' specs: travel (its weather lookup and its booking) and mail:
+    (travel spec, travel log, mail spec, mail log)."""
+    tools = [t for t in travel_tools(latency=latency) if t["name"] in ("get_current_weather", "book_table")]
+    travel, travel_log = write_spec(folder, "travel", tools)
+    mail, mail_log = write_spec(folder, "mail", mail_tools())
+    return travel, travel_log, mail, mail_log
+
+
+def embedded_float32():
+    """The embedded pair in float32 (a module fixture's body: `pytest.fixture(scope="module")(...)`)."""
+    import torch
+
+    from oospec_agents import Engine
+    engine = Engine.from_pretrained("embedded", dtype=torch.float32)
+    yield engine
+    engine.close()

@@ -88,10 +88,12 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write(results: dict, out_dir: str | Path) -> dict[str, Path]:
+def write(results: dict, out_dir: str | Path, render=None) -> dict[str, Path]:
+    """DIR/results.json and DIR/report.md (`render(results)`, default this bench's `markdown`): the
+    benches without a plot (the server's, vLLM's) write theirs here."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"results": out / "results.json", "report": out / "report.md"}
     paths["results"].write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    paths["report"].write_text(markdown(results))
+    paths["report"].write_text((render or markdown)(results))
     return paths

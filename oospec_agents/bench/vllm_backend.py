@@ -234,15 +234,6 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"results": out / "results.json", "report": out / "report.md"}
-    paths["results"].write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    paths["report"].write_text(markdown(results))
-    return paths
-
-
 def run_cli(args, records: list[dict]) -> int:
     """`oospec bench --backend vllm ...` (from .venv-vllm) on the records the bench's flags chose."""
     methods = [m.strip() for m in (args.methods or "vllm-ar,vllm-ngram,vllm-oospec").split(",") if m.strip()]
@@ -250,7 +241,8 @@ def run_cli(args, records: list[dict]) -> int:
                              k=args.num_speculative_tokens, max_new_tokens=args.max_new_tokens,
                              tool_choice=args.tool_choice or "auto", warmup=not args.no_warmup,
                              data=args.bfcl or args.data, progress=not args.quiet)
-    paths = write(results, args.out)
+    from .server import write
+    paths = write(results, args.out, render=markdown)
     if not args.quiet:
         print(paths["report"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))

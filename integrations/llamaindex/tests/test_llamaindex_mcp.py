@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-import torch
 from llama_index.core.agent.workflow import AgentOutput, FunctionAgent, ToolCallResult
 from llama_index.tools.mcp import BasicMCPClient, McpToolSpec
 from oospec_agents.errors import ToolSchemaError
@@ -25,7 +24,7 @@ from llama_index.llms.oospec.mcp import read_only_tools
 from scripted_replies import reply_text
 
 sys.path.append(str(__import__("pathlib").Path(__file__).resolve().parents[3] / "tests"))
-from mcp_testing import calls, mail_tools, travel_tools, write_spec  # noqa: E402
+from mcp_testing import calls, embedded_float32, travel_and_mail, write_spec  # noqa: E402
 
 QUESTION = "What is the current weather in Paris?"
 PARIS = {"location": "Paris"}
@@ -93,20 +92,13 @@ def transcript(response, events) -> str:
     return re.sub(r"call_[0-9a-f]{12}_", "call_", repr((str(response), steps, sorted(results))))
 
 
-@pytest.fixture(scope="module")
-def embedded():
-    from oospec_agents import Engine
-    engine = Engine.from_pretrained("embedded", dtype=torch.float32)
-    yield engine
-    engine.close()
+embedded = pytest.fixture(scope="module", name="embedded")(embedded_float32)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_the_embedded_agent_on_mcp_tools_hits_and_keeps_its_transcript(embedded, transport, servers, tmp_path):
-    tools = [t for t in travel_tools(latency=0.3) if t["name"] in ("get_current_weather", "book_table")]
-    travel, travel_log = write_spec(tmp_path, "travel", tools)
-    mail, mail_log = write_spec(tmp_path, "mail", mail_tools())
+    travel, travel_log, mail, mail_log = travel_and_mail(tmp_path)
     if transport == "http":  # one server each, for both runs; each run has its own clients (BasicMCPClient's
         travel, mail = HttpServer(travel), HttpServer(mail)  # httpx client belongs to the loop that used it)
         servers += [travel, mail]

@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-import torch
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -21,7 +20,7 @@ from langchain_mcp_adapters.client import MultiServerMCPClient
 
 from langchain_oospec import ChatOoOSpec, SpeculativeToolsMiddleware
 from langchain_oospec.mcp import read_only_tools
-from mcp_testing import calls, mail_tools, travel_tools, write_spec
+from mcp_testing import calls, embedded_float32, transcript, travel_and_mail, write_spec
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.mcp.session import HttpServer, server_command
 from oospec_agents.testing import ScriptedEngine
@@ -59,25 +58,6 @@ class ToolSteps(AgentMiddleware):
         return await handler(request)
 
 
-def transcript(messages) -> list[dict]:
-    """The messages but for what differs between two runs of one conversation: message ids, call ids
-    (numbered in order of appearance), the adapter's content-block ids (a fresh uuid per conversion),
-    timings and usage."""
-    ids: dict[str, str] = {}
-    rows = []
-    for message in messages:
-        row = message.model_dump(exclude={"id", "response_metadata", "usage_metadata"})
-        for call in row.get("tool_calls") or []:
-            call["id"] = ids.setdefault(call["id"], f"call_{len(ids)}")
-        if "tool_call_id" in row:
-            row["tool_call_id"] = ids.get(row["tool_call_id"], row["tool_call_id"])
-        if isinstance(row["content"], list):
-            row["content"] = [{k: v for k, v in block.items() if k != "id"} if isinstance(block, dict) else block
-                              for block in row["content"]]
-        rows.append(row)
-    return rows
-
-
 async def agent_run(model, connections: dict, trust=None, steps: ToolSteps | None = None):
     """(messages or the exception the run raised, the middleware or None): one agent run on every tool
     of the servers; with `trust`, SpeculativeToolsMiddleware on the trusted servers' read-only tools."""
@@ -106,20 +86,13 @@ class _nothing:
 
 # -- the embedded model, end to end ------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def embedded():
-    from oospec_agents import Engine
-    engine = Engine.from_pretrained("embedded", dtype=torch.float32)
-    yield engine
-    engine.close()
+embedded = pytest.fixture(scope="module", name="embedded")(embedded_float32)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_the_embedded_agent_on_mcp_tools_hits_and_keeps_its_transcript(embedded, transport, servers, tmp_path):
-    tools = [t for t in travel_tools(latency=0.3) if t["name"] in ("get_current_weather", "book_table")]
-    travel, travel_log = write_spec(tmp_path, "travel", tools)
-    mail, mail_log = write_spec(tmp_path, "mail", mail_tools())
+    travel, travel_log, mail, mail_log = travel_and_mail(tmp_path)
     connections = {"travel": connection(travel, transport, servers), "mail": connection(mail, transport, servers)}
     model = ChatOoOSpec(engine=embedded, max_tokens=48)
     messages, speculative = asyncio.run(agent_run(model, connections, trust=["travel"]))

@@ -11,6 +11,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from langchain_oospec import ChatOoOSpec, SpeculativeToolsMiddleware
+from mcp_testing import transcript
 
 pytestmark = pytest.mark.slow
 
@@ -29,21 +30,6 @@ def agent_run(middleware=()) -> tuple[list, list[str]]:
 
     agent = create_agent(ChatOoOSpec(max_tokens=48), tools=[get_current_weather], middleware=list(middleware))
     return agent.invoke({"messages": [HumanMessage(QUESTION)]}, CONFIG)["messages"], calls
-
-
-def transcript(messages) -> list[dict]:
-    """The messages but for what differs between two runs of the same conversation: message ids, call
-    ids (drawn per reply; numbered here in order of appearance), and timings and usage."""
-    ids: dict[str, str] = {}
-    rows = []
-    for message in messages:
-        row = message.model_dump(exclude={"id", "response_metadata", "usage_metadata"})
-        for call in row.get("tool_calls") or []:
-            call["id"] = ids.setdefault(call["id"], f"call_{len(ids)}")
-        if "tool_call_id" in row:
-            row["tool_call_id"] = ids.get(row["tool_call_id"], row["tool_call_id"])
-        rows.append(row)
-    return rows
 
 
 def test_the_tool_runs_early_once_and_the_transcript_is_unchanged():
