@@ -6,7 +6,7 @@ import gc
 import weakref
 
 from oospec_agents import Engine, models
-from oospec_agents import engine as engine_module
+from oospec_agents import loading
 from oospec_agents.gcheap import freeze_gc_heap
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -53,7 +53,7 @@ def test_a_frozen_engine_is_still_freed_when_dropped():
 def test_from_pretrained_freezes_the_heap_unless_told_not_to(monkeypatch, tiny_engine):
     calls = []
     monkeypatch.setattr(models, "load_model", lambda *a, **kw: (tiny_engine.target, tiny_engine.tokenizer))
-    monkeypatch.setattr(engine_module, "freeze_gc_heap", lambda: calls.append(1))
+    monkeypatch.setattr(loading, "freeze_gc_heap", lambda: calls.append(1))  # where from_pretrained loads
     Engine.from_pretrained("some/model", sidecar=False)
     assert calls == [1]
     engine = Engine.from_pretrained("some/model", sidecar=False, freeze_gc=False, memory_size=3)
