@@ -20,12 +20,11 @@ Sets as in `prior_sweep.py`: `tune` chooses, `unseen` and `dev` only report.
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
 from prior_sweep import SETS
-from required_slots import add_data_dir
+from required_slots import scoring_parser
 
 
 def score_record(model, tok, prefix: str, suffix: str, choices: dict[str, float]):
@@ -85,11 +84,7 @@ def main() -> None:
     from oospec_agents.tools import normalize_tools
     from oospec_agents.train.data import select
     from oospec_agents.train.sidecar_train import _no_call
-    p = argparse.ArgumentParser()
-    p.add_argument("--set", choices=SETS, required=True)
-    add_data_dir(p)
-    p.add_argument("--limit", type=int, default=40, help="records per source")
-    p.add_argument("--adapter", default=None)
+    p = scoring_parser(SETS)
     p.add_argument("--weights", type=float, nargs="+", default=(0.0, 2.0, 4.0, 6.0, 8.0))
     a = p.parse_args()
     file, sources = SETS[a.set]

@@ -15,11 +15,10 @@ alone, or the `last-twice` beside all of them (docs/sidecar.md, "Which user turn
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
-from required_slots import add_data_dir
+from required_slots import scoring_parser
 
 SETS = {
     "tune": ("train-extra.jsonl", ("acebench_normal", "hammerbench_single", "hammerbench_multi",
@@ -46,6 +45,12 @@ def _query(kind: str):
 
 
 def main() -> None:
+    p = scoring_parser(SETS)
+    p.add_argument("--weights", type=float, nargs="+", default=WEIGHTS)
+    p.add_argument("--query", choices=("all", "last", "last-twice"), default="all",
+                   help="the user turns the prior reads (default: all, as the runtime)")
+    a = p.parse_args()
+    # the package's modules after the flags: --help answers without loading torch
     from oospec_agents import models
     from tqdm.auto import tqdm
     from oospec_agents.chat import normalize_messages
@@ -58,15 +63,6 @@ def main() -> None:
     from oospec_agents.tools import normalize_tools
     from oospec_agents.train.data import select
     from oospec_agents.train.sidecar_train import _no_call
-    p = argparse.ArgumentParser()
-    p.add_argument("--set", choices=SETS, required=True)
-    add_data_dir(p)
-    p.add_argument("--limit", type=int, default=40, help="records per source")
-    p.add_argument("--adapter", default=None)
-    p.add_argument("--weights", type=float, nargs="+", default=WEIGHTS)
-    p.add_argument("--query", choices=("all", "last", "last-twice"), default="all",
-                   help="the user turns the prior reads (default: all, as the runtime)")
-    a = p.parse_args()
     from oospec_agents.sidecar import rank
     rank.query_text = _query(a.query)  # tool_prior reads the module's name at each call
     file, sources = SETS[a.set]

@@ -35,6 +35,17 @@ def add_data_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, default=env, required=not env, metavar="DIR", help=DATA_DIR_HELP)
 
 
+def scoring_parser(sets) -> argparse.ArgumentParser:
+    """The flags the name-scoring experiments share: which set (`--set`), where its records are
+    (`--data-dir`), records per source (`--limit`), the sidecar adapter (`--adapter`)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--set", choices=sets, required=True)
+    add_data_dir(p)
+    p.add_argument("--limit", type=int, default=40, help="records per source")
+    p.add_argument("--adapter", default=None)
+    return p
+
+
 def data_dir() -> Path:
     """For the scripts without flags: OOSPEC_DATA_DIR, or an error naming it."""
     env = os.environ.get(DATA_DIR_ENV)
