@@ -184,42 +184,40 @@ class Engine(DecodeLoop):
 
     def generate(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
                  method: str = "oospec", stop=None, hint: str | None = None, **kw) -> Generation:
-        """Decode a reply: greedily, or with a `temperature` (and `top_p`, `top_k`, `min_p`, `seed`)
-        by sampling that keeps the target's distribution (sampling.py); `logprobs=True` (or the number
-        of alternatives per token, up to 20) returns each new token's log-probability. `hint` injects a fixed call text instead of the sidecar's; `strict=True`
-        decodes under the grammar of valid calls, and a JSON `response_format` under its schema's (the
-        reference of both is `logits_processor`); `prediction` (OpenAI's Predicted Outputs: the text, or
-        `{"type": "content", "content": ...}`) is drafted wherever the reply agrees with it;
-        `chat_template_kwargs` and `reasoning_effort` go to the chat template (`prepare`)."""
+        """Decode a reply: greedily, or with a `temperature` (and `top_p`, `top_k`, `min_p`, `seed`) by sampling that
+        keeps the target's distribution (sampling.py); `logprobs=True` (or the number of alternatives per token, up to
+        20) returns each new token's log-probability. `hint` injects a fixed call text instead of the sidecar's;
+        `strict=True` decodes under the grammar of valid calls, and a JSON `response_format` under its schema's (the
+        reference of both is `logits_processor`); `prediction` (OpenAI's Predicted Outputs: the text, or `{"type":
+        "content", "content": ...}`) is drafted wherever the reply agrees with it; `chat_template_kwargs` and
+        `reasoning_effort` go to the chat template (`prepare`)."""
         gen = None
         for item in self.stream(messages, tools, tool_choice=tool_choice, max_new_tokens=max_new_tokens,
                                 method=method, stop=stop, hint=hint, **kw):
             gen = item
         return gen
 
-    def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
-               method: str = "oospec", stop=None, hint: str | None = None,
-               record_margins: bool = False, cancel: threading.Event | None = None,
+    def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256, method: str = "oospec",
+               stop=None, hint: str | None = None, record_margins: bool = False, cancel: threading.Event | None = None,
                strict: bool = False, response_format=None, prediction=None, temperature: float | None = None,
-               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-               seed: int | None = None, logprobs: bool | int | None = None, chat_template_kwargs=None,
-               reasoning_effort=None, speculative_tools: dict | None = None,
-               sampling: Sampling | None = None) -> Iterator[Event]:
-        """Yield `ReasoningDelta`s, `TextDelta`s and `ToolCallDelta`s in the round that commits their
-        tokens, a `ToolCallReady` in the round a call's arguments close (one per `Generation.tool_calls`
-        entry), a `CallPredicted` in the round the sidecar's hint is first read (a prediction, never a
-        verified call: `oospec` only), then the final `Generation`. A consumer ignores the events it does not use.
-        `speculative_tools` (`{name: expected seconds or None}`): the tools an agent starts early from the
-        prediction (speculative.py); a sidecar on the target's cores then runs its wave where the tool time
-        it can hide pays for it (sidecar/payback.py). Close the iterator (`contextlib.closing`) to abandon a reply
-        early; or set `cancel` from any thread: the reply ends, with no Generation, after the round in
-        progress (whether or not that round had an event to yield). `sampling`: the settings as one
-        `Sampling` (the front-ends' form), instead of `temperature`, `top_p`, `top_k`, `min_p`, `seed`."""
+               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None, seed=None,
+               logprobs: bool | int | None = None, chat_template_kwargs=None, reasoning_effort=None,
+               speculative_tools: dict | None = None, sampling: Sampling | None = None) -> Iterator[Event]:
+        """Yield `ReasoningDelta`s, `TextDelta`s and `ToolCallDelta`s in the round that commits their tokens, a
+        `ToolCallReady` in the round a call's arguments close (one per `Generation.tool_calls` entry), a
+        `CallPredicted` in the round the sidecar's hint is first read (a prediction, never a verified call: `oospec`
+        only), then the final `Generation`. A consumer ignores the events it does not use. `speculative_tools`
+        (`{name: expected seconds or None}`): the tools an agent starts early from the prediction (speculative.py); a
+        sidecar on the target's cores then runs its wave where the tool time it can hide pays for it
+        (sidecar/payback.py). Close the iterator (`contextlib.closing`) to abandon a reply early; or set `cancel` from
+        any thread: the reply ends, with no Generation, after the round in progress (whether or not that round had an
+        event to yield). `sampling`: the settings as one `Sampling` (the front-ends' form), instead of `temperature`,
+        `top_p`, `top_k`, `min_p`, `seed`."""
         checks.check_method(method)
-        sampling = checks.one_sampling(sampling, temperature, top_p, top_k, min_p, seed)
         req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict,  # bad input raises here, eagerly
                            response_format, chat_template_kwargs, reasoning_effort)
-        req = checks.with_decoding(req, sampling, logprobs, speculative_tools)
+        req = checks.with_decoding(req, checks.one_sampling(sampling, temperature, top_p, top_k, min_p, seed),
+                                   logprobs, speculative_tools)
         predicted = checks.prediction_ids(self.tokenizer, prediction, self.context_window)
         return self._seated(lambda seat: self._decode(self._begin(req, method, hint, record_margins, cancel,
                                                                   predicted, seat)))

@@ -210,6 +210,17 @@ def test_max_new_tokens_must_be_positive(tiny_engine, bad):
         tiny_engine.generate(ASK, max_new_tokens=bad)
 
 
+def test_sampling_comes_whole_or_as_settings_never_both(tiny_engine):
+    from oospec_agents.sampling import Sampling
+    whole = tiny_engine.generate(ASK, max_new_tokens=12, sampling=Sampling(temperature=0.8, seed=7))
+    settings = tiny_engine.generate(ASK, max_new_tokens=12, temperature=0.8, seed=7)
+    assert whole.token_ids == settings.token_ids  # the same draw: one Sampling either way
+    with pytest.raises(OoOSpecError, match="not both"):
+        tiny_engine.generate(ASK, sampling=Sampling(temperature=0.8), seed=7)
+    with pytest.raises(OoOSpecError, match="sampling must be an oospec_agents.sampling.Sampling, got dict"):
+        tiny_engine.generate(ASK, sampling={"temperature": 0.8})
+
+
 def test_unknown_method(tiny_engine):
     with pytest.raises(OoOSpecError, match="unknown method 'fast'"):
         tiny_engine.generate(ASK, method="fast")
