@@ -50,6 +50,7 @@ class Tool:
 def _tool_from_dict(spec: Any, position: int) -> Tool:
     if not isinstance(spec, dict):
         raise ToolSchemaError(f"tool #{position} must be a dict in OpenAI function format, got {type(spec).__name__}")
+    # {"type": "function", "function": {...}} (Chat Completions) or the same keys flat (the Responses API)
     fn = spec.get("function", spec) if spec.get("type", "function") == "function" else None
     if fn is None:
         raise ToolSchemaError(f"tool #{position} has type {spec.get('type')!r}; only 'function' tools are supported")
@@ -57,7 +58,8 @@ def _tool_from_dict(spec: Any, position: int) -> Tool:
         raise ToolSchemaError(f"tool #{position}: 'function' must be a dict")
     name = fn.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise ToolSchemaError(f"tool #{position} is missing its 'name'")
+        raise ToolSchemaError(f"tool #{position} is missing its 'name' (expected {{\"type\": \"function\", "
+                              f"\"function\": {{\"name\": ...}}}} or the flat {{\"type\": \"function\", \"name\": ...}})")
     params = fn.get("parameters", _EMPTY_PARAMS)
     if params is None:
         params = _EMPTY_PARAMS
@@ -73,17 +75,30 @@ def _validator(name: str, params: Any):
     if not isinstance(params, dict):
         raise ToolSchemaError(f"tool {name!r}: 'parameters' must be a JSON Schema object, got {type(params).__name__}")
     validator_cls = jsonschema.validators.validator_for(params, default=jsonschema.Draft202012Validator)
-    try:
-        validator_cls.check_schema(params)
-    except jsonschema.exceptions.SchemaError as e:
-        raise ToolSchemaError(f"tool {name!r} has an invalid JSON Schema: {e.message}") from None
+    problems = schema_problems(validator_cls, params)
+    if problems:
+        listed = "; ".join(f"{path}: {message}" for path, message in problems)
+        raise ToolSchemaError(f"tool {name!r} has an invalid JSON Schema ({len(problems)} problem"
+                              f"{'s' * (len(problems) > 1)}; $ is its 'parameters'): {listed}")
     if params.get("type", "object") != "object":
         raise ToolSchemaError(f"tool {name!r}: parameters must have type 'object', got {params.get('type')!r}")
     return validator_cls(params)
 
 
+def schema_problems(validator_cls, params: dict) -> list[tuple[str, str]]:
+    """Every place where `params` breaks its draft's metaschema, as (JSON path, message), in schema order:
+    each problem is named where it is (`$.properties.city.type`), not only the first one found."""
+    meta = validator_cls.META_SCHEMA
+    checker = jsonschema.validators.validator_for(meta, default=validator_cls)(meta)
+    found = {(error.json_path, error.message): None for error in checker.iter_errors(params)}
+    return list(found)
+
+
 def normalize_tools(tools: Iterable[Any] | None) -> list[Tool]:
-    """OpenAI function-tool dicts (or bare {"name", "parameters"} dicts) to checked `Tool`s."""
+    """Tool dicts to checked `Tool`s. Each is OpenAI's Chat Completions form
+    `{"type": "function", "function": {"name", "description", "parameters", "strict"}}` or the flat form
+    the Responses API writes, `{"type": "function", "name", "description", "parameters", "strict"}`
+    (`"type"` may be left out of either); both give the same `Tool`."""
     if tools is None:
         return []
     if isinstance(tools, (str, bytes, dict)):

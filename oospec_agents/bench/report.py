@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from .methods import STRICT_SUFFIX, plain_name, strict_name
+
+#: how to get the plot that a run without matplotlib leaves out
+MISSING_PLOT = 'which the bench extra installs: pip install "oospec-agents[bench]"'
 
 
 def write_all(results: dict, out_dir: str | Path, render=None, draw=None,
@@ -16,7 +20,13 @@ def write_all(results: dict, out_dir: str | Path, render=None, draw=None,
     paths = {"results": out / "results.json", "report": out / "report.md", "plot": out / plot_name}
     paths["results"].write_text(json.dumps(results, indent=2, ensure_ascii=False, default=str) + "\n")
     paths["report"].write_text((render or markdown)(results))
-    (draw or plot)(results, paths["plot"])
+    try:
+        (draw or plot)(results, paths["plot"])
+    except ModuleNotFoundError as e:  # the tables and results stand without the picture
+        if e.name != "matplotlib":
+            raise
+        print(f"no {plot_name}: drawing it takes matplotlib, {MISSING_PLOT}", file=sys.stderr)
+        del paths["plot"]
     return paths
 
 
