@@ -74,10 +74,12 @@ def main(argv=None) -> int:
             extra = missing_extra(name, e) or COMMAND_EXTRA.get(name)
             p = sub.add_parser(name, help=f"unavailable, needs the [{extra}] extra: {install_hint(extra)}" if extra
                               else f"(unavailable: {e})")
-            p.set_defaults(run=lambda args, e=e, name=name: sys.exit(needs_extra(name, e)))
+            p.set_defaults(run=lambda args, e=e, name=name: sys.exit(needs_extra(name, e)), missing=True)
             continue
         mod.add_parser(sub, name)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)  # a command without its extra names it, whatever its flags
+    if unknown and not getattr(args, "missing", False):
+        args = parser.parse_args(argv)
     try:
         return args.run(args) or 0
     except ValueError as e:  # OoOSpecError and friends: a clear message, not a traceback

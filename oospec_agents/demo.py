@@ -42,7 +42,8 @@ def add_parser(sub, name):
 
 def quiet() -> None:
     """Silence the libraries' known noise (weight-loading progress bars, deprecation notices, logging)
-    for the demo's own process. The library itself never does this: it is the demo's choice."""
+    for the demo's whole process. The library's loads hold back only the bars and the libraries' deprecation
+    warnings, unless asked (quiet.py); silencing logging and every warning is the demo's choice."""
     import logging
     import os
     import warnings
