@@ -35,8 +35,8 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, 
 from .chat import join_text_parts  # noqa: F401  (re-exported: the front-ends' text-part policy)
 from .engine import Engine, Event, Generation
 from .errors import SamplingError
-from .references import check_reference
 from .events import ToolCallDelta
+from .references import check_reference
 from .sampling import Sampling, check_logprobs
 
 T = TypeVar("T")
