@@ -113,6 +113,37 @@ def test_a_persistent_session_agent_finishes_as_without_speculation(tmp_path):
           "ratio of medians:", round(sorted(seconds["speculative"])[1] / sorted(seconds["plain"])[1], 3))
 
 
+class WaitsForTheCall(ScriptedEngine):
+    """After its prediction, the reply waits (up to 30 s) until the server has received a call: the
+    wasted run is dropped mid-call, whatever the processes' timing."""
+
+    def __init__(self, *replies, log, **kw):
+        super().__init__(*replies, **kw)
+        self.log = log
+
+    def stream(self, *args, **kw):
+        for event in super().stream(*args, **kw):
+            yield event
+            deadline = time.time() + 30
+            while isinstance(event, CallPredicted) and not calls(self.log) and time.time() < deadline:
+                time.sleep(0.02)
+
+
+def test_a_wasted_run_is_dropped_mid_call_and_the_session_goes_on(tmp_path):
+    """The prediction (Oslo) is wrong: its request, in flight on the agent's session, is abandoned when
+    the step settles; the session serves the verified call (Paris) and the agent finishes as without
+    speculation."""
+    spec, log = write_spec(tmp_path, "travel", travel_tools(latency=1.0))
+    oslo = {"name": WEATHER[0], "arguments": {"location": "Oslo"}}
+    engine = WaitsForTheCall(*weather_replies(), log=log, predictions={0: [oslo]})
+    messages, took, middleware = asyncio.run(session_run(spec, engine, ["get_current_weather"]))
+    assert not isinstance(messages, BaseException), messages
+    assert middleware.stats["wasted"] == 1 and middleware.stats["cancelled"] == 1, middleware.stats
+    assert [c["arguments"]["location"] for c in calls(log)] == ["Oslo", "Paris"]
+    plain, _, _ = asyncio.run(session_run(spec, ScriptedEngine(*weather_replies()), trust=()))
+    assert transcript(messages) == transcript(plain)
+
+
 def test_a_server_that_dies_mid_call_fails_the_step_at_once(tmp_path):
     """The session's server exits when the predicted call arrives: the claimed run fails with the
     session's error at once (no wait for a timeout), the same error the agent gets without speculation."""
