@@ -98,7 +98,8 @@ def test_a_persistent_session_agent_finishes_as_without_speculation(tmp_path):
     names = asyncio.run(read_only_tools(MultiServerMCPClient({"travel": stdio(spec)}), trust=["travel"]))
     seconds = {"speculative": [], "plain": []}
     for _ in range(3):
-        engine = PacedEngine(*weather_replies(), seconds=0.01, predictions={0: [{"name": WEATHER[0], "arguments": PARIS}]})
+        predicted = {0: [{"name": WEATHER[0], "arguments": PARIS}]}
+        engine = PacedEngine(*weather_replies(), seconds=0.01, predictions=predicted)
         messages, took, middleware = asyncio.run(session_run(spec, engine, names))
         assert not isinstance(messages, BaseException), messages
         assert middleware.stats["hits"] == 1 and middleware.stats["wasted"] == 0, middleware.stats
@@ -166,9 +167,9 @@ def test_a_server_that_dies_mid_call_fails_the_step_at_once(tmp_path):
 
 
 def test_no_tool_qualifies_the_agent_runs_as_without_speculation(tmp_path):
-    """The notes server is not trusted (the default), or its one read-only tool is overridden and the other
-    declares nothing: `read_only_tools` finds nothing and says why; the middleware takes the empty list with a warning; the agent's run
-    is the run without it, the tool called once, by the agent."""
+    """The notes server is not trusted (the default), or its one read-only tool is overridden and the
+    other declares nothing: `read_only_tools` finds nothing and says why; the middleware takes the
+    empty list with a warning; the agent's run is the run without it, the tool called once, by the agent."""
     notes = ("read_note", {"title": "Paris"})
     spec, log = write_spec(tmp_path, "notes")
     client = MultiServerMCPClient({"notes": stdio(spec)})
@@ -181,10 +182,11 @@ def test_no_tool_qualifies_the_agent_runs_as_without_speculation(tmp_path):
     async def run(speculative: bool):
         async with client.session("notes") as session:
             tools = await load_mcp_tools(session)
-            engine = ScriptedEngine(reply(notes), "Noted.", predictions={0: [{"name": notes[0], "arguments": notes[1]}]})
+            predicted = {0: [{"name": notes[0], "arguments": notes[1]}]}
+            engine = ScriptedEngine(reply(notes), "Noted.", predictions=predicted)
             middleware = []
             if speculative:
-                with pytest.warns(NothingSpeculativeWarning, match="SpeculativeToolsMiddleware: speculative names no tool"):
+                with pytest.warns(NothingSpeculativeWarning, match="SpeculativeToolsMiddleware: speculative names no"):
                     middleware = [SpeculativeToolsMiddleware(speculative=[])]
             agent = create_agent(ChatOoOSpec(engine=engine), tools=tools, middleware=middleware)
             messages = (await asyncio.wait_for(agent.ainvoke(QUESTION), BOUND))["messages"]
