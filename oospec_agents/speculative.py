@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import json
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
 from .events import CallPredicted, ToolCallReady
 
-__all__ = ["SpeculativeTools", "call_key"]
+__all__ = ["NothingSpeculativeWarning", "SpeculativeTools", "call_key", "run_on_loop", "warn_nothing_speculative"]
 
 _COUNTERS = ("predictions", "started", "hits", "wasted", "ready_started", "ready_hits", "errors_discarded",
              "cancelled", "skipped_in_flight", "skipped_confidence", "not_speculative")
@@ -297,6 +299,7 @@ class SpeculativeTools:
 
     async def _run_async(self, run: _Run, arguments: dict) -> Any:
         run.began = True
+        asyncio.current_task().add_done_callback(_retrieved)  # a cancelled run may end raising: unseen
         began = time.perf_counter()
         result = await self._tools[run.key[0]](arguments)  # a cancelled run is not measured
         self._measured(run.key[0], time.perf_counter() - began)
@@ -391,6 +394,45 @@ def _key_of(call) -> tuple[str, str]:
 
 async def _awaiting(awaitable: Awaitable[Any]) -> Any:
     return await awaitable  # run_coroutine_threadsafe takes coroutines only, not every awaitable
+
+
+class NothingSpeculativeWarning(UserWarning):
+    """No tool may start early: the agent runs every tool when it runs the call, as without speculation."""
+
+
+def warn_nothing_speculative(owner: str, stacklevel: int = 2) -> None:
+    """The warning of a front-end (`owner`) given an empty speculative list: valid, and the same as
+    no speculation. `stacklevel` as `warnings.warn` takes it, counted from the caller."""
+    warnings.warn(f"{owner}: speculative names no tool, so no tool starts early and the agent runs as without "
+                  "speculation. Name the read-only, idempotent tools that may run before the agent runs them; an "
+                  "MCP tool qualifies when its server is in read_only_tools' trust and declares it readOnlyHint "
+                  "(read_only_tools warns which of these is missing)", NothingSpeculativeWarning,
+                  stacklevel=stacklevel + 1)
+
+
+async def run_on_loop(loop: asyncio.AbstractEventLoop | None, coroutine: Awaitable[Any],
+                      context: contextvars.Context | None = None) -> Any:
+    """Await `coroutine` run as a task on `loop`, the event loop its tool belongs to (an agent's loop,
+    in another thread; the running loop when `loop` is None, closed or not running), in `context` (a
+    copy of the current context when None). Cancelling the await cancels the task; an error the task
+    raises once cancelled (a transport torn down mid-call) is discarded, never logged as unretrieved."""
+    here = asyncio.get_running_loop()
+    context = contextvars.copy_context() if context is None else context  # an empty Context is falsy
+    if loop is not None and loop is not here and loop.is_running() and not loop.is_closed():
+        start = asyncio.run_coroutine_threadsafe  # the task is made in the context current here
+        return await asyncio.wrap_future(context.run(start, _quietly(coroutine), loop))
+    return await context.run(asyncio.ensure_future, _quietly(coroutine))
+
+
+async def _quietly(coroutine: Awaitable[Any]) -> Any:
+    asyncio.current_task().add_done_callback(_retrieved)
+    return await coroutine
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Mark a task's exception retrieved: its awaiter, if any is left, has it already."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _raised(future: concurrent.futures.Future) -> bool:

@@ -56,12 +56,14 @@ def notes_tools(latency: float = 0.05) -> list[dict]:
 SERVERS = {"travel": travel_tools, "mail": mail_tools, "notes": notes_tools}
 
 
-def write_spec(folder: Path, name: str, tools: list[dict] | None = None) -> tuple[Path, Path]:
-    """(the spec file, its call log) of server `name` (one of SERVERS, or any name with `tools`)."""
+def write_spec(folder: Path, name: str, tools: list[dict] | None = None,
+               page_size: int | None = None) -> tuple[Path, Path]:
+    """(the spec file, its call log) of server `name` (one of SERVERS, or any name with `tools`); with
+    `page_size`, its `tools/list` answers that many tools a page."""
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{name}.calls.jsonl"
     spec = folder / f"{name}.json"
-    spec.write_text(json.dumps({"name": name, "log": str(log),
+    spec.write_text(json.dumps({"name": name, "log": str(log), "page_size": page_size,
                                 "tools": tools if tools is not None else SERVERS[name]()}))
     return spec, log
 

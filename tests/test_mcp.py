@@ -71,6 +71,26 @@ def test_a_name_two_servers_list_is_early_only_if_every_listing_is():
     assert early_tools(both, trust=["travel", "mail"]) == ["search"]
 
 
+@pytest.mark.parametrize("tools, kwargs, why", [
+    ([], {}, r"the servers listed no tool"),
+    ("both", {}, r"trust names no server \(the default trust=\(\)\), and a server's annotations count only for the "
+                 r"servers named in trust \(here: \['mail', 'travel'\]\)"),
+    ("both", {"trust": ["travel"], "overrides": {"weather": False}},
+     r"of the tools of the trusted servers \['travel'\]: set False in overrides \['weather'\]; no annotations "
+     r"\(or malformed ones\) \['notes'\]; annotations not readOnlyHint true with destructiveHint not true "
+     r"\['book'\]; read-only, but an untrusted server lists the same name \['search'\] \(servers not trusted: "
+     r"\['mail'\]\)"),
+])
+def test_when_no_tool_may_start_early_a_warning_says_why(tools, kwargs, why):
+    from oospec_agents.speculative import NothingSpeculativeWarning
+    if tools == "both":
+        tools = tools_of("travel", weather={"readOnlyHint": True}, book={"readOnlyHint": False}, notes=None,
+                         search={"readOnlyHint": True}) + tools_of("mail", search={"readOnlyHint": True})
+    with pytest.warns(NothingSpeculativeWarning, match=r"^no MCP tool may start early: " + why + "; the agent runs "
+                      "every tool when it runs the call, as without speculation$"):
+        assert early_tools(tools, **kwargs) == []
+
+
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"trust": "travel"}, TypeError, r"trust must be a list of server names, got the string 'travel'"),
     ({"trust": ["trav"]}, ValueError, r"trust names \['trav'\], which listed no tool here \(servers: \['travel'\]\)"),

@@ -6,8 +6,9 @@ SPEC.json: {"name": server name, "log": a file every received call is appended t
 "tools": [{"name", "description", "inputSchema": JSON Schema, "annotations": MCP ToolAnnotations (or
 null: none declared), "latency": seconds, "result": text (default: a JSON echo of the call),
 "error": true (the call answers with an MCP tool error), "exit": true (the server process dies
-mid-call)}]}. The tools are listed exactly as declared (FastMCP's `list_tools` / `call_tool`
-overridden: a schema is the one given, not one derived from a Python signature).
+mid-call)}], "page_size": n (optional: `tools/list` answers n tools a page, with a cursor to the next)}.
+The tools are listed exactly as declared (FastMCP's `list_tools` / `call_tool` overridden: a schema
+is the one given, not one derived from a Python signature).
 
 A call whose request `_meta` carries `{"oospec": {"latency": s, "result": text, ...}}` sleeps that
 latency and returns that result instead (the agent bench draws them per episode, so every method gets
@@ -33,7 +34,7 @@ from typing import Any
 
 from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
-from mcp.types import TextContent, Tool, ToolAnnotations
+from mcp.types import ListToolsRequest, ListToolsResult, TextContent, Tool, ToolAnnotations
 
 
 class DeclaredServer(FastMCP):
@@ -43,6 +44,17 @@ class DeclaredServer(FastMCP):
         super().__init__(spec.get("name", "oospec-test"), log_level="CRITICAL")
         self.spec_tools = {t["name"]: t for t in spec["tools"]}
         self.log_path = spec.get("log")
+        self.page_size = spec.get("page_size")
+        if self.page_size:
+            self._mcp_server.list_tools()(self.list_page)  # tools/list answered a page at a time
+
+    async def list_page(self, request: ListToolsRequest) -> ListToolsResult:
+        """One page of `tools/list`: `page_size` tools from the cursor (the index of the page's first tool).
+        The SDK's own lookups call it with no request: the first page."""
+        tools = await self.list_tools()
+        start = int(request.params.cursor or 0) if request is not None and request.params else 0
+        end = start + self.page_size
+        return ListToolsResult(tools=tools[start:end], nextCursor=str(end) if end < len(tools) else None)
 
     async def list_tools(self) -> list[Tool]:
         return [Tool(name=t["name"], description=t.get("description", ""),

@@ -16,10 +16,12 @@ the explicit per-tool list, decides before the annotations: `{name: True}` start
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ..errors import ToolSchemaError
+from ..speculative import NothingSpeculativeWarning
 from ..tools import normalize_tools
 
 __all__ = ["ServerTool", "annotations_of", "declares_read_only", "early_tools", "listed", "openai_tool"]
@@ -89,7 +91,8 @@ def early_tools(tools: Iterable[ServerTool], trust: Iterable[str] = (),
     """The names of the tools that may start early, in listed order: `overrides` first, then the tools
     a trusted server declares read-only. A name two servers list is early from annotations only when
     every server listing it is trusted and declares it read-only (an agent's call names a tool, not
-    its server). `trust` names servers; `overrides` maps tool names to True/False."""
+    its server). `trust` names servers; `overrides` maps tool names to True/False. When no tool
+    qualifies, a `NothingSpeculativeWarning` says why (the agent then runs as without speculation)."""
     if isinstance(trust, str):
         raise TypeError(f"trust must be a list of server names, got the string {trust!r}: write [{trust!r}]")
     tools, trusted = list(tools), set(trust)
@@ -106,7 +109,32 @@ def early_tools(tools: Iterable[ServerTool], trust: Iterable[str] = (),
         by_name.setdefault(t.name, []).append(t)
     early = [name for name, same in by_name.items()
              if overrides.get(name, all(t.server in trusted and t.read_only for t in same))]
-    return early + [name for name, on in overrides.items() if on and name not in by_name]
+    early += [name for name, on in overrides.items() if on and name not in by_name]
+    if not early:
+        warnings.warn(f"no MCP tool may start early: {_why_none(tools, trusted, overrides)}; the agent runs every "
+                      "tool when it runs the call, as without speculation", NothingSpeculativeWarning, stacklevel=3)
+    return early
+
+
+def _why_none(tools: list[ServerTool], trusted: set[str], overrides: Mapping[str, bool]) -> str:
+    """Why `early_tools` found no tool that may start early, in words."""
+    if not tools:
+        return "the servers listed no tool"
+    servers = sorted({t.server for t in tools})
+    if not trusted:
+        return (f"trust names no server (the default trust=()), and a server's annotations count only for the "
+                f"servers named in trust (here: {servers})")
+    ours = [t for t in tools if t.server in trusted]
+    kinds = {"set False in overrides": [t.name for t in ours if overrides.get(t.name) is False]}
+    ours = [t for t in ours if t.name not in overrides]
+    kinds["no annotations (or malformed ones)"] = [t.name for t in ours if t.annotations is None]
+    kinds["annotations not readOnlyHint true with destructiveHint not true"] = [
+        t.name for t in ours if t.annotations is not None and not t.read_only]
+    kinds["read-only, but an untrusted server lists the same name"] = [t.name for t in ours if t.read_only]
+    parts = [f"{kind} {names}" for kind, names in kinds.items() if names]
+    untrusted = sorted(set(servers) - trusted)
+    return (f"of the tools of the trusted servers {sorted(trusted)}: " + "; ".join(parts)
+            + (f" (servers not trusted: {untrusted})" if untrusted else ""))
 
 
 def openai_tool(tool: ServerTool) -> dict:

@@ -18,7 +18,11 @@ called inside `s.model_step`); `SpeculativeToolsMiddleware` (middleware.py) is t
   agent's error handling of a raised exception and the tool callbacks are those of a normal run. On a
   miss it runs the tool normally: a tool never runs twice for one verified call.
 - A speculative run is the tool's own `ainvoke` of the call (with a stand-in call id, replaced on the
-  claim): a coroutine on the runner's event loop, a sync tool's body on that loop's executor.
+  claim), as a task on the event loop of the agent's model step (`amodel_step`), where the agent's own
+  calls of the tool run: a tool bound to that loop (an MCP tool of one persistent `ClientSession`, an
+  HTTP client's connection pool) works early as it works late, and a session that ends (its server
+  died) fails the run at once. Cancelling the run cancels that task. A sync agent (`model_step`) has
+  no loop: its runs are tasks on the runner's own loop, a sync tool's body on that loop's executor.
 
 Only the tools named speculative are ever started early: read-only, idempotent tools (docs/speculative-tools.md).
 A tool that takes injected arguments (the agent's state, the call id, the runtime) cannot be run
@@ -38,7 +42,7 @@ from langchain_core.tools import BaseTool, ToolException
 from langchain_core.tracers.context import register_configure_hook
 from pydantic import PrivateAttr
 
-from oospec_agents.speculative import SpeculativeTools
+from oospec_agents.speculative import SpeculativeTools, run_on_loop, warn_nothing_speculative
 
 from .custom_events import from_custom_event
 
@@ -94,12 +98,13 @@ class SpeculativeToolCalls:
             if self._tools.get(name) is None:
                 self._tools[name] = tool
         if not self._tools:
-            raise ValueError("speculative names no tool: give the tools that may run before the agent runs them")
+            warn_nothing_speculative(type(self).__name__, stacklevel=2)
         for tool in filter(None, self._tools.values()):
             _check_runs_early(tool)
         self.runner = SpeculativeTools({name: self._early(name) for name in self._tools}, max_in_flight=max_in_flight,
                                        min_confidence=min_confidence, tool_seconds=tool_seconds)
         self._listener = _Listener(self.runner)
+        self._agent_loop: asyncio.AbstractEventLoop | None = None  # the loop of the latest model step
 
     @property
     def stats(self) -> dict[str, int]:
@@ -127,13 +132,16 @@ class SpeculativeToolCalls:
     def model_step(self, call: Callable[[], T]) -> T:
         """`call()` (the model call) with the predictions of every ChatOoOSpec run in it starting the
         speculative tools; then the runs identical to none of the reply's tool calls are dropped."""
+        self._agent_loop = None  # a sync agent: async runs go to the runner's own loop
         with self._step() as verified:
             result = call()
             verified += _verified_calls(result)
         return result
 
     async def amodel_step(self, acall: Callable[[], Awaitable[T]]) -> T:
-        """`model_step` for async agents: `acall()` returns the awaitable model call."""
+        """`model_step` for async agents: `acall()` returns the awaitable model call. The step's speculative
+        runs are tasks on this event loop, where the agent runs its tools."""
+        self._agent_loop = asyncio.get_running_loop()
         with self._step() as verified:
             result = await acall()
             verified += _verified_calls(result)
@@ -205,10 +213,11 @@ class SpeculativeToolCalls:
         """The runner's callable for tool `name`: its `ainvoke` of the call, which gives the ToolMessage
         the agent's execution gives (but for the call id), or raises what it raises. It runs in an
         empty context, outside the model run's callbacks: the agent's handlers and traces see the tool
-        run once, when a verified call claims it, never a prediction's run."""
+        run once, when a verified call claims it, never a prediction's run. It runs on the agent's
+        loop (the latest async model step's) while that loop runs, else on the runner's."""
         async def run(arguments: dict) -> Any:
             call = {"type": "tool_call", "name": name, "args": arguments, "id": SPECULATIVE_CALL_ID}
-            return await Context().run(asyncio.ensure_future, self._tools[name].ainvoke(call))
+            return await run_on_loop(self._agent_loop, self._tools[name].ainvoke(call), Context())
         return run
 
 

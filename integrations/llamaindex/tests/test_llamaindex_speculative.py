@@ -18,7 +18,7 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.tools import FunctionTool
 from oospec_agents.models import EMBEDDED_TARGET_ADAPTER
 from oospec_agents.testing import ScriptedEngine
-from oospec_agents.speculative import SpeculativeTools
+from oospec_agents.speculative import NothingSpeculativeWarning, SpeculativeTools
 
 from llama_index.llms.oospec import (CallPredictedEvent, OoOSpec, OoOSpecSpeculativeTools, ReplyEndEvent,
                                      SpeculativeFunctionTool, SpeculativeTool, ToolCallReadyEvent)
@@ -488,7 +488,10 @@ def test_bad_tools_are_clear_errors():
         OoOSpecSpeculativeTools([Weather().tool(), Weather().tool()], speculative=[])
     with pytest.raises(ValueError, match=r"tool 'lookup' takes the workflow Context \('ctx'\)"):
         OoOSpecSpeculativeTools([lookup], speculative=["lookup"])
-    OoOSpecSpeculativeTools([lookup], speculative=[]).close()  # unmarked, it is the agent's as before
+    with pytest.warns(NothingSpeculativeWarning, match=r"^OoOSpecSpeculativeTools: speculative names no tool, so no "
+                      "tool starts early and the agent runs as without speculation") as caught:
+        OoOSpecSpeculativeTools([lookup], speculative=[]).close()  # unmarked, it is the agent's as before
+    assert caught[0].filename == __file__  # the warning points at the user's line
 
 
 def test_the_runner_is_the_framework_neutral_one():

@@ -354,8 +354,20 @@ def test_a_tool_with_injected_arguments_cannot_be_speculative(tools):
         SpeculativeToolsMiddleware(speculative=[with_call_id])
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_an_empty_speculative_list_warns_and_the_agent_runs_as_without_it(tools, asynchronous):
+    """`speculative=[]` (read_only_tools found no tool it may start) is valid: a warning that names
+    why nothing starts early, and the agent's run is the run without the middleware."""
+    from oospec_agents.speculative import NothingSpeculativeWarning
+    with pytest.warns(NothingSpeculativeWarning, match=r"SpeculativeToolsMiddleware: speculative names no tool, so "
+                      r"no tool starts early and the agent runs as without speculation.*readOnlyHint") as caught:
+        run = Speculated(tools, PARIS, [predicted("get_weather", city="Paris")], [], asynchronous=asynchronous)
+    assert caught[0].filename == __file__                        # the warning points at the user's line
+    assert tools.runs("get_weather") == [{"city": "Paris"}]      # once, when the agent ran the call
+    assert run.counts("predictions", "started", "hits", "not_speculative") == (1, 0, 0, 2)
+
+
 @pytest.mark.parametrize("speculative, error, message", [
-    ([], ValueError, "speculative names no tool"),
     ("get_weather", TypeError, "speculative must be a list of tools or tool names"),
     ([42], TypeError, "each entry must be a LangChain tool, a tool name or the function"),
 ])

@@ -38,7 +38,7 @@ from llama_index.core.tools import FunctionTool
 from llama_index.core.tools.function_tool import sync_to_async
 from llama_index.core.tools.types import (AsyncBaseTool, BaseTool, BaseToolAsyncAdapter, ToolMetadata, ToolOutput,
                                           adapt_to_async_tool)
-from oospec_agents.speculative import SpeculativeTools, call_key
+from oospec_agents.speculative import SpeculativeTools, call_key, run_on_loop, warn_nothing_speculative
 
 from .events import CallPredictedEvent, ReplyEndEvent, ToolCallReadyEvent, dispatcher
 
@@ -206,6 +206,8 @@ class OoOSpecSpeculativeTools:
                 raise ValueError(f"two tools are named {name!r}: the model's calls could not tell them apart")
             by_name[name] = tool
         marked = _marked(speculative, by_name)
+        if not marked:
+            warn_nothing_speculative(type(self).__name__, stacklevel=2)
         for name in marked:
             tool = by_name[name]
             if isinstance(tool, FunctionTool) and tool.requires_context:
@@ -286,17 +288,15 @@ def _speculative_run(tool: AsyncBaseTool, agent: AgentLoop) -> Callable[[Dict[st
     """How the runner starts `tool` early, by the path the agent's `acall` takes: a tool whose async path
     is a sync function on a thread (a FunctionTool of a plain function, an adapted sync BaseTool) runs
     `call` on the runner's pool; any other runs `acall` on the agent's event loop (`agent.loop`), else
-    on the runner's. Cancelling the run cancels its task there."""
+    on the runner's. Cancelling the run cancels its task there (quietly: a stdio session torn down by the
+    cancellation may end it raising)."""
     threaded = isinstance(tool, BaseToolAsyncAdapter) or (
         isinstance(tool, FunctionTool) and getattr(tool.async_fn, "__code__", None) is _SYNC_TO_ASYNC)
     if threaded:
         return lambda arguments: tool.call(**arguments)
 
     async def run(arguments: Dict[str, Any]) -> Awaitable[ToolOutput]:
-        loop = agent.loop
-        if loop is None or loop.is_closed() or loop is asyncio.get_running_loop():
-            return await tool.acall(**arguments)
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(tool.acall(**arguments), loop))
+        return await run_on_loop(agent.loop, tool.acall(**arguments))
     return run
 
 
