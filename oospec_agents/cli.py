@@ -1,4 +1,4 @@
-"""`oospec demo | bench | profile | project | serve | train-sidecar | train-target | adapt | average-adapters`.
+"""`oospec demo | bench | profile | project | serve | train-sidecar | train-target | adapt | average-adapters | distill`.
 
 Each subcommand lives next to the code it drives and registers itself through `add_parser`.
 """
@@ -20,6 +20,7 @@ COMMANDS = {
     "train-target": "oospec_agents.train.cli",
     "adapt": "oospec_agents.train.adapt",
     "average-adapters": "oospec_agents.train.average",
+    "distill": "oospec_agents.train.distill",
 }
 #: the extra each command is documented with (pyproject.toml's optional dependencies)
 COMMAND_EXTRA = {"serve": "serve", "bench": "bench", "train-sidecar": "train", "train-target": "train",

@@ -270,6 +270,7 @@ def test_the_evaluation_adds_up(tiny_sidecar):
         assert round(row["slots"] * (1 - (row["arg_exact_match"] or 0))) == wrong
         assert (row["arg_exact_lenient"] or 0) >= (row["arg_exact_match"] or 0)
         assert row["call_exact_lenient"] >= row["call_exact"]
+        assert row["alpha_call"] == row["call_exact"] and 0 <= (row["alpha_slots"] or 0) <= 1  # α, against the labels
     opt = res["optional"]["overall"]
     assert opt["both"] <= min(opt["predicted"], opt["labelled"])
     assert res["confidence"]["n"] == len(res["points"]) == sum(b["n"] for b in res["confidence"]["reliability"])

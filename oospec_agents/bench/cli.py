@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
+from . import alpha
 from .agent import AGENT_METHODS
 from .methods import METHODS
 
@@ -172,6 +174,8 @@ def _write(results: dict, args, write_all) -> int:
     """Save a run's files (`write_all`: the decode bench's or the agent bench's), show the report unless --quiet."""
     results["config"]["hint_first"] = args.hint_first
     paths = write_all(results, args.out)
+    if drawn := alpha.plot(results, Path(args.out) / "alpha.png"):
+        paths["alpha_plot"] = drawn  # the hint's α per source (alpha.py), where matplotlib is installed
     if not args.quiet:
         print(paths["report"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))

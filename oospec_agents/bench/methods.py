@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from ..drafters.retrieval import CallMemory
+from ..events import CallPredicted
 from ..sidecar import cores
 from .scenarios import Turn
 
@@ -56,13 +57,15 @@ class Run:
     rounds: list | None = None             # engine methods: (tree nodes, accepted drafts, context) per round
     hint_follow_ups: int = 0               # follow-up waves asked for the function the target wrote
     reasoning: tuple | None = None         # a reply that reasoned: (tokens, forwards, decode s) until it closed
+    sidecar: str | None = None             # the sidecar (or fixed hint) asked for a hint, by name
+    predicted: list | None = None          # the call(s) the hint first predicted (alpha.py scores them)
 
     @classmethod
     def of(cls, gen) -> "Run":
         """An engine method's run: the `Generation`'s tokens and text, and its stats under their own names."""
         s = gen.stats
         same = {f.name: getattr(s, f.name) for f in fields(cls)
-                if f.name not in ("token_ids", "text", "accepted_by_source", "rounds", "reasoning")}
+                if f.name not in ("token_ids", "text", "accepted_by_source", "rounds", "reasoning", "predicted")}
         return cls(gen.token_ids, gen.text, accepted_by_source=dict(s.accepted_by_source),
                    rounds=[list(r) for r in s.rounds], reasoning=None if s.reasoning_forwards is None else
                    (s.reasoning_tokens, s.reasoning_forwards, s.reasoning_s), **same)
@@ -113,9 +116,14 @@ def _run(ctx: BenchContext, engine, turn: Turn, method: str, hint, margins: bool
     if not turn.cached:
         engine.clear_prefix_cache()
     _wait_for_sidecar(engine)
-    gen = engine.generate(turn.messages, turn.tools, tool_choice=turn.tool_choice, max_new_tokens=ctx.max_new_tokens,
-                          method=method, hint=hint, record_margins=margins, strict=strict, **sample)
-    return Run.of(gen)
+    gen, predicted = None, None
+    for item in engine.stream(turn.messages, turn.tools, tool_choice=turn.tool_choice,
+                              max_new_tokens=ctx.max_new_tokens, method=method, hint=hint, record_margins=margins,
+                              strict=strict, **sample):
+        if isinstance(item, CallPredicted) and predicted is None:  # the wave's own prediction, not a follow-up's
+            predicted = [dict(c) for c in item.calls]
+        gen = item
+    return replace(Run.of(gen), predicted=predicted)
 
 
 @contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from . import alpha
 from .methods import STRICT_SUFFIX, plain_name
 
 #: top-2 logit margin at or below which a divergence counts as a numerical tie
@@ -98,6 +99,9 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         "accepted_by_source": by_source or None,
         # share of all generated tokens that were accepted from the sidecar's hint
         "hint_share": by_source["hint"] / tokens if tokens and "hint" in by_source else None,
+        # the hint's share of the accepted draft tokens (every drafter's together)
+        "hint_share_of_accepted": by_source["hint"] / accepted if (accepted := sum(by_source.values()))
+        and "hint" in by_source else None,
         # where the sidecar's waves spent their time, averaged over the records that had one
         "sidecar_wave": _mean_profile([r.get("sidecar_profile") for r in rows]),
         "sidecar_errors": sum(bool(r.get("sidecar_error")) for r in rows),
@@ -117,6 +121,8 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         if e2e and tokens:
             out["speedup_e2e"] = (ref_e2e / ref_tokens) / (e2e / tokens)
     out["answer_part"] = answer_part(rows, ref_rows)
+    if any("alpha" in r for r in rows):  # a method with a sidecar: its hints against the target's own call
+        out |= alpha.aggregate([r.get("alpha") for r in rows])
     return out
 
 
@@ -153,6 +159,7 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
     def block(recs):
         ref = [r["runs"]["ar"] for r in recs] if "ar" in methods else None
         figs = {m: aggregate([r["runs"][m] for r in recs], ref) for m in methods}
+        alpha.forwards_ratio(figs)
         top = (figs.get("oracle") or {}).get("speedup_decode")
         for f in figs.values():
             f["vs_oracle"] = f["speedup_decode"] / top if top and f["speedup_decode"] else None

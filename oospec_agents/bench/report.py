@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import alpha
 from .methods import STRICT_SUFFIX, plain_name, strict_name
 
 #: how to get the plot that a run without matplotlib leaves out
@@ -89,6 +90,7 @@ def markdown(results: dict) -> str:
         lines += _payback_sweep(results)
     lines += _per_source(results, "Decode speedup per source", lambda f: _f(f["speedup_decode"], suffix="x"))
     lines += _per_source(results, "Tokens per target forward, per source", lambda f: _f(f["mean_accepted_tokens"]))
+    lines += alpha.markdown_lines(results)
     lines += _accepted_lines(methods)
     lines += _time_lines(methods)
     lines += _wave_lines(methods)

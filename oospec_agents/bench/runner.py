@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
+from . import alpha
 from .env import environment
 from ..sidecar import cores
 from .methods import HF_METHODS, METHODS, SPLIT, STRICT, BenchContext, Run, reference, strict_name
@@ -113,11 +114,11 @@ def _run_record(ctx: BenchContext, rec: dict, methods: list[str], index: int, to
         if name == "cold":  # the references: `ar`, and `ar+strict` for the strict runs
             refs = {m: runs[m] for m in ("ar", strict_name("ar")) if m in runs}
         out[name] = {"id": rec["id"], "source": rec["source"],
-                     "runs": {m: _row(m, runs[m], refs[reference(m)], tol) for m in methods}}
+                     "runs": {m: _row(m, runs[m], refs[reference(m)], tol, ctx.engine.fmt) for m in methods}}
     return out
 
 
-def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
+def _row(m: str, r: Run, ref: Run, tol: float, fmt) -> dict:
     check = compare(ref.token_ids, ref.margins or [], r.token_ids, tol)
     row = {"new_tokens": len(r.token_ids), "prefill_s": r.prefill_s, "decode_s": r.decode_s,
            "target_forwards": r.target_forwards, "accepted_by_source": r.accepted_by_source or None,
@@ -128,6 +129,9 @@ def _row(m: str, r: Run, ref: Run, tol: float) -> dict:
            "wave_estimate_s": r.wave_estimate_s, "call_estimate_s": r.call_estimate_s,
            "decode_estimate_s": r.decode_estimate_s, "host_s": r.host_s,
            "rounds": r.rounds, "hint_follow_ups": r.hint_follow_ups, "check": check}
+    if r.sidecar is not None:  # a method with a sidecar (or a fixed hint): its hint against the target's own call
+        row["predicted"] = r.predicted
+        row["alpha"] = alpha.score(r.predicted, alpha.target_calls(fmt, ref.text))
     if r.reasoning is not None:  # a reply that reasoned: what came before its answer (metrics' `answer_part`)
         row["reasoning_tokens"], row["reasoning_forwards"], row["reasoning_s"] = r.reasoning
     if m == reference(m) or check["verdict"] != "exact":

@@ -21,6 +21,7 @@ then a per-source table.
   whole call exact under the strict and the lenient scorer, the wrong slots by class, the optional-slot
   decision and the confidence's reliability; `--labels gold` (the records' calls, the default),
   `target` (the embedded target's own calls, as the adapt protocol labels them) or `gold,target`;
+  against the target, the figures' `alpha_call` and `alpha_slots` are the sidecar's α (sidecar_eval.py);
   `--out` also keeps `points` (each predicted call's log-probability, exact or not, source), so a
   calibration can be refitted or compared without decoding again;
 - calibrate: fit the confidence's calibration (`sidecar.confidence.Calibration.fit`) on the wave's

@@ -17,7 +17,11 @@ runtime decodes them, and `join` into the call the target would be hinted. The f
 - `confidence`: the wave's calibrated probability that the whole call is exact (confidence.py), for
   every predicted call (one on a "no call" record is never exact): a reliability table and
   precision / recall of strict whole-call exactness at `THRESHOLDS`;
-- `no_call`: on "no call" records, the share where the wave declined.
+- `no_call`: on "no call" records, the share where the wave declined;
+- `alpha_call` and `alpha_slots`: the whole call exact (as `call_exact`), and of the slots the label
+  writes, the share the wave got exactly (a wrong function gets none). Scored against the target's
+  own calls (`target_labelled`, `oospec distill`), they are the sidecar's agreement with its target,
+  α, as `oospec bench` reports it from the hints it read.
 
 The labels are the record's `expected` calls: gold, or the embedded target's own (`target_labelled`).
 The strict scorer is the record's first acceptable value with optional arguments absent; the lenient
@@ -31,19 +35,21 @@ from .taxonomy import CLASSES, classify, lenient_right, possible_answer
 #: the confidence thresholds whole-call precision and recall are reported at (the lower one is the
 #: speculative tools runner's suggested default, docs/sidecar-accuracy.md)
 THRESHOLDS = (0.7, 0.9)
-_COUNTS = ("n", "function_ok", "slots", "slots_ok", "slots_lenient", "call_exact", "call_lenient")
+_COUNTS = ("n", "function_ok", "slots", "slots_ok", "slots_lenient", "call_exact", "call_lenient", "label_slots",
+           "label_slots_ok")
 
 
 def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_source=None, progress=True,
                      details=False, prior_weight: float | None = None, calibration=None,
-                     points: bool = False, row_options=None) -> dict:
+                     points: bool = False, row_options=None, tool_choice: str = "auto") -> dict:
     """The module's figures for `records` (those with one expected call, and "no call" records), overall
     and per source. `prior_weight` weighs the function row's lexical prior (None: the runtime's);
     `calibration` maps a call's log-probability to its confidence (None: the raw product,
     `Calibration.raw()`); `details=True` adds "misses" (each record with a wrong function or slot: what
     was expected and predicted, and each wrong slot's class); `points=True` adds "points", one
     [log-probability, strict exact, source] per predicted call (to fit a calibration on); `row_options`:
-    the adapter's `rows.RowOptions` (None: today's rows), as the runtime reads them from its directory."""
+    the adapter's `rows.RowOptions` (None: today's rows), as the runtime reads them from its directory;
+    `tool_choice`: "auto" (the function row may decline) or "required", as the requests will ask."""
     from tqdm.auto import tqdm
     from ..chat import normalize_messages
     from ..formats import HermesFormat
@@ -64,7 +70,7 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     model.eval()
     for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
         messages = normalize_messages(rec["messages"])
-        request = HintRequest(messages, normalize_tools(rec["tools"]), HermesFormat(), ("auto", None))
+        request = HintRequest(messages, normalize_tools(rec["tools"]), HermesFormat(), (tool_choice, None))
         rows, prefix, choices = wave_rows(request, options=row_options)
         result = wave(prefix, rows, None, choices)
         try:
@@ -86,6 +92,7 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
         label = rec["expected"][0]
         s = per.setdefault(src, dict.fromkeys(_COUNTS, 0))
         s["n"] += 1
+        s["label_slots"] += len(label["arguments"])
         wrong, classes = {}, {}
         if name == label["name"]:
             s["function_ok"] += 1
@@ -126,6 +133,7 @@ def _score_slots(rec: dict, label: dict, call: dict, tool, messages, s: dict, op
         s["slots"] += 1
         ok = got == gold
         s["slots_ok"] += ok
+        s["label_slots_ok"] += ok and param in label["arguments"]
         lenient = lenient_right(param, gold, got, possible=possible, spec=spec, required=required)
         s["slots_lenient"] += lenient
         lenient_ok &= lenient
@@ -185,7 +193,10 @@ def _rates(s: dict) -> dict:
     share = lambda k, of: round(s[k] / s[of], 4) if s[of] else None  # noqa: E731
     return {"n": s["n"], "function_index_acc": share("function_ok", "n"), "slots": s["slots"],
             "arg_exact_match": share("slots_ok", "slots"), "arg_exact_lenient": share("slots_lenient", "slots"),
-            "call_exact": share("call_exact", "n"), "call_exact_lenient": share("call_lenient", "n")}
+            "call_exact": share("call_exact", "n"), "call_exact_lenient": share("call_lenient", "n"),
+            # scored against the target's own calls (`--labels target`, `oospec distill`), these two are α:
+            # the whole call exact, and the share of the label's written slots the wave got exactly
+            "alpha_call": share("call_exact", "n"), "alpha_slots": share("label_slots_ok", "label_slots")}
 
 
 def _table_of(per: dict[str, dict], keys) -> dict:
