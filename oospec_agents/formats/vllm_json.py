@@ -43,7 +43,7 @@ class VllmCallListFormat(ToolFormat):
 
     def parse(self, text):
         segs = self.segments(text)
-        if segs[0][0] == "text":
+        if segs and segs[0][0] == "text":
             return text.strip(), []
         calls = []
         for k, (_, raw) in enumerate(segs):
@@ -101,6 +101,35 @@ class VllmCallListFormat(ToolFormat):
             tool = next((t for t in tools if t.name == name), None)
             return "" if tool is None else _after_space(body, arguments_forced(st, stack[2], tool, ws, 3))
         return ""
+
+
+    def fits(self, text: str, tools: list[Tool]) -> bool:
+        """Whether `text` may still be a reply vLLM's grammar accepts (what it checks of the open call: JSON,
+        the item's keys, the tool name, the arguments' keys in order); a draft is cut where it stops."""
+        body = text.lstrip()
+        if not body:
+            return True
+        if not body.startswith("["):
+            return False
+        st = scan_json(body)
+        if st.error or st.done or len(st.stack) < 2:
+            return not st.error
+        item = st.stack[1]
+        if item.kind != "obj" or item.keys not in ([], [NAME], [NAME, PARAMS]):
+            return False
+        typing = st.in_string if st.in_string is not None and st.string_is_key else None
+        if len(st.stack) == 2:
+            if typing is not None:
+                allowed = NAME if not item.keys else PARAMS if item.keys == [NAME] else ""
+                return bool(allowed) and allowed.startswith(typing)
+            if item.key == NAME and st.in_string is not None:
+                return any(t.name.startswith(st.in_string) for t in tools)
+            return True
+        name = call_name(self.open_call_json(text) or "")
+        tool = next((t for t in tools if t.name == name), None)
+        if tool is None:
+            return False
+        return len(st.stack) > 3 or _fits(st.stack[2].keys, typing, tool)
 
 
 class VllmArgumentsFormat(ToolFormat):
@@ -164,6 +193,20 @@ class VllmArgumentsFormat(ToolFormat):
             return ""
         tool = self._tool(st, tools)
         return "" if tool is None else _after_space(body, arguments_forced(st, st.stack[0], tool, self.layout.of(body), 1))
+
+    def fits(self, text: str, tools: list[Tool]) -> bool:
+        """Whether `text` may still be the arguments of one of `tools` (or of the named one) under vLLM's grammar."""
+        body = text.lstrip()
+        if not body:
+            return True
+        if not body.startswith("{"):
+            return False
+        st = scan_json(body)
+        if st.error or st.done or len(st.stack) > 1:
+            return not st.error
+        typing = st.in_string if st.in_string is not None and st.string_is_key else None
+        named = [t for t in tools if self.tool is None or t.name == self.tool]
+        return any(_fits(st.stack[0].keys, typing, t) for t in named)
 
     def _tool(self, st: JsonState, tools: list[Tool]) -> Tool | None:
         """The named tool: the caller's, else the one whose schema the text so far fits (xgrammar holds

@@ -68,7 +68,18 @@ class ReplyDrafts:
         if self.stack is None:
             return [], None
         draft = self.stack.propose(self.output, k, extend=True)
+        fits = getattr(self.fmt, "fits", None)
+        if draft and fits is not None:  # vLLM's JSON: cut the draft where its grammar would
+            draft = draft[:self._fitting(draft, fits)]
         return draft, self.stack.source if draft else None
+
+    def _fitting(self, draft: list[int], fits) -> int:
+        """How many of `draft`'s tokens keep the reply's text one vLLM's grammar may accept."""
+        text, tools = self.stack.state.text, self.stack.state.tools
+        for n in range(1, len(draft) + 1):
+            if not fits(text + self.tokenizer.decode(draft[:n], skip_special_tokens=False), tools):
+                return n - 1
+        return len(draft)
 
     def finish(self) -> None:
         """The request is over: the call memory keeps its reply (the drafters' feedback hook)."""

@@ -15,7 +15,7 @@ prompts in flight at once each keep a state of their own. A state no row of a st
 
 `stats` counts steps, rows, drafts by drafter and format, and `propose_s` (the proposer's own time).
 With OOSPEC_VLLM_STATS=<path> they are written there (JSON) after every step, for a caller outside
-vLLM's worker (the bench). With OOSPEC_VLLM_AUDIT=1 the draft tokens vLLM's structured outputs cut
+vLLM's worker (the bench); a file `<path>.reset` makes it forget earlier replies. With OOSPEC_VLLM_AUDIT=1 the draft tokens vLLM's structured outputs cut
 (its grammar rejects them) are counted too (`grammar_rejected`, audit.py).
 
 Why `custom_class` rather than a plugin that patches vLLM's model runner (as Arctic Inference does for
@@ -78,6 +78,8 @@ class OoOSpecProposer:
                 **kwargs) -> list[list[int]]:
         """One list of draft ids (at most k) per row of the batch; an empty list drafts nothing."""
         t0 = time.perf_counter()
+        if self.stats_path and os.path.exists(self.stats_path + ".reset"):
+            self._reset()
         seen: set[int] = set()
         out = [self._row(sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i], seen)
                for i, sampled in enumerate(sampled_token_ids)]
@@ -87,6 +89,18 @@ class OoOSpecProposer:
         if self.stats_path:
             self._write_stats()
         return out
+
+    def _reset(self) -> None:
+        """Forget earlier replies (call memory, learnt whitespace): the bench asks it (`<OOSPEC_VLLM_STATS>.reset`)
+        before each run, so a run over the same records again starts as the first did."""
+        os.remove(self.stats_path + ".reset")
+        for states in self.replies.values():  # the last run's requests have ended: not remembered
+            for reply in states:
+                if self.hints is not None:
+                    self.hints.close(reply.uid)
+        self.replies.clear()
+        self.memory.clear()
+        self.layouts.clear()
 
     def _write_stats(self) -> None:
         stats = dict(self.stats, **({} if self.audit is None else self.audit.to_dict()))
