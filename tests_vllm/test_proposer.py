@@ -86,6 +86,44 @@ def test_call_memory_after_a_request_finishes(engine, replies):
     assert again <= first
 
 
+def test_identical_prompts_in_flight_keep_their_own_state(engine, replies):
+    """Two requests with the same prompt in one batch, one 5 tokens ahead: each row gets the drafts a proposer
+    serving it alone gives it (vLLM names no request; the rows are told apart by their replies so far)."""
+    prompt, reply = replies[1]
+    both = OoOSpecProposer(tokenizer=engine.tokenizer, k=K, hints=None)
+    alone = [OoOSpecProposer(tokenizer=engine.tokenizer, k=K, hints=None) for _ in range(2)]
+    drafted = 0
+    for n in range(6, len(reply)):
+        rows = [prompt + reply[:n], prompt + reply[:n - 5]]
+        ids, lens = _batch(rows)
+        got = both.propose([[r[-1]] for r in rows], lens, ids)
+        for i, row in enumerate(rows):
+            one_ids, one_lens = _batch([row])
+            assert got[i] == alone[i].propose([[row[-1]]], one_lens, one_ids)[0], (n, i)
+        drafted += sum(map(len, got))
+    assert drafted > 0
+    assert sum(map(len, both.replies.values())) == 2
+
+
+def test_vllms_json_formats_are_drafted_and_cut_to_fit(engine, records):
+    """A reply vLLM holds to its JSON list of calls (tool_choice "required"): the proposer reads the format
+    from the reply's first characters and drafts the list's forced text; a draft that would leave the list's
+    grammar (a tool name not offered) is cut."""
+    r = records[0]
+    prompt, names = engine.prompt_ids(r["messages"], r["tools"]), [t["function"]["name"] for t in r["tools"]]
+    tool = names[0]
+    typed = next(tool[:n] for n in range(1, len(tool) + 1) if [m for m in names if m.startswith(tool[:n])] == [tool])
+    tok = engine.tokenizer
+    proposer = OoOSpecProposer(tokenizer=tok, k=K, hints=None)
+    reply = tok.encode('[\n  {"name": "' + typed, add_special_tokens=False)
+    ids, lens = _batch([prompt + reply])
+    draft = proposer.propose([[reply[-1]]], lens, ids)[0]
+    assert proposer.stats["formats"] == {"vllm_list": 1}
+    text, forced = tok.decode(reply + draft), '[\n  {"name": "' + tool + '", "parameters": {'
+    assert forced.startswith(text) or text.startswith(forced), text
+    assert draft and proposer.stats["by_source"] == {"schema": 1}
+
+
 def test_a_request_without_tools_gets_retrieval_only(engine, records):
     proposer = OoOSpecProposer(tokenizer=engine.tokenizer, k=K, hints=None)
     r = records[0]

@@ -57,7 +57,9 @@ def add_parser(sub, name):
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 where supported)")
     p.add_argument("--tool-choice", default=None,
                    help="required (default: every record expects a call, so the opener is forced alike for "
-                        "every method), auto, or a tool name; --agent always asks with auto")
+                        "every method), auto, or a tool name; --agent always asks with auto; with --backend vllm: "
+                        "auto (default), required, named (each record's expected tool) or a tool name, held as "
+                        "vLLM's server holds them (docs/vllm.md)")
     p.add_argument("--max-new-tokens", type=int, default=256,
                    help="per reply (default 256: the longest expected dev reply is about 180 tokens)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for prompt_lookup")
@@ -114,7 +116,8 @@ def add_parser(sub, name):
                    help="also run each engine method in --methods (ar, toolspec, oospec) strict, under the grammar "
                         "of valid calls, as ar+strict, toolspec+strict, oospec+strict in the same interleaved "
                         "loop; they are checked against ar+strict (the masked reference), timed over ar, and "
-                        "report.md sets each beside its non-strict run")
+                        "report.md sets each beside its non-strict run; with --backend vllm: every tool strict "
+                        "under vLLM's hermes structural tag (VLLM_ENFORCE_STRICT_TOOL_CALLING)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no report on stdout")
     p.add_argument("--server", metavar="URL", default=None,
                    help="measure one engine method (--methods ar|toolspec|oospec) end to end through a running "
@@ -125,7 +128,8 @@ def add_parser(sub, name):
                         "then by N client threads at once for each N of LEVELS (comma-separated, e.g. 1,2,4,8); "
                         "requests/s, tokens/s, p50/p95 latency, target forwards and batch per level; "
                         "--methods from ar,toolspec,oospec; --agent-loop measures turn 2 with turn 1 cached; "
-                        "with --server, against that server")
+                        "with --server, against that server; with --backend vllm: N requests kept in flight in "
+                        "vLLM for each N (its own batching), steps and tokens/s per method")
     p.add_argument("--backend", choices=("engine", "vllm"), default="engine",
                    help="vllm: the records through vLLM (from .venv-vllm; docs/vllm.md), --methods from "
                         "vllm-ar,vllm-ngram,vllm-suffix,vllm-oospec")

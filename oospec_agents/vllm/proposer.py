@@ -8,19 +8,27 @@ vLLM builds the class with its `VllmConfig` and calls `propose(sampled_token_ids
 token_ids_cpu, ...)` after every step: one row of ids per running request, no request id, no tools.
 Each row is read through its rendered prompt (prompt.py): the assistant header ends the prompt, the
 tools are the JSON it holds; a row whose prompt is not recognised gets no drafts. The drafts come from
-our drafters (drafts.py). Requests are told apart by their prompt's ids; one that is not in a step's
-batch any more has finished (or was preempted), and its reply joins the call memory of its tool set.
+our drafters (drafts.py). vLLM names no request to the proposer: a row is matched to the drafting
+state of its prompt's ids whose reply so far its own ids continue (the longest such), so identical
+prompts in flight at once each keep a state of their own. A state no row of a step claims has finished
+(or was preempted), and its reply joins the call memory of its tool set.
+
+`stats` counts steps, rows, drafts by drafter and format, and `propose_s` (the proposer's own time).
+With OOSPEC_VLLM_STATS=<path> they are written there (JSON) after every step, for a caller outside
+vLLM's worker (the bench); a file `<path>.reset` makes it forget earlier replies.
 
 Why `custom_class` rather than a plugin that patches vLLM's model runner (as Arctic Inference does for
 its suffix proposer): it is vLLM's own, documented entry point, it runs unchanged in process and behind
 `vllm serve`, and the prompt already carries everything the drafters need. What it costs: a request is
-known by its prompt, so two identical prompts running at once share one drafting state (harmless: the
-drafts are only proposals, vLLM verifies every token).
+known by its prompt and its reply so far, not by vLLM's request id.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections import OrderedDict
+from itertools import count
 
 from ..drafters.retrieval import CallMemory
 from .drafts import ReplyDrafts
@@ -50,9 +58,13 @@ class OoOSpecProposer:
         self.reader = PromptReader(tokenizer)
         self.memory = CallMemory(size=memory_size)
         self.hints = hints if hints is not None else _hints_from_env(self.reader)
-        self.replies: OrderedDict[int, ReplyDrafts] = OrderedDict()
+        #: prompt key -> the drafting states of the requests with that prompt (usually one)
+        self.replies: OrderedDict[int, list[ReplyDrafts]] = OrderedDict()
+        self._uid = count()
+        self.layouts: dict = {}  # the whitespace of vLLM's JSON formats, learnt from finished replies
         self.stats = {"steps": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "unrecognised": 0,
-                      "by_source": {}, "propose_s": 0.0}
+                      "by_source": {}, "formats": {}, "propose_s": 0.0, "requests": 0, "hinted": 0}
+        self.stats_path = os.environ.get("OOSPEC_VLLM_STATS") or None
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM hands its drafter the target model; drafting needs none."""
@@ -61,29 +73,56 @@ class OoOSpecProposer:
                 **kwargs) -> list[list[int]]:
         """One list of draft ids (at most k) per row of the batch; an empty list drafts nothing."""
         t0 = time.perf_counter()
+        if self.stats_path and os.path.exists(self.stats_path + ".reset"):
+            self._reset()
         seen: set[int] = set()
         out = [self._row(sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i], seen)
                for i, sampled in enumerate(sampled_token_ids)]
         self._retire(seen)
         self.stats["steps"] += 1
         self.stats["propose_s"] += time.perf_counter() - t0
+        if self.stats_path:
+            self._write_stats()
         return out
+
+    def _reset(self) -> None:
+        """Forget earlier replies (call memory, learnt whitespace): the bench asks it (`<OOSPEC_VLLM_STATS>.reset`)
+        before each run, so a run over the same records again starts as the first did."""
+        os.remove(self.stats_path + ".reset")
+        for states in self.replies.values():  # the last run's requests have ended: not remembered
+            for reply in states:
+                if self.hints is not None:
+                    self.hints.close(reply.uid)
+        self.replies.clear()
+        self.memory.clear()
+        self.layouts.clear()
+
+    def _write_stats(self) -> None:
+        stats = self.stats
+        tmp = f"{self.stats_path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(stats, f)
+        os.replace(tmp, self.stats_path)
 
     def _row(self, sampled, n: int, row, seen: set[int]) -> list[int]:
         if not len(sampled) or (self.max_model_len is not None and n >= self.max_model_len):
             return []  # a partial prefill, or a request at the end of its context: vLLM skips these
         self.stats["rows"] += 1
         ids = row[:n].tolist()
-        reply = self._reply(ids)
+        reply = self._reply(ids, seen)
         if reply is None:
             self.stats["unrecognised"] += 1
             return []
-        seen.add(reply.view.key)
+        seen.add(reply.uid)
+        had_format = reply.fmt is not None
         reply.update(ids)
-        if self.hints is not None and not reply.state.hint:
-            hint = self.hints.poll(reply.view.key)
+        if reply.fmt is not None and not had_format:
+            self.stats["formats"][reply.fmt.name] = self.stats["formats"].get(reply.fmt.name, 0) + 1
+        if self.hints is not None and not reply.hint:
+            hint = self.hints.poll(reply.uid)
             if hint:
                 reply.set_hint(hint)
+                self.stats["hinted"] += 1
         draft, source = reply.propose(self.k)
         if draft:
             self.stats["drafted_rows"] += 1
@@ -91,33 +130,45 @@ class OoOSpecProposer:
             self.stats["by_source"][source] = self.stats["by_source"].get(source, 0) + 1
         return draft
 
-    def _reply(self, ids: list[int]) -> ReplyDrafts | None:
-        """The drafting state of the request whose ids these are; a new one at its first step."""
+    def _reply(self, ids: list[int], seen: set[int]) -> ReplyDrafts | None:
+        """The drafting state of the request whose ids these are: of the states of its prompt not yet
+        claimed this step, the one with the longest reply that `ids` continue; a new one at its first step."""
         view = self.reader.read(ids)
         if view is None:
             return None
-        reply = self.replies.get(view.key)
-        if reply is not None:
+        states = self.replies.get(view.key)
+        if states is not None:
             self.replies.move_to_end(view.key)
-            return reply
-        reply = ReplyDrafts(view, ids, self.reader.fmt, self.reader.tokenizer, self.memory)
-        self.replies[view.key] = reply
+            out = ids[view.n_prompt:]
+            fits = [r for r in states if r.uid not in seen and out[:len(r.output)] == r.output]
+            if fits:
+                return max(fits, key=lambda r: len(r.output))
+        reply = ReplyDrafts(view, ids, self.reader.fmt, self.reader.tokenizer, self.memory, next(self._uid),
+                            self.layouts)
+        self.replies.setdefault(view.key, []).append(reply)
+        self.stats["requests"] += 1
         if self.hints is not None and view.tools:
-            self.hints.open(view.key, ids[:view.n_prompt], list(view.tools))
-        while len(self.replies) > MAX_REQUESTS:
-            self._forget(next(iter(self.replies)))
+            self.hints.open(reply.uid, ids[:view.n_prompt], list(view.tools))
+        while sum(map(len, self.replies.values())) > MAX_REQUESTS:
+            self._forget(next(iter(self.replies)), None)
         return reply
 
     def _retire(self, seen: set[int]) -> None:
         """Requests not in this step's batch have finished: their replies join the call memory."""
-        for key in [k for k in self.replies if k not in seen]:
-            self._forget(key)
+        for key in list(self.replies):
+            self._forget(key, seen)
 
-    def _forget(self, key: int) -> None:
-        reply = self.replies.pop(key)
-        reply.finish()
-        if self.hints is not None:
-            self.hints.close(key)
+    def _forget(self, key: int, keep: set[int] | None) -> None:
+        """The states of prompt `key` that are not in `keep` end (all of them where `keep` is None)."""
+        states = self.replies.pop(key)
+        kept = [r for r in states if keep is not None and r.uid in keep]
+        for reply in states:
+            if reply not in kept:
+                reply.finish()
+                if self.hints is not None:
+                    self.hints.close(reply.uid)
+        if kept:
+            self.replies[key] = kept
 
 
 def _load_tokenizer(model_config):
