@@ -68,6 +68,11 @@ class Seat:
         """Run `job` on the target (alone, or in a round with other seats' verify jobs); its result."""
         return self.batcher.run(self, job)
 
+    def run_now(self, fn: Callable[[], Any], job: Job | None = None):
+        """`fn()` on this thread when this reply decodes alone and the target is free (no round, no job);
+        else `job` (by default `fn` as a job that has the target to itself) run as `run` runs it."""
+        return self.batcher.run_now(self, fn, job)
+
 
 class Batcher:
     """Who runs the target next: verify jobs of replies decoding at the same time share a forward."""
@@ -142,6 +147,23 @@ class Batcher:
         if job.error is not None:
             raise job.error
         return job.rowed(*job.result, job.batch) if job.from_row else job.result
+
+    def run_now(self, seat: Seat, fn: Callable[[], Any], job: Job | None = None):
+        """`Seat.run_now`: a reply alone (the only one seated, on a target that never ran two at once)
+        runs `fn` itself, holding the target; otherwise its job waits its turn (`run`)."""
+        with self._cond:
+            alone = not self._together and not self._busy and not self._queue and len(self._seats) == 1 \
+                and seat in self._seats
+            if alone:
+                self._busy = True
+        if not alone:
+            return self.run(seat, job or Job(fn=fn))
+        try:
+            return fn()
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
     def _ready(self) -> bool:
         """A round starts when no seated reply is busy on the host (or the oldest job waited long enough)."""

@@ -1,15 +1,15 @@
 """A request checked and rendered before it decodes: bad input raises here, naming the problem, and what
-passes becomes a `Prepared` (request.py). `Engine.prepare` and `Engine.stream` call these."""
+passes becomes a `Prepared` (request.py), from which one `Reply` decodes. `Engine.prepare` calls these."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .chat import normalize_messages, render_prompt, template_kwargs
 from .drafters.prediction import prediction_text
 from .errors import ContextLengthError, OoOSpecError, PredictionError
 from .formats import Reasoning, ToolFormat
 from .grammar import Grammars, response_schema
-from .request import Prepared
+from .request import ChatRequest, Prepared
 from .sampling import Sampling, check_logprobs
 from .tools import Tool, normalize_tools, resolve_tool_choice
 
@@ -28,15 +28,19 @@ class Renderer:
     grammars: Grammars
 
 
-def prepare(r: Renderer, messages, tools=None, tool_choice="auto", max_new_tokens: int = 256, stop=None,
-            strict: bool = False, response_format=None, chat_template_kwargs=None, reasoning_effort=None) -> Prepared:
-    """`Engine.prepare`'s work (its docstring says what each argument does)."""
-    msgs = normalize_messages(messages)
-    tool_list = normalize_tools(tools)
-    mode, name = resolve_tool_choice(tool_choice, tool_list)
-    schema = response_schema(response_format)
-    check_max_new_tokens(max_new_tokens)
-    kwargs = template_kwargs(r.tokenizer.chat_template, chat_template_kwargs, reasoning_effort)
+def prepare(r: Renderer, request: ChatRequest) -> Prepared:
+    """`Engine.prepare`'s work (its docstring says what each setting does): the request checked, its prompt
+    rendered, its decoding settings checked."""
+    if not isinstance(request, ChatRequest):
+        raise OoOSpecError(f"the engine takes an oospec_agents.ChatRequest (or the keyword form), "
+                           f"got {type(request).__name__}")
+    method = check_method(request.method)
+    msgs = normalize_messages(request.messages)
+    tool_list = normalize_tools(request.tools)
+    mode, name = resolve_tool_choice(request.tool_choice or "auto", tool_list)
+    schema = response_schema(request.response_format)
+    check_max_new_tokens(request.max_new_tokens)
+    kwargs = template_kwargs(r.tokenizer.chat_template, request.chat_template_kwargs, request.reasoning_effort)
     offered = [] if mode == "none" else tool_list
     prompt = render_prompt(r.tokenizer, r.fmt, msgs, offered, r.native_tools, kwargs)
     reasoning = None if r.reasoning is None else r.reasoning.for_prompt(prompt)
@@ -46,28 +50,21 @@ def prepare(r: Renderer, messages, tools=None, tool_choice="auto", max_new_token
     if len(prompt_ids) + 1 > r.context_window:
         raise ContextLengthError(f"the prompt is {len(prompt_ids)} tokens, over the target's context window of "
                                  f"{r.context_window} tokens")
-    stops = check_stop(stop)
+    stops = check_stop(request.stop)
     guide = r.grammars.json_guide(schema, reasoning) if schema is not None and not offered \
-        else r.grammars.guide(offered, mode, name, strict, reply=schema, reasoning=reasoning)
+        else r.grammars.guide(offered, mode, name, request.strict, reply=schema, reasoning=reasoning)
     return Prepared(msgs, offered, (mode, name), prefix, prompt_ids,
-                    min(max_new_tokens, r.context_window - len(prompt_ids)), stops, guide, reasoning=reasoning)
+                    min(request.max_new_tokens, r.context_window - len(prompt_ids)), stops, guide,
+                    reasoning=reasoning, method=method, **_decoding(r, request, offered))
 
 
-def one_sampling(sampling: Sampling | None, *settings) -> Sampling:
-    """`Engine.stream`'s sampling: a `Sampling` given whole, or its settings one by one (never both)."""
-    if sampling is None:
-        return Sampling(*settings)
-    if not isinstance(sampling, Sampling):
-        raise OoOSpecError(f"sampling must be an oospec_agents.sampling.Sampling, got {type(sampling).__name__}")
-    if any(s is not None for s in settings):
-        raise OoOSpecError("give sampling= or temperature/top_p/top_k/min_p/seed, not both")
-    return sampling
-
-
-def with_decoding(req: Prepared, sampling: Sampling, logprobs, speculative_tools) -> Prepared:
-    """`req` with `Engine.stream`'s sampling, logprobs and speculative tools, checked."""
-    return replace(req, sampling=sampling, top_logprobs=check_logprobs(logprobs),
-                   tool_s=tool_seconds(speculative_tools, req.tools))
+def _decoding(r: Renderer, request: ChatRequest, offered: list[Tool]) -> dict:
+    """`Prepared`'s decoding settings of `request`, checked: sampling, logprobs, speculative tools, prediction."""
+    if not isinstance(request.sampling, Sampling):
+        raise OoOSpecError(f"sampling must be an oospec_agents.sampling.Sampling, got {type(request.sampling).__name__}")
+    return {"sampling": request.sampling, "top_logprobs": check_logprobs(request.logprobs),
+            "tool_s": tool_seconds(request.speculative_tools, offered),
+            "predicted": prediction_ids(r.tokenizer, request.prediction, r.context_window)}
 
 
 def check_method(method) -> str:

@@ -1,15 +1,47 @@
 """`Engine`: a target model (the sole verifier) and an optional sidecar behind one facade.
 
-Where things are: loading a target and a sidecar, `loading.py`; a request checked and rendered,
-`checks.py`; a request's state while it decodes, `request.py`; the decode loop's steps, `decode.py`;
-the drafters, `drafters/` (`drafters/stack.py` drives them without an engine); verification, `verify.py`;
-replies decoding at once, `batching.py`. docs/how-it-works.md draws the path of one request.
+The engine builds its parts and one `Decoder` (decode.py) handed them, then stays a facade: a request
+(`ChatRequest`, request.py) is checked and rendered (`checks.py`), decoded as one `Reply` (reply.py: its own
+`DrafterStack`, drafters/stack.py) by the decoder's loop, verified by the target (`verify.py`), replies
+decoding at once sharing its forwards (`batching.py`). Loading a target and a sidecar: `loading.py`.
+docs/how-it-works.md draws the path of one request.
+
+`Engine(target, tokenizer, sidecar=None, **keywords)`'s keywords:
+- `memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
+- `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
+- `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected seconds are at
+  most this share of the expected decode (sidecar/payback.py); None always runs it.
+- `hint_follow_up`: when the target writes a function the hint does not call, ask the sidecar for that
+  function's slots alone (sidecar/session.py); None, the default, does so where the sidecar has cores of its
+  own (a follow-up on the target's own CPU cores costs more than it saves).
+- `prefill_chunk`: None, the default, prefills the uncached tail in one forward, and on a bf16 CPU target
+  (sdpa, full attention) exactly: a warm request's reply is the cold one bit for bit
+  (`Verifier.plan_prefill`); 1 is one plain forward (a warm reply may then differ from the cold one in bf16);
+  more than 1: chunks that end at multiples of it (absolute positions), a cache hit whole chunks (exact on any
+  target, slower: docs/deterministic.md).
+- `deterministic`: the same request gives the same tokens whatever the method, the draft tree and the
+  concurrency, in bf16 too: every decode forward of a reply has the same shapes (deterministic.py,
+  docs/deterministic.md); prompts are then prefilled exactly (one exact forward, else chunks of 256) unless
+  `prefill_chunk` is more than 1.
+- `call_log`: a file path (or a `CallLog`) where every reply whose calls the target wrote and that all fit
+  their schemas appends one training record for the sidecar (calllog.py; off by default). It stores prompts; a
+  tool's result only with `call_log_tool_results`; it keeps to `call_log_max_mb`.
+- `max_batch`: replies decoding at the same time (from several threads, or an async front-end's executor)
+  share each verify forward, up to this many (batching.py); 1 verifies one reply's tree a forward. Each reply
+  still gets the tokens it gets alone (its attention runs over its own keys).
+- `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")` pins
+  the process to them); None, the default, is every core, shared with a CPU sidecar.
+- `drafters`: a drafter for any slot ("schema", "retrieval", "hint", "prediction"), in place of the default
+  (`drafters.stack.DEFAULT_DRAFTERS`): a `Drafter` serves every reply, a class (or other factory) makes each
+  reply its own.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import threading
-from typing import Iterator
+from types import MappingProxyType
+from typing import Callable, Iterator, Mapping
 
 from . import batch_attention, batching, checks, loading
 from .batching import Batcher
@@ -17,17 +49,18 @@ from .calllog import DEFAULT_MAX_MB as DEFAULT_LOG_MB
 from .calllog import open_call_log
 from .chat import require_chat_template, template_renders_tools
 from .checks import METHODS
-from .decode import DecodeLoop
-from .drafters import ReplyText, default_drafters
+from .decode import Decoder, Parts
+from .drafters import Drafter, ReplyText
 from .drafters.retrieval import CallMemory
+from .drafters.stack import DEFAULT_DRAFTERS
 from .errors import AdapterError, OoOSpecError
 from .formats import ToolFormat, detect_format, detect_reasoning
 from .grammar import Grammars, StrictLogitsProcessor
 from .prefix_cache import DEFAULT_TOKENS as DEFAULT_PREFIX_TOKENS
 from .prefix_cache import PrefixCache
-from .request import Event, Generation, Prepared
-from .sampling import Sampling
-from .sidecar import Sidecar, check_sidecar, cores
+from .reply import Reading
+from .request import ChatRequest, Event, Generation, Prepared
+from .sidecar import check_sidecar, cores
 from .sidecar.payback import DEFAULT_RATIO, PayBack
 from .stats import SOURCES
 from .verify import Verifier, eos_ids
@@ -36,12 +69,13 @@ from .verify import Verifier, eos_ids
 #: exact where the target takes it (bf16 on a CPU that has it; docs/deterministic.md, "Cold against warm");
 #: 1: one plain forward; 256: forwards of 256, exact on any target but slower
 PREFILL_CHUNK = None
-__all__ = ["Engine", "Event", "Generation", "Prepared", "METHODS", "SOURCES", "ReplyText"]
+__all__ = ["Engine", "ChatRequest", "Event", "Generation", "Prepared", "METHODS", "SOURCES", "ReplyText"]
+_KEEP = object()  # `with_parts`: the part stays as it is
 
 
-class Engine(DecodeLoop):
-    """A target model (the sole verifier) plus an optional sidecar that posts call hints. The decode
-    loop's steps are `DecodeLoop`'s (decode.py); a request's state is a `RequestState` (request.py)."""
+class Engine:
+    """A target model (the sole verifier) plus an optional sidecar that posts call hints: a facade over
+    the `Decoder` (decode.py) it builds. Its parts are chosen at construction, or on a copy (`with_parts`)."""
 
     _shared: dict[tuple, "Engine"] = {}
     _shared_lock = threading.Lock()
@@ -52,35 +86,12 @@ class Engine(DecodeLoop):
                  hint_follow_up: bool | None = None, target_cores: frozenset[int] | None = None,
                  prefill_chunk: int | None = PREFILL_CHUNK, deterministic: bool = False, call_log=None,
                  call_log_max_mb: float = DEFAULT_LOG_MB, call_log_tool_results: bool = False,
-                 max_batch: int = batching.DEFAULT_MAX_BATCH):
-        """`memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
-        `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
-        `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected
-        seconds are at most this share of the expected decode (sidecar/payback.py); None always runs it.
-        `hint_follow_up`: when the target writes a function the hint does not call, ask the sidecar for
-        that function's slots alone (sidecar/session.py); None, the default, does so where the sidecar
-        has cores of its own (a follow-up on the target's own CPU cores costs more than it saves).
-        `prefill_chunk`: None, the default, prefills the uncached tail in one forward, and on a bf16 CPU
-        target (sdpa, full attention) exactly: a warm request's reply is the cold one bit for bit
-        (`Verifier.plan_prefill`); 1 is one plain forward (a warm reply may then differ from the cold
-        one in bf16); more than 1: chunks that end at multiples of it (absolute positions), a cache hit
-        whole chunks (exact on any target, slower: docs/deterministic.md).
-        `deterministic`: the same request gives the same tokens whatever the method, the draft tree and
-        the concurrency, in bf16 too: every decode forward of a reply has the same shapes (deterministic.py,
-        docs/deterministic.md); prompts are then prefilled exactly (one exact forward, else chunks of 256)
-        unless `prefill_chunk` is more than 1.
-        `call_log`: a file path (or a `CallLog`) where every reply whose calls the target wrote and that
-        all fit their schemas appends one training record for the sidecar (calllog.py; off by default).
-        It stores prompts; a tool's result only with `call_log_tool_results`; it keeps to `call_log_max_mb`.
-        `max_batch`: replies decoding at the same time (from several threads, or an async front-end's
-        executor) share each verify forward, up to this many (batching.py); 1 verifies one reply's tree a
-        forward. Each reply still gets the tokens it gets alone (its attention runs over its own keys).
-        `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")`
-        pins the process to them); None, the default, is every core, shared with a CPU sidecar."""
+                 max_batch: int = batching.DEFAULT_MAX_BATCH,
+                 drafters: Mapping[str, Drafter | Callable[[], Drafter]] | None = None):
+        """A target and its tokenizer, an optional sidecar; the keywords: the module's docstring."""
         require_chat_template(tokenizer)
         self.target = target
         self.tokenizer = tokenizer
-        self.sidecar: Sidecar | None = None if sidecar is None else check_sidecar(sidecar)
         self.fmt = fmt or detect_format(getattr(tokenizer, "chat_template", None))
         self.reasoning = detect_reasoning(getattr(tokenizer, "chat_template", None))  # None: it does not reason
         # Templates that render `tools=` get them natively; others (SmolLM2) get the format's prompt.
@@ -88,13 +99,8 @@ class Engine(DecodeLoop):
         self.model_name = model_name or getattr(target.config, "_name_or_path", None) or type(target).__name__
         self.context_window = int(getattr(target.config, "max_position_embeddings", 0) or 2048)
         self.max_draft_nodes = max_draft_nodes
-        self.memory = CallMemory(memory_size)
         self.deterministic = bool(deterministic)
         self._verifier = Verifier(target)
-        self.prefix_cache = PrefixCache(prefix_cache_tokens,
-                                        *self._verifier.plan_prefill(prefill_chunk, self.deterministic))
-        self.payback = None if wave_payback is None else PayBack(wave_payback)
-        self.call_log = open_call_log(call_log, max_mb=call_log_max_mb, tool_results=call_log_tool_results)
         self.hint_follow_up = hint_follow_up
         self.eos_ids = eos_ids(target)
         if self.deterministic and any(w is not None for w in self._verifier.layout.windows.values()):
@@ -102,10 +108,7 @@ class Engine(DecodeLoop):
                                f"{type(target).__name__} has sliding-window layers")
         self.place = cores.Place(self._verifier.device, target_cores)  # where the target decodes
         self._pinned: cores.Pinned | None = None  # what pinning the process to `target_cores` changed
-        self._reply_text = ReplyText(tokenizer, self.fmt)
-        #: the drafters by slot ("schema", "retrieval", "hint", "prediction"), drafted in `drafters.stack.ORDER`;
-        #: a slot may be given another `Drafter` (the bench's suffix method, tests)
-        self.drafters = default_drafters()
+        self._reading = Reading(tokenizer, self.fmt, ReplyText(tokenizer, self.fmt), frozenset(self.eos_ids))
         self._grammars = Grammars(tokenizer, self.fmt, self.eos_ids, target.config.get_text_config().vocab_size)
         # Replies from several threads share the target: their verify forwards are batched, the rest take
         # turns (batching.py). `batching_refusal`: why this target's rounds are not batched (None: they are).
@@ -115,7 +118,49 @@ class Engine(DecodeLoop):
         self._batcher = Batcher(functools.partial(batch_attention.batched_forward, target, self._verifier.cache_kw,
                                                   device=self._verifier.device),
                                 max_batch, batched=self.batching_refusal is None)
-        self._logged_faults: set[str] = set()
+        self._use(Parts(drafters={**DEFAULT_DRAFTERS, **(drafters or {})}, memory=CallMemory(memory_size),
+                        prefix_cache=PrefixCache(prefix_cache_tokens,
+                                                 *self._verifier.plan_prefill(prefill_chunk, self.deterministic)),
+                        sidecar=None if sidecar is None else check_sidecar(sidecar),
+                        payback=None if wave_payback is None else PayBack(wave_payback),
+                        call_log=open_call_log(call_log, max_mb=call_log_max_mb, tool_results=call_log_tool_results)))
+
+    def _use(self, parts: Parts) -> None:
+        """Decode with `parts`: the one place the parts and the `Decoder` handed them are set."""
+        if set(parts.drafters) != set(DEFAULT_DRAFTERS):
+            raise OoOSpecError(f"drafters has the slots {sorted(parts.drafters)}; they are {sorted(DEFAULT_DRAFTERS)}")
+        self._parts = parts
+        self._decoder = Decoder(self._verifier, self._batcher, self._reading, parts, max_draft_nodes=self.max_draft_nodes,
+                                deterministic=self.deterministic, hint_follow_up=self.hint_follow_up, place=self.place,
+                                model_name=self.model_name)
+
+    def with_parts(self, *, drafters: Mapping[str, Drafter | Callable[[], Drafter]] | None = None, sidecar=_KEEP,
+                   memory: CallMemory | None = None, prefix_cache: PrefixCache | None = None, payback=_KEEP,
+                   call_log=_KEEP) -> "Engine":
+        """This engine with other parts: the same target, tokenizer and rounds (replies of both share its
+        forwards), a drafter in place of a slot's (`Engine(drafters=)`), another sidecar (None: none), call
+        memory, prefix cache (another engine's: the KV of a prompt depends on the target alone), pay-back
+        rule (None: every wave runs) or call log. This engine is left as it is; closing either closes the
+        sidecar they share."""
+        parts = self._parts
+        changed = Parts(drafters={**parts.drafters, **(drafters or {})}, memory=memory or parts.memory,
+                        prefix_cache=prefix_cache or parts.prefix_cache,
+                        sidecar=parts.sidecar if sidecar is _KEEP else None if sidecar is None else check_sidecar(sidecar),
+                        payback=parts.payback if payback is _KEEP else payback,
+                        call_log=parts.call_log if call_log is _KEEP else call_log)
+        other, cls = copy.copy(self), type(self)
+        cls._use(other, changed)
+        return other
+
+    # the parts, read only (`with_parts` gives an engine with others)
+    parts = property(lambda self: self._parts, doc="What this engine decodes with (`decode.Parts`).")
+    sidecar = property(lambda self: self._parts.sidecar, doc="The sidecar (None: none).")
+    memory = property(lambda self: self._parts.memory, doc="The call memory retrieval drafts from, per tool set.")
+    prefix_cache = property(lambda self: self._parts.prefix_cache, doc="Recent prompts' KV, reused.")
+    payback = property(lambda self: self._parts.payback, doc="The pay-back rule (None: every wave runs).")
+    call_log = property(lambda self: self._parts.call_log, doc="Where verified calls are logged (None: nowhere).")
+    drafters = property(lambda self: MappingProxyType(dict(self._parts.drafters)),
+                        doc="The drafters by slot, drafted in `drafters.stack.ORDER`.")
 
     @classmethod
     def from_pretrained(cls, target="embedded", sidecar=None, *, target_device=None, sidecar_device=None,
@@ -156,13 +201,16 @@ class Engine(DecodeLoop):
         as OpenAI does: the whole reply without tools, the alternative to calls under `auto`, nothing
         where `tool_choice` forces a call. `chat_template_kwargs` (e.g. `{"enable_thinking": False}`)
         and `reasoning_effort` go to the chat template, which must read them (chat.template_kwargs).
+        `messages` may be a whole `ChatRequest` instead (then nothing else is given).
 
         Where the reply reasons (formats/reasoning.py), a call that `tool_choice` forces comes after the
         reasoning, not in the prompt: the grammar forces its opener there (grammar.py)."""
+        request = messages if isinstance(messages, ChatRequest) else ChatRequest.build(
+            messages, tools, tool_choice=tool_choice, max_new_tokens=max_new_tokens, stop=stop, strict=strict,
+            response_format=response_format, chat_template_kwargs=chat_template_kwargs,
+            reasoning_effort=reasoning_effort)
         return checks.prepare(checks.Renderer(self.tokenizer, self.fmt, self.reasoning, self.native_tools,
-                                              self.context_window, self._grammars),
-                              messages, tools, tool_choice, max_new_tokens, stop, strict, response_format,
-                              chat_template_kwargs, reasoning_effort)
+                                              self.context_window, self._grammars), request)
 
     def prompt_ids(self, messages, tools=None, *, tool_choice="auto", chat_template_kwargs=None,
                    reasoning_effort=None) -> list[int]:
@@ -182,45 +230,42 @@ class Engine(DecodeLoop):
                            chat_template_kwargs=chat_template_kwargs, reasoning_effort=reasoning_effort)
         return StrictLogitsProcessor(req.guide, len(req.prompt_ids))
 
-    def generate(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256,
-                 method: str = "oospec", stop=None, hint: str | None = None, **kw) -> Generation:
-        """Decode a reply: greedily, or with a `temperature` (and `top_p`, `top_k`, `min_p`, `seed`) by sampling that
-        keeps the target's distribution (sampling.py); `logprobs=True` (or the number of alternatives per token, up to
-        20) returns each new token's log-probability. `hint` injects a fixed call text instead of the sidecar's;
-        `strict=True` decodes under the grammar of valid calls, and a JSON `response_format` under its schema's (the
-        reference of both is `logits_processor`); `prediction` (OpenAI's Predicted Outputs: the text, or `{"type":
+    def generate(self, request, tools=None, *, hint: str | None = None, record_margins: bool = False,
+                 **settings) -> Generation:
+        """Decode a reply (`stream`'s last item): greedily, or with a `temperature` (and `top_p`, `top_k`,
+        `min_p`, `seed`) by sampling that keeps the target's distribution (sampling.py); `logprobs=True` (or
+        the number of alternatives per token, up to 20) returns each new token's log-probability. `strict=True`
+        decodes under the grammar of valid calls, and a JSON `response_format` under its schema's (the reference
+        of both is `logits_processor`); `prediction` (OpenAI's Predicted Outputs: the text, or `{"type":
         "content", "content": ...}`) is drafted wherever the reply agrees with it; `chat_template_kwargs` and
-        `reasoning_effort` go to the chat template (`prepare`)."""
+        `reasoning_effort` go to the chat template (`prepare`). `hint` injects a fixed call text instead of the
+        sidecar's; `record_margins` keeps each new token's top-2 logit margin in the stats."""
         gen = None
-        for item in self.stream(messages, tools, tool_choice=tool_choice, max_new_tokens=max_new_tokens,
-                                method=method, stop=stop, hint=hint, **kw):
+        for item in self.stream(request, tools, hint=hint, record_margins=record_margins, **settings):
             gen = item
         return gen
 
-    def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens: int = 256, method: str = "oospec",
-               stop=None, hint: str | None = None, record_margins: bool = False, cancel: threading.Event | None = None,
-               strict: bool = False, response_format=None, prediction=None, temperature: float | None = None,
-               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None, seed=None,
-               logprobs: bool | int | None = None, chat_template_kwargs=None, reasoning_effort=None,
-               speculative_tools: dict | None = None, sampling: Sampling | None = None) -> Iterator[Event]:
-        """Yield `ReasoningDelta`s, `TextDelta`s and `ToolCallDelta`s in the round that commits their tokens, a
-        `ToolCallReady` in the round a call's arguments close (one per `Generation.tool_calls` entry), a
+    def stream(self, request, tools=None, *, hint: str | None = None, record_margins: bool = False,
+               cancel: threading.Event | None = None, **settings) -> Iterator[Event]:
+        """A reply's events: `ReasoningDelta`s, `TextDelta`s and `ToolCallDelta`s in the round that commits their
+        tokens, a `ToolCallReady` in the round a call's arguments close (one per `Generation.tool_calls` entry), a
         `CallPredicted` in the round the sidecar's hint is first read (a prediction, never a verified call: `oospec`
-        only), then the final `Generation`. A consumer ignores the events it does not use. `speculative_tools`
-        (`{name: expected seconds or None}`): the tools an agent starts early from the prediction (speculative.py); a
-        sidecar on the target's cores then runs its wave where the tool time it can hide pays for it
-        (sidecar/payback.py). Close the iterator (`contextlib.closing`) to abandon a reply early; or set `cancel` from
-        any thread: the reply ends, with no Generation, after the round in progress (whether or not that round had an
-        event to yield). `sampling`: the settings as one `Sampling` (the front-ends' form), instead of `temperature`,
-        `top_p`, `top_k`, `min_p`, `seed`."""
-        checks.check_method(method)
-        req = self.prepare(messages, tools, tool_choice, max_new_tokens, stop, strict,  # bad input raises here, eagerly
-                           response_format, chat_template_kwargs, reasoning_effort)
-        req = checks.with_decoding(req, checks.one_sampling(sampling, temperature, top_p, top_k, min_p, seed),
-                                   logprobs, speculative_tools)
-        predicted = checks.prediction_ids(self.tokenizer, prediction, self.context_window)
-        return self._seated(lambda seat: self._decode(self._begin(req, method, hint, record_margins, cancel,
-                                                                  predicted, seat)))
+        only), then the final `Generation`. A consumer ignores the events it does not use.
+
+        `request` is a `ChatRequest` (request.py: every setting is its field), or the messages, with `tools` and
+        the settings by keyword (`ChatRequest.build`: `tool_choice`, `max_new_tokens`, `method`, `stop`, ...; the
+        sampling as `sampling=` or `temperature`, `top_p`, `top_k`, `min_p`, `seed`). `speculative_tools`
+        (`{name: expected seconds or None}`): the tools an agent starts early from the prediction (speculative.py);
+        a sidecar on the target's cores then runs its wave where the tool time it can hide pays for it
+        (sidecar/payback.py). Close the iterator (`contextlib.closing`) to abandon a reply early; or set `cancel`
+        from any thread: the reply ends, with no Generation, after the round in progress."""
+        if isinstance(request, ChatRequest):
+            if tools is not None or settings:
+                raise OoOSpecError("a ChatRequest carries every setting: give it alone (or the keyword form)")
+        else:
+            request = ChatRequest.build(request, tools, **settings)
+        req = self.prepare(request)  # bad input raises here, eagerly
+        return self._decoder.stream(req, hint_text=hint, record_margins=record_margins, cancel=cancel)
 
     def clear_prefix_cache(self) -> None:
         """Drop every cached prompt KV, the target's and the sidecar's wave's: the next request
@@ -264,11 +309,6 @@ class Engine(DecodeLoop):
         """Replies decoding now (started and neither finished nor closed)."""
         return self._batcher.seated
 
-    @property
-    def _listeners(self) -> list:
-        """Who is told what each round committed: the drafters, and the call memory (a finished reply)."""
-        return [*self.drafters.values(), self.memory]
-
     def pin_target_cores(self) -> None:
         """Pin the process to the target's core set (`from_pretrained` does, once loaded on every core);
         `close` gives the process back the cores it had."""
@@ -279,22 +319,3 @@ class Engine(DecodeLoop):
     def max_batch(self) -> int:
         """The most replies whose verify forwards run as one (`Engine(max_batch=...)`)."""
         return self._batcher.max_batch
-
-    def _seated(self, make):
-        """A reply's events, with its seat at the target (batching.py): while its consumer holds an
-        event the reply is parked, so the other replies' rounds do not wait for it."""
-        seat, steps = self._batcher.seat(), None
-        try:
-            steps = make(seat)  # the reply's state is built here: a request that fails to begin leaves its seat
-            for event in steps:
-                seat.parked(True)
-                try:
-                    yield event
-                finally:
-                    seat.parked(False)
-        finally:
-            try:
-                if steps is not None:
-                    steps.close()
-            finally:
-                self._batcher.leave(seat)

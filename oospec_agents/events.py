@@ -11,7 +11,7 @@ moment it is committed. `ReplyEvents` turns the text committed so far into the e
 - `ToolCallDelta`: the first event of call `index` carries its `id` and complete `name`
   (`arguments=""`); every later one carries only a fragment of the arguments JSON text as the
   target wrote it. Only an unfinished JSON string escape is held back (an unfinished UTF-8
-  character and a possible stop string never reach this module: `RequestState.commit` cuts them first).
+  character and a possible stop string never reach this module: `reply.Reply.commit` cuts them first).
 
 Joined, the `ReasoningDelta`s equal `Generation.reasoning`, the `TextDelta`s equal
 `Generation.content` and the fragments of call `i` equal its arguments text: `json.loads` of it is

@@ -1,29 +1,32 @@
-"""A request's state, in one place: start here to see what a reply carries while it decodes.
+"""A request on its way in, and the reply on its way out.
 
-`Prepared` is the request as `Engine.prepare` checked and rendered it (immutable). `RequestState` is
-everything one reply's decode loop owns, built once when the reply starts (`decode.py`) and dropped
-when it ends: the prepared request, the drafters' view of the reply (`state`, a `ReplyState`: the
-prompt and committed ids, the text, the hint, the retrieval pool), the events it streams, its stats,
-its hint session, its seat at the target, its KV cache, how it picks tokens, and the committed side
-(`commit`: stop strings, `max_new_tokens`, logprobs, events). `Generation` is the finished reply.
+- `ChatRequest`: the typed request every caller hands the engine (`Engine.stream(request)`); its settings
+  are declared once (`SETTINGS`, the engine's keyword names; `OPENAI_SETTINGS`, the names front-ends read),
+  and `ChatRequest.build` is the keyword form's thin builder. `ChatRequest.of` reads a front-end's settings.
+- The sampling rules every front-end shares: `read_sampling`, `choice_count`, `openai_logprobs`,
+  `check_penalties` (`sampling.Sampling` checks the settings the engine draws with).
+- `Prepared`: the request as `Engine.prepare` checked and rendered it (checks.py); one `Reply` (reply.py)
+  decodes it.
+- `Generation`: the finished reply.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
+from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Generator, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Union
 
-from . import deterministic as det
-from .drafters import ReplyState, ReplyText
-from .events import CallPredicted, LogprobsDelta, ReasoningDelta, ReplyEvents, TextDelta, ToolCallDelta, ToolCallReady
+from .errors import OoOSpecError, SamplingError
+from .events import CallPredicted, LogprobsDelta, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallReady
 from .formats import Reasoning
 from .grammar import Guide
-from .sampling import Choice, Sampling, TokenLogprob
-from .sidecar.session import HintSession
+from .sampling import Sampling, check_logprobs
 from .stats import DecodeStats
 from .tools import Tool
 
-__all__ = ["Event", "Generation", "Prepared", "RequestState", "partial_stop", "stop_at"]
+__all__ = ["ChatRequest", "Event", "Generation", "Prepared", "SETTINGS", "OPENAI_SETTINGS", "settings",
+           "read_sampling", "choice_count", "check_penalties", "openai_logprobs", "PENALTIES", "MAX_CHOICES"]
 
 
 @dataclass
@@ -56,8 +59,8 @@ Event = Union[ReasoningDelta, TextDelta, ToolCallDelta, ToolCallReady, CallPredi
 @dataclass(frozen=True)
 class Prepared:
     """A request checked and rendered: what the decode loop needs, and nothing it has to look up.
-    Immutable: the decode loop keeps what changes in its `RequestState` (a strict reply's grammar
-    state, `guide`, advances as the reply's tokens are committed)."""
+    Decoded once: `guide` (a strict reply's grammar state) is handed to the one `Reply` that decodes it,
+    which advances it as its tokens are committed."""
     messages: list[dict]
     tools: list[Tool]
     choice: tuple[str, str | None]
@@ -70,105 +73,203 @@ class Prepared:
     top_logprobs: int | None = None  # logprobs asked for: alternatives per token (None: none asked)
     reasoning: Reasoning | None = None  # how the reply reasons (formats/reasoning.py); None: it does not
     tool_s: float | None = None     # the mean expected seconds of the speculative tools on offer (None: none known)
+    method: str = "oospec"          # "ar" | "toolspec" | "oospec"
+    predicted: list[int] = field(default_factory=list)  # the caller's predicted output, in target tokens
 
 
-@dataclass(eq=False)
-class RequestState:
-    """One reply while it decodes, owned by its decode loop (decode.py). The loop's steps take it and
-    return what they decided; `commit` is the one place the reply's tokens are written."""
-    req: Prepared
-    method: str                     # "ar" | "toolspec" | "oospec"
-    state: ReplyState               # what the drafters read: prompt + committed ids, text, hint, pool
-    events: ReplyEvents             # the stream's events, read from the committed text
-    stats: DecodeStats
-    decode: ReplyText               # token ids -> the reply's text
-    eos: set[int]
-    call_id_prefix: str             # the reply's calls are `{call_id_prefix}_{i}`
-    seat: object                    # its place at the target (batching.Seat)
-    choose: Choice | None = None    # what picks the tokens (None: the plain argmax); it holds their logprobs
-    hint_text: str | None = None    # a fixed hint the caller gave in place of the sidecar's
-    cancel: threading.Event | None = None
-    hints: HintSession | None = None  # the sidecar's hint for this reply, while it may come
-    cache: object = None            # the reply's KV cache (from the prefix cache, or new)
-    shapes: det.Shapes | None = None  # deterministic mode: the shapes of its decode forwards
-    finish: str | None = None       # "stop" | "length" once the reply is over
-    logprobs: list[dict] = field(default_factory=list)  # OpenAI's entry per committed token, when asked for
-    predictions: list[dict] = field(default_factory=list)  # every call the reply's hints predicted
 
-    @property
-    def new(self) -> list[int]:
-        """The committed new tokens (a copy of the tail of `state.ids`)."""
-        return self.state.new
-
-    @property
-    def n_new(self) -> int:
-        return len(self.state.ids) - self.state.n_prompt
-
-    @property
-    def text(self) -> str:
-        """The committed text, cut at a stop string once one appears."""
-        return self.state.text
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
-
-    def commit(self, pending: list[int], logits) -> Generator[Event, None, int]:
-        """Commit what the last forward decided, check every stop condition, and yield the new events;
-        returns how many of `pending` were committed (`max_new_tokens` or an end of sequence may cut it).
-        `logits` are the rows that chose the last of `pending`; the tokens before them (and all of them
-        when `logits` is None) were forced by the grammar: their margin is infinite, their logprob 0."""
-        req, ids, stats = self.req, self.state.ids, self.stats
-        if stats.margins is not None:
-            rows = 0 if logits is None else len(logits)
-            stats.margins += [float("inf")] * max(0, len(pending) - rows)
-            if rows:
-                top2 = logits.float().topk(2, dim=-1).values
-                stats.margins += (top2[:, 0] - top2[:, 1]).tolist()[:len(pending)]
-        before = len(ids)
-        for t in pending[:req.max_new_tokens - self.n_new]:
-            ids.append(t)
-            if t in self.eos:
-                self.finish = "stop"
-                break
-        scored = self._logprobs(pending, len(ids) - before, logits is not None)
-        text = req.prefix + self.decode(ids[self.state.n_prompt:])
-        cut = stop_at(text, req.stop, len(req.prefix))
-        if cut is not None:
-            self.state.text, self.finish = text[:cut], "stop"
-        else:
-            self.state.text = text
-            if self.finish is None and self.n_new >= req.max_new_tokens:
-                self.finish = "length"
-            if self.finish is None:
-                # Hold back text that may still start a stop string, and a UTF-8 character cut in half.
-                yield from self.events.feed(text[:len(text) - partial_stop(text, req.stop)].rstrip("\ufffd"))
-        if scored:
-            yield LogprobsDelta(scored)
-        return len(ids) - before
-
-    def _logprobs(self, pending: list[int], kept: int, chosen: bool) -> list[dict]:
-        """OpenAI's logprobs entries of the `kept` tokens just committed (when asked for): what `choose`
-        recorded for the tokens it chose, 0 for the tokens a grammar forced before them."""
-        if self.req.top_logprobs is None:
-            return []
-        taken = self.choose.take() if chosen else []
-        entries = [TokenLogprob(t, 0.0) for t in pending[:len(pending) - len(taken)]] + taken
-        scored = [e.openai(lambda t: self.decode.tokenizer.decode([t])) for e in entries[:kept]]
-        self.logprobs += scored
-        return scored
-
-    def close(self) -> Iterator[ReasoningDelta | TextDelta | ToolCallDelta]:
-        """The reply is over: everything still held back is decided."""
-        yield from self.events.feed(self.text, final=True)
+#: the most choices (`n`) one request may ask for: they are decoded one after another
+MAX_CHOICES = 8
 
 
-def stop_at(text: str, stops: list[str], start: int) -> int | None:
-    """Where the first stop string found in `text` from `start` begins (None: none is there)."""
-    hits = [i for s in stops if s and (i := text.find(s, start)) >= 0]
-    return min(hits) if hits else None
+@dataclass
+class ChatRequest:
+    """One request for one reply: what every caller hands the engine (`Engine.stream(request)`)."""
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tool_choice: Any = "auto"
+    max_new_tokens: int = 256
+    method: str = "oospec"
+    stop: list[str] | None = None
+    strict: bool = False                 # every call under the grammar of valid calls (else the tools marked so)
+    response_format: dict | None = None  # OpenAI's: a reply that calls no tool is JSON of its schema
+    prediction: Any = None               # OpenAI's Predicted Outputs: drafted where the reply agrees with it
+    sampling: Sampling = field(default_factory=Sampling)  # greedy unless it has a temperature
+    logprobs: bool | int | None = None   # True (the chosen token's), or alternatives per token (0-20)
+    # reasoning targets (docs/reasoning.md): arguments of the chat template, checked by the engine
+    chat_template_kwargs: dict | None = None   # e.g. {"enable_thinking": False}
+    reasoning_effort: str | None = None        # "low" | "medium" | "high", for templates that read it
+    # speculative tools: {tool name: expected seconds or None}, for the engine's pay-back rule
+    speculative_tools: dict | None = None
+
+    @classmethod
+    def build(cls, messages, tools=None, *, sampling: Sampling | None = None, temperature=None, top_p=None,
+              top_k=None, min_p=None, seed=None, **settings) -> "ChatRequest":
+        """The keyword form (`Engine.stream(messages, tools, **settings)`): `SETTINGS` by name, and the
+        sampling as one `Sampling` or its settings one by one (never both). An unknown name is a TypeError."""
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise TypeError(f"unexpected request settings {unknown}; the settings are {list(SETTINGS)}")
+        loose = (temperature, top_p, top_k, min_p, seed)
+        if sampling is None:
+            sampling = Sampling(*loose)
+        elif not isinstance(sampling, Sampling):
+            raise OoOSpecError(f"sampling must be an oospec_agents.sampling.Sampling, got {type(sampling).__name__}")
+        elif any(s is not None for s in loose):
+            raise OoOSpecError("give sampling= or temperature/top_p/top_k/min_p/seed, not both")
+        return cls(messages, tools, sampling=sampling, **settings)
+
+    @classmethod
+    def of(cls, messages: list[dict], setting: Callable[[str], Any]) -> "ChatRequest":
+        """A front-end's request, its settings read by name with `setting` (`settings`: a call's keyword
+        arguments over a model's fields), None for unset. The names are `OPENAI_SETTINGS`: OpenAI's (vLLM's
+        for `top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs`); `max_tokens` is 256 unset and a
+        string `stop` is one stop sequence. Its sampling is checked now (`read_sampling`); the rest by the
+        engine, when the request is streamed."""
+        sampling, logprobs = read_sampling(setting)
+        max_tokens, stop = setting("max_tokens"), setting("stop")
+        return cls(messages, setting("tools"), setting("tool_choice") or "auto",
+                   max_new_tokens=256 if max_tokens is None else max_tokens, method=setting("method") or "oospec",
+                   stop=[stop] if isinstance(stop, str) else stop, response_format=setting("response_format"),
+                   prediction=setting("prediction"), sampling=sampling, logprobs=logprobs,
+                   chat_template_kwargs=setting("chat_template_kwargs"), reasoning_effort=setting("reasoning_effort"),
+                   speculative_tools=setting("speculative_tools"))
+
+    def stream(self, engine, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """`engine.stream(self)`: its events (bad input raises here, eagerly); setting `cancel` ends it after
+        the round in progress."""
+        return engine.stream(self, cancel=cancel)
+
+    def stream_choices(self, engine, n: int = 1, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """The events of `n` choices (`for_choice`), one after another: choice i's events follow i
+        Generations. Choice 0's stream is made now (bad input raises here, eagerly), each other one
+        as it starts; a cancelled reply starts no other."""
+        first = self.stream(engine, cancel)
+        return first if n == 1 else self._choices(first, engine, n, cancel)
+
+    def _choices(self, first: Iterator[Event], engine, n: int, cancel: threading.Event | None):
+        try:
+            with closing(first) as events:
+                yield from events
+            for index in range(1, n):
+                if cancel is not None and cancel.is_set():
+                    return
+                with closing(self.for_choice(index).stream(engine, cancel)) as events:
+                    yield from events
+        finally:
+            first.close()  # when closed before it started
+
+    def for_choice(self, index: int) -> "ChatRequest":
+        """The request of choice `index` of several (`n`): the same, with its own seed, `seed + index`
+        when a seed is given (without one, every choice draws a fresh seed)."""
+        seed = self.sampling.seed
+        if index == 0 or seed is None:
+            return self
+        return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, seed=seed + index))
+
+    def generate(self, engine) -> Generation:
+        with closing(self.stream(engine)) as events:
+            return _last(events)
 
 
-def partial_stop(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
-    return max((k for s in stops for k in range(len(s) - 1, 0, -1) if text.endswith(s[:k])), default=0)
+#: the request's settings by the engine's names (`Engine.stream`'s keyword form): every field but `messages`
+#: and `sampling`, whose settings go one by one (`SAMPLING`) or whole (`sampling=`)
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed")
+SETTINGS = tuple(f.name for f in dataclasses.fields(ChatRequest) if f.name not in ("messages", "sampling"))
+#: the names `ChatRequest.of` reads, OpenAI's (the integrations derive the keywords a call may carry from it)
+OPENAI_SETTINGS = ("tools", "tool_choice", "max_tokens", "method", "stop", "response_format", "prediction",
+                   "chat_template_kwargs", "reasoning_effort", "speculative_tools", *SAMPLING, "logprobs",
+                   "top_logprobs", "logit_bias")
+
+
+def _last(events: Iterable[Event]) -> Generation:
+    gen = None
+    for gen in events:
+        pass
+    if not isinstance(gen, Generation):
+        raise RuntimeError("the engine's stream ended without a Generation")
+    return gen
+
+
+def settings(*layers: Mapping[str, Any] | object) -> Callable[[str], Any]:
+    """Settings by name, each from the first layer that has it: a mapping's key (a call's keyword
+    arguments), an object's attribute (a chat model's fields); None where no layer has it."""
+    def setting(name: str) -> Any:
+        for layer in layers:
+            if isinstance(layer, Mapping):
+                if name in layer:
+                    return layer[name]
+            elif hasattr(layer, name):
+                return getattr(layer, name)
+        return None
+    return setting
+
+
+def read_sampling(setting: Callable[[str], Any]) -> tuple[Sampling, bool | int | None]:
+    """A request's sampling, its settings read by name with `setting` (`settings`), checked: the
+    `Sampling` the engine draws with (`temperature`, `top_p`, `top_k`, `min_p`, `seed`), and its one
+    `logprobs` argument from OpenAI's `logprobs` and `top_logprobs` (`openai_logprobs`). A penalty
+    (`PENALTIES`) or `logit_bias` that is not neutral is refused (`check_penalties`). A bad value is a
+    `SamplingError` naming its field in `.param`."""
+    check_penalties({name: setting(name) for name in PENALTIES}, setting("logit_bias"))
+    sampling = Sampling(*(setting(name) for name in SAMPLING))
+    return sampling, openai_logprobs(setting("logprobs"), setting("top_logprobs"))
+
+
+def _refused(param: str, message: str, code: str | None = None) -> SamplingError:
+    error = SamplingError(message)
+    error.param, error.code = param, code
+    return error
+
+
+def choice_count(n: Any) -> int:
+    """How many choices a request asks for (OpenAI's `n`): None is 1; at most `MAX_CHOICES`."""
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise _refused("n", f"n must be an integer from 1 to {MAX_CHOICES} (the choices are decoded one after "
+                            f"another), got {n!r}")
+    return n
+
+
+#: the penalties a request may carry: (the value that leaves the target's distribution as it is, the
+#: documented range). OpenAI's two take -2 to 2; vLLM's `repetition_penalty` any number above 0.
+PENALTIES = {"presence_penalty": (0, (-2, 2)), "frequency_penalty": (0, (-2, 2)),
+             "repetition_penalty": (1, (0, None))}
+
+
+def check_penalties(penalties: dict[str, Any], logit_bias: Any = None) -> None:
+    """The penalties (`PENALTIES`: name -> value, None for unset) and `logit_bias` as every front-end
+    refuses them. A value outside its documented range is a `SamplingError` stating the range; any
+    other than the neutral one, and a non-empty `logit_bias`, is not served (its `code` is
+    "unsupported_parameter"): each token's draw would depend on the tree node's own path, or on a bias
+    the verification does not apply, and sampling keeps the target's own distribution."""
+    for name, value in penalties.items():
+        if value is None:
+            continue
+        neutral, (low, high) = PENALTIES[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                low < value if high is None else low <= value <= high):
+            where = f"above {low}" if high is None else f"from {low} to {high}"
+            raise _refused(name, f"{name} must be a number {where}, got {value!r} (and only {neutral} is served)")
+        if value != neutral:
+            raise _refused(name, f"{name}={value!r} is not served: sampling keeps the target's own distribution, "
+                                 f"so {name} must be absent or {neutral}", "unsupported_parameter")
+    if logit_bias:
+        raise _refused("logit_bias", "logit_bias is not served: sampling keeps the target's own distribution, so "
+                                     "logit_bias must be absent or empty", "unsupported_parameter")
+
+
+def openai_logprobs(logprobs: Any, top_logprobs: Any) -> bool | int | None:
+    """OpenAI's pair as the engine's one `logprobs` argument: `logprobs=True` asks for each token's
+    log-probability, `top_logprobs` (0-20) for that many alternatives too. `top_logprobs` above 0
+    without `logprobs=True` is an error (vLLM's rule; OpenAI's too), naming `top_logprobs`."""
+    if top_logprobs is not None:
+        check_logprobs(top_logprobs)
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise _refused("logprobs", f"logprobs must be true or false, got {logprobs!r}")
+    if not logprobs:
+        if top_logprobs:
+            raise _refused("top_logprobs", f"top_logprobs={top_logprobs!r} needs logprobs=true")
+        return None
+    return True if top_logprobs is None else top_logprobs

@@ -26,12 +26,12 @@ import dataclasses
 from typing import Iterator
 
 from .chat import normalize_messages
-from .checks import one_sampling
 from .engine import Event, Generation
 from .events import CallPredicted, LogprobsDelta, ReplyEvents
 from .finish import read_reply
 from .formats import HermesFormat, Reasoning
-from .sampling import Sampling, TokenLogprob, check_logprobs
+from .request import ChatRequest
+from .sampling import TokenLogprob, check_logprobs
 from .stats import DecodeStats
 from .tools import Tool, normalize_tools, resolve_tool_choice
 
@@ -95,19 +95,19 @@ class ScriptedEngine:
         self.predict_round = predict_round
         self._replayed = 0
 
-    def stream(self, messages, tools=None, *, tool_choice="auto", max_new_tokens=256, method="oospec",
-               stop=None, cancel=None, temperature=None, top_p=None, top_k=None, min_p=None, seed=None,
-               logprobs=None, sampling: Sampling | None = None, **kw) -> Iterator[Event]:
+    def stream(self, request, tools=None, *, cancel=None, **settings) -> Iterator[Event]:
         """`Engine.stream`'s arguments; `cancel` is not polled (a scripted reply is replayed whole)."""
-        offered = _checked(messages, tools, tool_choice)
-        # bad settings raise here, as the engine's do
-        settings = one_sampling(sampling, temperature, top_p, top_k, min_p, seed)
-        top_logprobs = check_logprobs(logprobs)
-        sampling = {**dataclasses.asdict(settings), "logprobs": logprobs}
-        self.requests.append({"messages": messages, "tools": tools, "tool_choice": tool_choice,
-                              "max_new_tokens": max_new_tokens, "method": method, "stop": stop,
-                              **{k: v for k, v in kw.items() if k in ("response_format", "prediction",
-                                                                      "chat_template_kwargs", "reasoning_effort")},
+        if not isinstance(request, ChatRequest):
+            request = ChatRequest.build(request, tools, **settings)  # bad settings raise here, as the engine's do
+        offered = _checked(request.messages, request.tools, request.tool_choice)
+        top_logprobs = check_logprobs(request.logprobs)
+        method, stop = request.method, request.stop
+        sampling = {**dataclasses.asdict(request.sampling), "logprobs": request.logprobs}
+        self.requests.append({"messages": request.messages, "tools": request.tools,
+                              "tool_choice": request.tool_choice, "max_new_tokens": request.max_new_tokens,
+                              "method": method, "stop": stop,
+                              **{k: v for k in ("response_format", "prediction", "chat_template_kwargs",
+                                                "reasoning_effort") if (v := getattr(request, k)) is not None},
                               **{k: v for k, v in sampling.items() if v is not None}})
         text = self.replies.pop(0)
         cuts = [i for s in stop or [] if (i := text.find(s)) >= 0]

@@ -107,9 +107,7 @@ def on_target_of(engine, sidecar=None, **kw):
     sharing `engine`'s prefix cache: the KV of a prompt depends on the target alone, so a slow test
     need not prefill again what an earlier one left (about 0.5 s a 430-token prompt in float32)."""
     from oospec_agents import Engine
-    other = Engine(engine.target, engine.tokenizer, sidecar, **kw)
-    other.prefix_cache = engine.prefix_cache
-    return other
+    return Engine(engine.target, engine.tokenizer, sidecar, **kw).with_parts(prefix_cache=engine.prefix_cache)
 
 
 def once_per_run(tmp_path_factory, name: str, compute):
@@ -185,9 +183,9 @@ def trace_stream(engine, *args, **kwargs) -> tuple[list[tuple[int, object]], lis
     forward (1 = the prefill), and `committed[r - 1]` is how many new tokens were committed by then
     (under a grammar, with the tokens it forced right after that forward: jump-forward).
     """
-    verifier = engine._verifier
+    verifier, decoder = engine._verifier, engine._decoder
     committed = [1]  # the prefill's forward commits one token
-    real, real_forced = verifier.verify, engine._forced
+    real, real_forced = verifier.verify, decoder._forced
 
     def verify(tree, cache, past, **kw):
         path, nxt, logits = real(tree, cache, past, **kw)
@@ -200,11 +198,11 @@ def trace_stream(engine, *args, **kwargs) -> tuple[list[tuple[int, object]], lis
         committed[-1] += len(run)
         return run
 
-    verifier.verify, engine._forced = verify, forced
+    verifier.verify, decoder._forced = verify, forced
     try:
         events = [(len(committed), item) for item in engine.stream(*args, **kwargs)]
     finally:
-        del verifier.verify, engine._forced
+        del verifier.verify, decoder._forced
     return events, committed
 
 
@@ -486,13 +484,18 @@ def record_requests(monkeypatch, engine) -> list[list]:
     """Every request a front-end makes of `engine`: [messages, tools, keywords, Generation]."""
     from contextlib import closing
 
-    from oospec_agents import Generation
+    from oospec_agents import ChatRequest, Generation
+    from oospec_agents.request import SETTINGS
     seen: list[list] = []
     real = engine.stream
 
-    def stream(messages, tools=None, **kw):
-        events = real(messages, tools, **kw)  # eager, as the real one: bad input raises here
-        entry = [messages, tools, kw, None]
+    def stream(request, tools=None, **kw):
+        events = real(request, tools, **kw)  # eager, as the real one: bad input raises here
+        if isinstance(request, ChatRequest):  # its settings as keywords: those it sets, and the sampling
+            kw = {**{k: v for k in SETTINGS if k != "tools" and (v := getattr(request, k)) is not None},
+                  "sampling": request.sampling, **kw}
+            request, tools = request.messages, request.tools
+        entry = [request, tools, kw, None]
         seen.append(entry)
 
         def tap():

@@ -91,7 +91,7 @@ def coverage(smollm2_tokenizer) -> dict:
         row = {"window": overrides.get("sliding_window"), "prompt": len(ids), "layout": engine._verifier.layout}
         for method in METHODS:
             row[method] = _run(engine, method, ref, ids)
-        engine.drafters["retrieval"] = ReferenceDrafter(ref, len(ids), wrong_at=3, branch=True)
+        engine = engine.with_parts(drafters={"retrieval": ReferenceDrafter(ref, len(ids), wrong_at=3, branch=True)})
         row["tree"] = _run(engine, "toolspec", ref, ids)
         out[family] = row
     return out
@@ -152,7 +152,7 @@ def test_a_model_that_takes_no_tree_mask_verifies_chains_and_says_so_once(smollm
     assert "chunked" in caplog.records[0].message
     ids = engine.prompt_ids(ASK, TOOLS, tool_choice="required")
     ref = greedy(engine, ids, NEW)
-    engine.drafters["retrieval"] = ReferenceDrafter(ref, len(ids), wrong_at=3, branch=True)
+    engine = engine.with_parts(drafters={"retrieval": ReferenceDrafter(ref, len(ids), wrong_at=3, branch=True)})
     for method in METHODS:
         assert _run(engine, method, ref, ids)["lossless"], method
 

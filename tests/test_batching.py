@@ -163,14 +163,14 @@ def test_replies_join_and_leave_mid_batch_and_a_warm_prompt_sits_beside_cold_one
 def test_a_cancelled_or_failing_reply_leaves_the_others_going(engine, monkeypatch):
     alone = [engine.generate(ask(q), [WEATHER], method="ar", max_new_tokens=30) for q in QUESTIONS[:4]]
     cancel = threading.Event()
-    schema = engine.drafters["schema"]
-    real = schema.propose
+    from oospec_agents.drafters import SchemaDrafter
 
-    def propose(state):
-        if "Oslo" in engine.tokenizer.decode(state.ids[:state.n_prompt]) and len(state.ids) > state.n_prompt + 5:
-            raise RuntimeError("a drafter failed for this reply only")
-        return real(state)
-    monkeypatch.setattr(schema, "propose", propose)
+    class FailsForOslo(SchemaDrafter):  # TEST DOUBLE: the schema drafter, failing for one reply
+        def propose(self, state):
+            if "Oslo" in engine.tokenizer.decode(state.ids[:state.n_prompt]) and len(state.ids) > state.n_prompt + 5:
+                raise RuntimeError("a drafter failed for this reply only")
+            return super().propose(state)
+    engine = engine.with_parts(drafters={"schema": FailsForOslo})
 
     def cancelled():
         events = []

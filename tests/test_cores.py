@@ -82,15 +82,13 @@ def test_target_on_core_0_sidecar_pinned_to_core_1_hints_accepted_and_lossless()
         assert engine.place == Place(CPU, frozenset({0}))
         ids = engine.prompt_ids(record["messages"], record["tools"], tool_choice="required")
         reference = greedy(engine, ids, 48)
-        engine.sidecar = _HeldFor(side)
-        gen = engine.generate(record["messages"], record["tools"], tool_choice="required", max_new_tokens=48)
+        gen = engine.with_parts(sidecar=_HeldFor(side)).generate(record["messages"], record["tools"], tool_choice="required", max_new_tokens=48)
         assert gen.token_ids == reference                              # lossless
         s = gen.stats
         assert s.sidecar_error is None and s.sidecar_skipped is None and s.wave_estimate_s is None  # not costed: its own device
         assert s.hint_bytes > 0 and s.accepted_by_source["hint"] > 0  # its hint was accepted
         assert torch.get_num_threads() == 1                           # no core lent: none is shared
     finally:
-        engine.sidecar = side
         engine.close()
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before  # close() gives the cores back
     assert side.pid is None

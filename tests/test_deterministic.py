@@ -129,9 +129,8 @@ def test_methods_trees_and_threads_give_the_same_tokens_on_a_tiny_bf16_target(sm
     # trees whose accepted path is not contiguous (a flawed draft first), rejected at several depths
     n_prompt = len(engine.prompt_ids(ASK, [WEATHER], tool_choice="required"))
     for wrong_at in (0, 2, 5):
-        monkeypatch.setitem(engine.drafters, "retrieval", ReferenceDrafter(ref, n_prompt, wrong_at, True))
-        assert run(engine, "toolspec") == ref
-    monkeypatch.undo()
+        assert run(engine.with_parts(drafters={"retrieval": ReferenceDrafter(ref, n_prompt, wrong_at, True)}),
+                   "toolspec") == ref
     calls = [("ar", None), ("toolspec", None), ("oospec", RIGHT), ("oospec", WRONG)]
     for n in (4, 8):
         got = in_threads(n, lambda i: run(engine if i % 2 else small, *calls[i % 4]))
@@ -148,7 +147,7 @@ def test_the_mode_verifies_a_chain_the_first_draft(smollm2_tokenizer, tiny_bf16,
         n_prompt = len(engine.prompt_ids(ASK, [WEATHER], tool_choice="required"))
         ref = engine.generate(ASK, [WEATHER], tool_choice="required", max_new_tokens=30, method="ar").token_ids
         # two drafts: a flawed one first, the reference second
-        monkeypatch.setitem(engine.drafters, "retrieval", ReferenceDrafter(ref, n_prompt, 2, True))
+        engine = engine.with_parts(drafters={"retrieval": ReferenceDrafter(ref, n_prompt, 2, True)})
         seen = trees[on] = []
         verify = engine._verifier.verify
         monkeypatch.setattr(engine._verifier, "verify", lambda tree, *a, **k: seen.append(tree.is_chain) or
@@ -302,7 +301,7 @@ def test_in_bf16_every_method_tree_thread_count_and_cache_state_gives_the_same_t
     records += [extra[i] for i in EXTRA]
     engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16, deterministic=True)
     small = Engine(engine.target, engine.tokenizer, deterministic=True, max_draft_nodes=8)
-    small.prefix_cache = engine.prefix_cache
+    small = small.with_parts(prefix_cache=engine.prefix_cache)
     n = 20
     for rec in records:
         hint = engine.fmt.render_calls(rec["expected"])

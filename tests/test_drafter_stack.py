@@ -137,9 +137,8 @@ def test_the_stack_drafts_what_the_engines_drafters_draft(engine, smollm2_tokeni
         memory.remember(normalize_tools([WEATHER]), first.token_ids)
     else:
         engine.clear_call_memory()
-    for slot, real in list(engine.drafters.items()):
-        monkeypatch.setitem(engine.drafters, slot, Recorder(slot, real, log))
-    gen = engine.generate(ASK, [WEATHER], tool_choice=choice, method=method, hint=hint, max_new_tokens=40)
+    recording = engine.with_parts(drafters={slot: Recorder(slot, make(), log) for slot, make in engine.drafters.items()})
+    gen = recording.generate(ASK, [WEATHER], tool_choice=choice, method=method, hint=hint, max_new_tokens=40)
     engine.clear_call_memory()
     assert gen.token_ids == first.token_ids
     rounds: dict[int, list] = {}
@@ -171,9 +170,9 @@ def test_the_engine_tells_its_drafters_what_each_round_accepted(engine, monkeypa
             assert ctx.ids[len(ctx.ids) - len(accepted.tokens):] == list(accepted.tokens)  # committed already
             told.append(accepted)
 
-    monkeypatch.setitem(engine.drafters, "retrieval", Listening(engine.drafters["retrieval"]))
+    listening = engine.with_parts(drafters={"retrieval": Listening(engine.drafters["retrieval"]())})
     engine.clear_call_memory()
-    gen = engine.generate(ASK, [WEATHER], method="toolspec", max_new_tokens=40)
+    gen = listening.generate(ASK, [WEATHER], method="toolspec", max_new_tokens=40)
     *rounds, last = told
     assert last.done and not any(r.done for r in rounds)
     assert len(rounds) == gen.stats.target_forwards - 1  # one telling per verify forward
@@ -188,7 +187,7 @@ def test_the_engine_tells_its_drafters_what_each_round_accepted(engine, monkeypa
 
 def test_the_pay_back_rule_learns_a_finished_replys_seconds_on_the_same_hook(engine, monkeypatch):
     from oospec_agents.sidecar.payback import PayBack
-    monkeypatch.setattr(engine, "payback", PayBack())
+    engine = engine.with_parts(payback=PayBack())
     seen = []
     monkeypatch.setattr(engine.payback, "observe", lambda *a: seen.append(a))
     engine.generate(ASK, [WEATHER], method="ar", max_new_tokens=8)

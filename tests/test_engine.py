@@ -40,8 +40,8 @@ def test_tiny_models_match_greedy_generate(tiny_engine, method, tool_choice):
 def test_kv_rollback_across_rejected_drafts(tiny_engine, wrong_at, branch, monkeypatch):
     ids = tiny_engine.prompt_ids(ASK, [WEATHER])
     ref = greedy(tiny_engine, ids, 40)
-    monkeypatch.setitem(tiny_engine.drafters, "retrieval", ReferenceDrafter(ref, len(ids), wrong_at, branch))
-    gen = tiny_engine.generate(ASK, [WEATHER], max_new_tokens=40, method="toolspec")
+    drafting = tiny_engine.with_parts(drafters={"retrieval": ReferenceDrafter(ref, len(ids), wrong_at, branch)})
+    gen = drafting.generate(ASK, [WEATHER], max_new_tokens=40, method="toolspec")
     assert gen.token_ids == ref
     # Each forward commits the accepted drafts plus one token of the target's own.
     per_forward = (8 if branch else wrong_at) + 1
@@ -338,7 +338,7 @@ def test_shared_engines_ignore_unset_arguments(monkeypatch):
 
 
 def test_partial_stop_strings_are_held_back():
-    from oospec_agents.request import partial_stop
+    from oospec_agents.reply import partial_stop
     assert partial_stop("Thank yo", ["you", "\nObservation:"]) == 2
     assert partial_stop("Thank\nObs", ["you", "\nObservation:"]) == 4
     assert partial_stop("Thanks", ["you"]) == 0

@@ -652,7 +652,7 @@ def drafted_whole(smollm2_tokenizer):
     tok = harmony_tokenizer(smollm2_tokenizer)
     engine = Engine(tiny_gpt_oss(tok, seed=2), tok, model_name="tiny-gpt-oss-whole", max_draft_nodes=96)
     target = ScriptedTarget(engine.target, tok)
-    engine.drafters["retrieval"] = ScriptDrafter(target)
+    engine = engine.with_parts(drafters={"retrieval": ScriptDrafter(target)})
     return engine, target
 
 

@@ -270,7 +270,7 @@ def scripted(request, with_template):
     tok = with_template(TEMPLATES[request.param])
     engine = Engine(tiny_qwen3(tok), tok, model_name=f"scripted-{request.param}", max_draft_nodes=96)
     target = ScriptedTarget(engine.target, tok)
-    engine.drafters["retrieval"] = ScriptDrafter(target)
+    engine = engine.with_parts(drafters={"retrieval": ScriptDrafter(target)})
 
     def script(text: str, tool_choice="auto"):
         target.script(engine.prompt_ids(ASK, [WEATHER], tool_choice=tool_choice), text)

@@ -159,7 +159,7 @@ def _sample(engine, method: str, seeds) -> Counter:
 @pytest.mark.parametrize("method, first_seed", [("ar", 0), ("toolspec", 10**6), ("oospec", 2 * 10**6)])
 def test_every_method_samples_the_target_s_distribution(spread, method, first_seed):
     engine, exact, top2, n_prompt = spread
-    engine.drafters["retrieval"] = TreeDrafter(top2, n_prompt)
+    engine = engine.with_parts(drafters={"retrieval": TreeDrafter(top2, n_prompt)})
     forwards = engine.generate(ASK, max_new_tokens=3, method=method, seed=first_seed, **SETTINGS).stats.target_forwards
     counts = _sample(engine, method, range(first_seed, first_seed + N))  # seeds apart: independent samples
     assert p_value(counts, exact, N) > ALPHA, counts
@@ -172,7 +172,7 @@ def test_replies_sampled_in_batches_keep_the_target_s_distribution(spread):
     still drawn from the target's distribution."""
     import threading
     engine, exact, top2, n_prompt = spread
-    engine.drafters["retrieval"] = TreeDrafter(top2, n_prompt)
+    engine = engine.with_parts(drafters={"retrieval": TreeDrafter(top2, n_prompt)})
     seeds = list(range(3 * 10**6, 3 * 10**6 + N))
     replies, sizes = [], []
 
@@ -203,7 +203,7 @@ def accept_outright(self, tree, cache, past_len, choose=None):
 
 def test_the_test_fails_when_drafts_are_accepted_outright(spread, monkeypatch):
     engine, exact, top2, n_prompt = spread
-    engine.drafters["retrieval"] = TreeDrafter(top2, n_prompt)
+    engine = engine.with_parts(drafters={"retrieval": TreeDrafter(top2, n_prompt)})
     monkeypatch.setattr(Verifier, "verify", accept_outright)
     counts = _sample(engine, "toolspec", range(3 * 10**6, 3 * 10**6 + N))
     assert p_value(counts, exact, N) < ALPHA
@@ -211,7 +211,7 @@ def test_the_test_fails_when_drafts_are_accepted_outright(spread, monkeypatch):
 
 def test_a_seed_gives_the_same_reply_for_each_method_and_n_seeds_give_different_ones(spread):
     engine, exact, top2, n_prompt = spread
-    engine.drafters["retrieval"] = TreeDrafter(top2, n_prompt)
+    engine = engine.with_parts(drafters={"retrieval": TreeDrafter(top2, n_prompt)})
     replies = {m: engine.generate(ASK, max_new_tokens=8, method=m, seed=42, temperature=0.9).token_ids
                for m in ("ar", "toolspec", "oospec")}
     again = engine.generate(ASK, max_new_tokens=8, method="toolspec", seed=42, temperature=0.9).token_ids

@@ -44,9 +44,9 @@ class Engine(ScriptedEngine):
         self.replies, self.drop = list(replies), drop
         self.predictions = {self._replayed + i: predicted for i in range(len(replies))} if predicted else {}
 
-    def stream(self, *args, **kw):
-        events = super().stream(*args, **kw)  # bad input raises here, eagerly, as the engine's does
-        self.speculative.append(kw.get("speculative_tools"))
+    def stream(self, request, **kw):
+        events = super().stream(request, **kw)  # bad input raises here, eagerly, as the engine's does
+        self.speculative.append(request.speculative_tools)
         return (e for e in events if not isinstance(e, self.drop))
 
 

@@ -862,7 +862,7 @@ def test_a_target_with_another_tokenizer_gets_the_embedded_sidecar(tmp_path, bpe
     assert Engine.from_pretrained(str(tmp_path), sidecar=False, dtype="float32").sidecar is None
     engine = Engine.from_pretrained(str(tmp_path), dtype="float32", wave_payback=None)
     assert engine.sidecar.name == "embedded:SmolLM2-135M-Instruct+smollm2-sidecar"
-    engine.sidecar = InTime(engine.sidecar)  # the hint is there at the first round
+    engine = engine.with_parts(sidecar=InTime(engine.sidecar))  # the hint is there at the first round
     ids = engine.prompt_ids(ASK, [WEATHER, TIME], tool_choice="required")
     gen = engine.generate(ASK, [WEATHER, TIME], tool_choice="required", max_new_tokens=24, method="oospec")
     assert gen.stats.sidecar == "embedded:SmolLM2-135M-Instruct+smollm2-sidecar"

@@ -69,10 +69,10 @@ def test_a_tree_draft_is_offered_as_its_root_to_leaf_paths():
 @needs_arctic
 def test_suffix_drafting_is_lossless_and_recalls_the_last_reply(tiny_engine, monkeypatch):
     from oospec_agents.drafters.suffix import SuffixDrafter
-    monkeypatch.setitem(tiny_engine.drafters, "retrieval", SuffixDrafter())
     tiny_engine.clear_call_memory()
+    suffix = tiny_engine.with_parts(drafters={"retrieval": SuffixDrafter()})
     ref = greedy(tiny_engine, tiny_engine.prompt_ids(ASK, [WEATHER]), 32)
-    first, again = (tiny_engine.generate(ASK, [WEATHER], max_new_tokens=32, method="toolspec") for _ in range(2))
+    first, again = (suffix.generate(ASK, [WEATHER], max_new_tokens=32, method="toolspec") for _ in range(2))
     tiny_engine.clear_call_memory()
     assert first.token_ids == again.token_ids == ref
     # the same request again: the suffix tree holds the first reply and drafts it

@@ -506,12 +506,9 @@ def test_oospec_stays_lossless_with_the_trained_sidecar(embedded_pair):
     warm = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="oospec")
     assert warm.stats.cached_prompt_tokens > 0 and warm.token_ids == ar.token_ids
     embedded_pair.clear_prefix_cache()  # cold, and the hint posted before the first round (InTime): whether
-    side = embedded_pair.sidecar        # it lands in time must not depend on how busy CI's two cores are
-    embedded_pair.sidecar = InTime(side)
-    try:
-        oo = embedded_pair.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48, method="oospec")
-    finally:
-        embedded_pair.sidecar = side
+    in_time = embedded_pair.with_parts(sidecar=InTime(embedded_pair.sidecar))  # it lands in time must not depend
+    oo = in_time.generate(msgs, [WEATHER, TIME], tool_choice="auto", max_new_tokens=48,  # on how busy CI's two
+                          method="oospec")                                              # cores are
     assert oo.stats.cached_prompt_tokens == 0
     assert oo.token_ids == ar.token_ids
     assert oo.token_ids == greedy(embedded_pair, embedded_pair.prompt_ids(msgs, [WEATHER, TIME]), 48)

@@ -64,8 +64,8 @@ def run(args) -> None:
     normal = Engine.from_pretrained("embedded", sidecar=False, dtype=args.dtype)
     engines = {"normal": normal,
                "deterministic": Engine(normal.target, normal.tokenizer, model_name=normal.model_name,
-                                       deterministic=True)}
-    engines["deterministic"].prefix_cache = normal.prefix_cache  # the same KV: prefilled alike
+                                       deterministic=True).with_parts(prefix_cache=normal.prefix_cache)}  # the same
+    # KV: prefilled alike
     print(f"{len(records)} records; {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {normal.target.dtype}", file=sys.stderr)
     with open(args.out, "w") as out:

@@ -33,9 +33,9 @@ def main() -> None:
     cpu = torch.device("cpu")
     target = Engine.from_pretrained("embedded", sidecar=False, target_device="cpu", dtype=torch.float32)
     side = InTime(load_sidecar("embedded", device=cpu, dtype=resolve_dtype(None, cpu), sidecar_placement="thread"))
-    engines = {on: Engine(target.target, target.tokenizer, side, hint_follow_up=on) for on in (False, True)}
-    for e in engines.values():
-        e.prefix_cache = target.prefix_cache  # the prompt's KV depends on the target alone
+    # the prompt's KV depends on the target alone: the engines share the target's prefix cache
+    engines = {on: Engine(target.target, target.tokenizer, side, hint_follow_up=on).with_parts(
+        prefix_cache=target.prefix_cache) for on in (False, True)}
     sums: dict = defaultdict(lambda: defaultdict(int))
     kw = dict(tool_choice="required", max_new_tokens=a.max_new_tokens)
     for rec in tqdm(recs, desc="follow-up"):

@@ -63,9 +63,8 @@ def main() -> None:
         for scenario in a.scenarios.split(","):
             for m in methods:
                 method, tree = METHODS[m]
-                engine = Engine(model, tok, model_name="scripted")
-                if tree is not None:
-                    engine.drafters["retrieval"] = SuffixDrafter(tree=tree == "tree")
+                engine = Engine(model, tok, model_name="scripted",
+                                drafters=None if tree is None else {"retrieval": SuffixDrafter(tree=tree == "tree")})
                 t0, rows = time.perf_counter(), []
                 for rec in recs:
                     if scenario == "cold":

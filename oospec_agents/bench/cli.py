@@ -236,9 +236,8 @@ def _engines(args):
     split_engine = None if shared else _split_engine(engine, args, sidecar, options)
     if args.hint_first:
         from ..sidecar.protocol import HintFirst
-        for e in (engine, split_engine):
-            if e is not None and e.sidecar is not None:
-                e.sidecar = HintFirst(e.sidecar)
+        engine, split_engine = (e.with_parts(sidecar=HintFirst(e.sidecar)) if e is not None and e.sidecar is not None
+                                else e for e in (engine, split_engine))
     return engine, split_engine, sidecar
 
 

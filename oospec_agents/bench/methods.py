@@ -21,7 +21,6 @@ forward hook on the target, so the assistant model's own forwards are not counte
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
@@ -95,17 +94,18 @@ def _engine(ctx: BenchContext, turn: Turn, method: str, hint: str | None = None,
         with cores.pinned(ctx.split_engine.place.cores):
             return _engine(replace(ctx, engine=ctx.split_engine, split_engine=None), turn, method, hint, margins,
                            strict, retrieval=retrieval)
-    engine = ctx.engine
-    with _retrieval(engine, retrieval):
-        return _run(ctx, engine, turn, method, hint, margins, strict, retrieval)
-
-
-def _run(ctx: BenchContext, engine, turn: Turn, method: str, hint, margins: bool, strict: bool, retrieval) -> Run:
-    sample = {"temperature": ctx.temperature, "seed": ctx.seed} if ctx.temperature else {}
+    engine = ctx.engine  # retrieval drafted by `retrieval` for the run (None: the engine's own n-gram drafter)
     if turn.history:  # this method's replies to the earlier records, and no other method's
         key = (engine, method, strict, retrieval is not None)
-        engine.memory = ctx.histories.setdefault(key, CallMemory(engine.memory.size))
-    else:
+        engine = engine.with_parts(memory=ctx.histories.setdefault(key, CallMemory(engine.memory.size)))
+    if retrieval is not None:
+        engine = engine.with_parts(drafters={"retrieval": retrieval})
+    return _run(ctx, engine, turn, method, hint, margins, strict)
+
+
+def _run(ctx: BenchContext, engine, turn: Turn, method: str, hint, margins: bool, strict: bool) -> Run:
+    sample = {"temperature": ctx.temperature, "seed": ctx.seed} if ctx.temperature else {}
+    if not turn.history:
         engine.clear_call_memory()  # each record is a fresh session: no method retrieves another's output
     engine.clear_prefix_cache()  # and starts cold: no method reuses the prompt another method prefilled
     for messages, tool_choice in turn.before:
@@ -124,20 +124,6 @@ def _run(ctx: BenchContext, engine, turn: Turn, method: str, hint, margins: bool
             predicted = [dict(c) for c in item.calls]
         gen = item
     return replace(Run.of(gen), predicted=predicted)
-
-
-@contextmanager
-def _retrieval(engine, drafter):
-    """The engine drafts retrieval with `drafter` for the run (None: its own n-gram drafter)."""
-    if drafter is None:
-        yield
-        return
-    drafters = engine.drafters  # the engine's one slot per drafter; tests swap it the same way
-    own, drafters["retrieval"] = drafters["retrieval"], drafter
-    try:
-        yield
-    finally:
-        drafters["retrieval"] = own
 
 
 def _wait_for_sidecar(engine) -> None:

@@ -1,10 +1,10 @@
 """One small interface for every drafter, in the spirit of transformers' CandidateGenerator (`propose`,
 and the feedback hook `accepted`, its `update_candidate_strategy`), and the one reply state they all read.
 
-A drafter proposes from the `ReplyState` alone and is told, once a round is verified, what the target
-accepted (`Accepted`); the last telling of a reply has `done` set. The engine's call memory (it keeps a
-finished reply) and its pay-back rule (it learns what a finished reply's decode took, `decode.PayBackListener`)
-take the same hook. `drafters/stack.py` drives a set of drafters from token ids alone.
+A drafter proposes from the `ReplyState` alone. A drafter that overrides `accepted` is told, once a round
+is verified, what the target accepted (`Accepted`); the last telling of a reply has `done` set. One
+`DrafterStack` (drafters/stack.py) per request drives a set of drafters: an engine reply's, or one driven
+from token ids alone.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Prediction:
 @dataclass
 class ReplyState:
     """One reply as the drafters see it. Its commit step writes it in place (tokens appended, text
-    replaced: `RequestState.commit` in the engine, `DrafterStack.accepted` without one) and the drafters
+    replaced: `reply.Reply.commit` in the engine, `DrafterStack.accepted` without one) and the drafters
     read it: nothing is copied or re-synced between rounds."""
     ids: list[int]            # prompt ids, then the committed new tokens: one list that grows
     n_prompt: int

@@ -1,6 +1,7 @@
 """The drafters as one stack, in the engine's order, and a driver that needs no `Engine`: token ids in,
-a draft out. The engine drafts each round with `stack_drafts`; another engine (a vLLM proposer, which
-sees only token ids) drives the same drafters through `DrafterStack`.
+a draft out. Each engine reply has its own stack (`DrafterStack.for_reply`: `round_drafts`, `committed`,
+`finished`); another engine (a vLLM proposer, which sees only token ids) drives one per request through
+the token-id methods below. Either way the stack alone counts the accepted drafts per source.
 
 API (`DrafterStack`):
 
@@ -49,10 +50,14 @@ from .schema import SchemaDrafter
 ORDER = ("prediction", "hint", "schema", "retrieval")
 
 
+#: the drafter of each slot by default: a class, so that each request's stack has its own
+DEFAULT_DRAFTERS = {"schema": SchemaDrafter, "retrieval": RetrievalDrafter, "hint": HintDrafter,
+                    "prediction": PredictionDrafter}
+
+
 def default_drafters() -> dict[str, Drafter]:
-    """One drafter per slot, as an engine (or a `DrafterStack`) starts with."""
-    return {"schema": SchemaDrafter(), "retrieval": RetrievalDrafter(), "hint": HintDrafter(),
-            "prediction": PredictionDrafter()}
+    """One drafter per slot, as an engine's reply (or a `DrafterStack`) starts with."""
+    return {slot: make() for slot, make in DEFAULT_DRAFTERS.items()}
 
 
 def stack_drafts(drafters: Mapping[str, Drafter], state: ReplyState) -> list[Draft]:
@@ -81,21 +86,36 @@ class DrafterStack:
         if not prompt_ids or not all(isinstance(t, int) for t in prompt_ids):
             raise ValueError("prompt_ids must be a non-empty list of token ids")
         template = getattr(tokenizer, "chat_template", None)
-        self.fmt = fmt or detect_format(template)
+        fmt = fmt or detect_format(template)
         reasoning = detect_reasoning(template)
         tool_list = normalize_tools(tools)
-        self.memory = memory
+        state = ReplyState(
+            ids=list(prompt_ids), n_prompt=len(prompt_ids), text=prefix, tools=tool_list, fmt=fmt,
+            tokenizer=tokenizer, pool=[] if memory is None else memory.recall(tool_list),
+            prediction=Prediction(list(prediction)) if prediction else None,
+            reasoning=None if reasoning is None else reasoning.for_prompt(tokenizer.decode(list(prompt_ids))))
+        self._setup(state, ReplyText(tokenizer, fmt), memory, drafters)
+
+    @classmethod
+    def for_reply(cls, state: ReplyState, text: ReplyText, *, memory: CallMemory | None = None,
+                  drafters: Mapping[str, Drafter] | None = None) -> "DrafterStack":
+        """The stack of one engine reply: `state` is the reply's, which its commit step writes
+        (`reply.Reply.commit`); the engine drafts with `round_drafts` and reports with `committed` and
+        `finished` (the token-id methods above are for callers that see only ids)."""
+        stack = cls.__new__(cls)
+        cls._setup(stack, state, text, memory, drafters)
+        return stack
+
+    def _setup(self, state: ReplyState, text: ReplyText, memory: CallMemory | None, drafters) -> None:
+        self.fmt, self.memory, self.state, self.prefix, self._text = state.fmt, memory, state, state.text, text
         self.drafters = dict(default_drafters() if drafters is None else drafters)
         missing = set(ORDER) - set(self.drafters)
         if missing:
             raise ValueError(f"drafters lacks the slots {sorted(missing)}; it needs {list(ORDER)}")
-        self.prefix = prefix
-        self._text = ReplyText(tokenizer, self.fmt)
-        self.state = ReplyState(
-            ids=list(prompt_ids), n_prompt=len(prompt_ids), text=prefix, tools=tool_list, fmt=self.fmt,
-            tokenizer=tokenizer, pool=[] if memory is None else memory.recall(tool_list),
-            prediction=Prediction(list(prediction)) if prediction else None,
-            reasoning=None if reasoning is None else reasoning.for_prompt(tokenizer.decode(list(prompt_ids))))
+        #: the drafts the target accepted, per source: counted here alone (`committed`, `accepted`)
+        self.accepted_by_source: dict[str, int] = {}
+        # told each round: the drafters that read the feedback (a drafter keeping `Drafter.accepted` ignores it)
+        self._listening = [d for d in self.drafters.values() if type(d).accepted is not Drafter.accepted]
         self._last: tuple[int, Draft] | None = None  # the last linear draft, and the reply length it followed
         self._done = False
 
@@ -174,8 +194,11 @@ class DrafterStack:
                 hit += 1
             by_source = {draft.source: hit} if hit else {}
         self._last = None
+        self._credit(by_source)
         told = Accepted(tuple(new), by_source, done)
-        tell(self._listeners(), state, told)
+        tell(self._listening, state, told)
+        if done and self.memory is not None:
+            self.memory.remember(state.tools, state.new)
         self._done = done
         return told
 
@@ -183,5 +206,27 @@ class DrafterStack:
         """The request is over: the drafters are told, and the call memory keeps the reply."""
         self.accepted(output_ids, done=True)
 
-    def _listeners(self) -> list:
-        return list(self.drafters.values()) + ([] if self.memory is None else [self.memory])
+    # ------------------------------------------------------------------ inside the engine
+
+    def round_drafts(self) -> list[Draft]:
+        """Every drafter's drafts after the reply's state as it is (its commit step wrote it), best first."""
+        return stack_drafts(self.drafters, self.state)
+
+    def committed(self, tokens: Sequence[int], by_source: Mapping[str, int]) -> None:
+        """A verified round committed `tokens` (the state holds them already), `by_source` of them drafts:
+        counted, and told to the drafters that read the feedback (no `Accepted` is built for none)."""
+        self._credit(by_source)
+        if self._listening:
+            tell(self._listening, self.state, Accepted(tuple(tokens), by_source))
+
+    def finished(self, stats=None) -> None:
+        """The reply is over: the drafters that listen are told, the call memory keeps the reply."""
+        if self._listening:
+            tell(self._listening, self.state, Accepted((), {}, done=True, stats=stats))
+        if self.memory is not None:
+            self.memory.remember(self.state.tools, self.state.new)
+        self._done = True
+
+    def _credit(self, by_source: Mapping[str, int]) -> None:
+        for source, n in by_source.items():
+            self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + n

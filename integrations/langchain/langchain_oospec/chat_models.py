@@ -34,19 +34,18 @@ from oospec_agents import Generation, LogprobsDelta, ReasoningDelta, TextDelta, 
 from oospec_agents.engine import Event
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.events import CallPredicted, ToolCallReady
-from oospec_agents.frontend import (ChatRequest, EngineLike, LazyEngine, ParallelToolCalls, Usage, aiterate,
-                                    call_problems, choice_count, read_sampling, settings)
+from oospec_agents.frontend import (OPENAI_SETTINGS, ChatRequest, EngineLike, LazyEngine, ParallelToolCalls, Usage,
+                                    aiterate, call_problems, choice_count, read_sampling, settings)
 from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
 from .custom_events import SpeculativeEvent, adispatch, dispatch
 
-#: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`): ChatOpenAI's names.
-#: Its penalties and `logit_bias` are not served: only the neutral value is taken (`frontend.check_penalties`).
-_CALL_KWARGS = ("tools", "tool_choice", "model", "method", "max_tokens", "response_format", "prediction",
-                "parallel_tool_calls", "logit_bias", "chat_template_kwargs", "reasoning_effort", "speculative_tools",
-                "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "top_logprobs",
-                "frequency_penalty", "presence_penalty")
+#: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`): ChatOpenAI's names, the
+#: request's settings (`OPENAI_SETTINGS`; `stop` is `_generate`'s own argument) and the model's own. Its penalties
+#: and `logit_bias` are not served: only the neutral value is taken (`frontend.check_penalties`).
+_CALL_KWARGS = tuple(s for s in OPENAI_SETTINGS if s != "stop") + ("model", "parallel_tool_calls", "n",
+                                                                   "frequency_penalty", "presence_penalty")
 
 
 class ChatOoOSpec(BaseChatModel):

@@ -37,16 +37,16 @@ def as_call(name, arguments):
 
 
 class RecordingEngine(ScriptedEngine):
-    """A ScriptedEngine that keeps each request's keyword arguments (`speculative_tools` among them), and
-    can hold its stream after the prediction until `gate` is set (so a speculative run ends first)."""
+    """A ScriptedEngine that keeps each request (`speculative_tools` among its fields), and can hold its
+    stream after the prediction until `gate` is set (so a speculative run ends first)."""
 
     def __init__(self, *replies, gate=None, **kwargs):
         super().__init__(*replies, **kwargs)
-        self.kwargs, self.gate = [], gate
+        self.asked, self.gate = [], gate
 
-    def stream(self, messages, tools=None, **kw):
-        self.kwargs.append(kw)
-        events = super().stream(messages, tools, **kw)
+    def stream(self, request, **kw):
+        self.asked.append(request)
+        events = super().stream(request, **kw)
         return events if self.gate is None else self._gated(events)
 
     def _gated(self, events):
@@ -431,7 +431,7 @@ def test_the_engine_is_told_the_speculative_tools_and_their_expected_seconds():
     """Per marked tool: the runner's measured mean, else the `tool_seconds` given, else None."""
     tools = [Weather().tool(), FunctionTool.from_defaults(lambda to, body: "sent", name="send_email")]
     llm, engine = scripted_llm(*[("", [PARIS])] * 4, ANSWER)
-    told = lambda: engine.kwargs[-1].get("speculative_tools", "absent")  # noqa: E731
+    told = lambda: engine.asked[-1].speculative_tools  # noqa: E731
     with OoOSpecSpeculativeTools(tools, speculative=["get_weather"], tool_seconds={"get_weather": 1.5}) as given:
         llm.chat_with_tools(given.tools, user_msg=QUESTION)
         assert told() == {"get_weather": 1.5}
@@ -446,7 +446,7 @@ def test_the_engine_is_told_the_speculative_tools_and_their_expected_seconds():
         llm.chat_with_tools(measured.tools, user_msg=QUESTION)
         assert list(told()) == ["get_weather"] and isinstance(told()["get_weather"], float)
     llm.chat_with_tools(tools, user_msg=QUESTION)  # no speculative tool: nothing said
-    assert told() == "absent"
+    assert told() is None
 
 
 def test_a_call_that_is_no_model_call_runs_the_tool_directly():

@@ -412,9 +412,9 @@ class OfferedEngine(ScriptedEngine):
         super().__init__(*replies, **kw)
         self.offered: list = []
 
-    def stream(self, *args, **kw):
-        self.offered.append(kw.get("speculative_tools"))
-        return super().stream(*args, **kw)
+    def stream(self, request, **kw):
+        self.offered.append(request.speculative_tools)
+        return super().stream(request, **kw)
 
 
 def test_the_engine_is_told_the_speculative_tools_and_their_expected_seconds(tools):

@@ -36,18 +36,19 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
-from oospec_agents.frontend import (ChatRequest, EngineLike, LazyEngine, ParallelToolCalls, aiterate, read_sampling,
-                                    settings)
+from oospec_agents.frontend import (OPENAI_SETTINGS, ChatRequest, EngineLike, LazyEngine, ParallelToolCalls, aiterate,
+                                    read_sampling, settings)
 
 from .events import dispatching
 from .messages import to_engine_messages, tool_calls_of
 from .responses import final_response, responses
 
-# What `chat` accepts besides `messages`; `_prepare_chat_with_tools` fills in the first three. The sampling
-# settings (the last seven) are fields too, and the call's win.
-_CHAT_KWARGS = ("tools", "tool_choice", "allow_parallel_tool_calls", "max_new_tokens", "response_format", "prediction",
-                "chat_template_kwargs", "reasoning_effort", "speculative_tools", "temperature", "top_p", "top_k",
-                "min_p", "seed", "logprobs", "top_logprobs")
+# What `chat` accepts besides `messages`: the request's settings (`OPENAI_SETTINGS`, but LlamaIndex's
+# `max_new_tokens` for `max_tokens`; the method and stop strings are the model's fields alone) and
+# `allow_parallel_tool_calls`; `_prepare_chat_with_tools` fills in the tools. The sampling settings are
+# fields too, and the call's win.
+_CHAT_KWARGS = tuple(s for s in OPENAI_SETTINGS if s not in ("max_tokens", "method", "stop", "logit_bias")) + (
+    "max_new_tokens", "allow_parallel_tool_calls")
 
 
 class OoOSpec(FunctionCallingLLM):
