@@ -90,6 +90,15 @@ def embedded_fp32():
     return Engine.from_pretrained("embedded", sidecar=False, dtype=torch.float32, prefix_cache_tokens=16384)
 
 
+@pytest.fixture(scope="module")
+def embedded_bf16(smollm2_dir):
+    """The embedded target in bf16 (pinned: where the CPU emulates bf16 the default prefill is the plain
+    one, and the tests that need the exact one skip), its default engine, no sidecar: one per module
+    (its prefix cache is the module's)."""
+    from oospec_agents import Engine
+    return Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
+
+
 @pytest.fixture(scope="session")
 def embedded_sidecar():
     """The embedded sidecar in a thread of this process, loaded once. Its dtype is the engine's default on
