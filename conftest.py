@@ -49,10 +49,11 @@ def pytest_configure(config: pytest.Config) -> None:
 # first, so that no long file starts when the others are nearly done. The two Ray files stand apart, so that
 # two local Ray clusters seldom run at once. The rest follow in collection order (`make test` passes
 # --no-loadscope-reorder, which keeps this order).
-LONGEST_FIRST = ["tests/test_wheels.py", "tests/test_strict.py", "tests/test_deterministic.py", "tests/test_gemma3.py", "tests/test_sidecar_process.py", "tests/test_engine.py",
-                 "tests/test_serve_ray.py", "tests/test_sidecar.py", "tests/test_notebooks.py", "tests/test_bench.py",
-                 "tests/test_serve_langchain_standard.py", "tests/test_train.py", "tests/test_prefix_cache.py",
-                 "tests/test_sidecar_ray.py",
+LONGEST_FIRST = ["tests/test_wheels.py", "tests/test_strict.py", "tests/test_deterministic.py", "tests/test_gemma3.py",
+                 "tests/test_sidecar_process.py", "tests/test_engine.py", "tests/test_serve_ray.py",
+                 "tests/test_sidecar_embedded.py", "tests/test_notebooks.py", "tests/test_bench_run.py",
+                 "tests/test_bench_strict.py", "tests/test_serve_langchain_standard.py", "tests/test_train_embedded.py",
+                 "tests/test_train_lora.py", "tests/test_prefix_cache.py", "tests/test_sidecar_ray.py",
                  "integrations/langchain/tests/integration_tests/test_chat_oospec_standard_live.py"]
 
 

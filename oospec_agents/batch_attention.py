@@ -1,4 +1,4 @@
-"""The attention kernel of a batched round (#58): one target forward over several replies' draft trees,
+"""The attention kernel of a batched round: one target forward over several replies' draft trees,
 each row attending over its own keys with its own tree mask.
 
 How one forward holds replies of different lengths: each reply's keys and values stay in its own

@@ -1,4 +1,4 @@
-"""Concurrent replies share each target forward (#58): who runs the target next.
+"""Concurrent replies share each target forward: who runs the target next.
 
 Every reply keeps its own state (request.py), its own KV cache and its own thread; only the target
 forward is shared. A reply that wants the target hands its `Seat` a job and waits:

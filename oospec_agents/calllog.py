@@ -1,4 +1,4 @@
-"""The call log: the target's own verified calls, kept as training records for the sidecar (#49).
+"""The call log: the target's own verified calls, kept as training records for the sidecar.
 
 Off by default. `Engine.from_pretrained(..., call_log=PATH)` (and the front-ends' `call_log`, `oospec
 serve --call-log PATH`) appends one JSON line per reply whose calls the target wrote and that each fit

@@ -141,7 +141,7 @@ class Grammars:
 
     def _harmony_guide(self, tools: list[Tool], mode: str, name: str | None, reply: dict | None,
                        free_arguments: bool = False) -> "Guide":
-        self._check_harmony_tokens()
+        _check_harmony_tokens(self.tokenizer)
         key = ("harmony", mode, name, tuple((t.name, json.dumps(t.parameters, sort_keys=True)) for t in tools),
                json.dumps(reply, sort_keys=True), free_arguments)
         return self._cached(key, lambda: self._compile(self.harmony_lark(
@@ -168,43 +168,10 @@ class Grammars:
         (they are EOS tokens): one call a reply. No tools and a `reply`: the final JSON message only
         (`json_guide`)."""
         allowed = [t for t in tools if mode != "named" or t.name == name]
-        rules = ["start: analysis? answer",
-                 f"analysis: {_harmony_seq(hm.CHANNEL + 'analysis' + hm.MESSAGE)} TEXT? "
-                 f"{_harmony_seq(hm.END + hm.ROLE)}",
-                 "TEXT: /(?s:.+)/"]
-        calls = []
-        for i, tool in enumerate(allowed):
-            if free_arguments:
-                arguments = "TEXT?"
-            else:
-                arguments = f"args_{i}"
-                rules.append(f"args_{i}: %json {json.dumps(self._arguments(tool), ensure_ascii=False)}")
-            calls.append(f"{_harmony_seq(hm.CALL_HEADER + tool.name + hm.CALL_TYPE)} {arguments} "
-                         f"{_harmony_seq(hm.CALL)}")
-        if calls:
-            rules.append("call: " + " | ".join(calls))
-        final = _harmony_seq(hm.CHANNEL + "final" + hm.MESSAGE)
-        if mode != "auto":
-            rules.append("answer: call")
-        elif reply is not None:
-            rules += ["answer: final" + (" | call" if calls else ""),
-                      f"final: {final} reply {_harmony_seq(hm.RETURN)}",
-                      f"reply: %json {json.dumps(reply, ensure_ascii=False)}"]
-        else:
-            rules += ["answer: preamble* (final | call)",
-                      f"preamble: {_harmony_seq(hm.CHANNEL + 'commentary' + hm.MESSAGE)} TEXT? "
-                      f"{_harmony_seq(hm.END + hm.ROLE)}",
-                      f"final: {final} TEXT? {_harmony_seq(hm.RETURN)}"]
-        return "\n".join(rules) + "\n"
-
-    def _check_harmony_tokens(self) -> None:
-        """Harmony's grammar names its markers as special tokens: a tokenizer without them is a clear error."""
-        specials = {t.content for t in getattr(self.tokenizer, "added_tokens_decoder", {}).values() if t.special}
-        missing = [m for m in hm.HarmonyFormat.markers if m not in specials]
-        if missing:
-            raise OoOSpecError(f"a harmony reply is constrained (a forced tool_choice, strict, a JSON response_format) "
-                               f"only where harmony's markers are special tokens of the tokenizer, as in gpt-oss's; "
-                               f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not")
+        schemas = []
+        for tool in allowed:
+            schemas.append(None if free_arguments else self._arguments(tool))
+        return _harmony_rules(allowed, schemas, mode, reply)
 
     def _opener_guide(self, mode: str, name: str | None, reasoning: Reasoning) -> "Guide":
         opener = self.fmt.forced_prefix(name if mode == "named" else None)
@@ -344,6 +311,49 @@ class Grammars:
             raise OoOSpecError(f"the strict grammar did not compile: {matcher.get_error()}")
         self.compiles += 1
         return matcher
+
+
+def _harmony_rules(allowed: list[Tool], schemas: list[dict | None], mode: str, reply: dict | None) -> str:
+    """`Grammars.harmony_lark`'s grammar: a call of each allowed tool, its arguments that tool's schema
+    (None: free text), after an optional analysis message; the answer as `mode` and `reply` ask."""
+    rules = ["start: analysis? answer",
+             f"analysis: {_harmony_seq(hm.CHANNEL + 'analysis' + hm.MESSAGE)} TEXT? "
+             f"{_harmony_seq(hm.END + hm.ROLE)}",
+             "TEXT: /(?s:.+)/"]
+    calls = []
+    for i, (tool, schema) in enumerate(zip(allowed, schemas)):
+        if schema is None:
+            arguments = "TEXT?"
+        else:
+            arguments = f"args_{i}"
+            rules.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
+        calls.append(f"{_harmony_seq(hm.CALL_HEADER + tool.name + hm.CALL_TYPE)} {arguments} "
+                     f"{_harmony_seq(hm.CALL)}")
+    if calls:
+        rules.append("call: " + " | ".join(calls))
+    final = _harmony_seq(hm.CHANNEL + "final" + hm.MESSAGE)
+    if mode != "auto":
+        rules.append("answer: call")
+    elif reply is not None:
+        rules += ["answer: final" + (" | call" if calls else ""),
+                  f"final: {final} reply {_harmony_seq(hm.RETURN)}",
+                  f"reply: %json {json.dumps(reply, ensure_ascii=False)}"]
+    else:
+        rules += ["answer: preamble* (final | call)",
+                  f"preamble: {_harmony_seq(hm.CHANNEL + 'commentary' + hm.MESSAGE)} TEXT? "
+                  f"{_harmony_seq(hm.END + hm.ROLE)}",
+                  f"final: {final} TEXT? {_harmony_seq(hm.RETURN)}"]
+    return "\n".join(rules) + "\n"
+
+
+def _check_harmony_tokens(tokenizer) -> None:
+    """Harmony's grammar names its markers as special tokens: a tokenizer without them is a clear error."""
+    specials = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    missing = [m for m in hm.HarmonyFormat.markers if m not in specials]
+    if missing:
+        raise OoOSpecError(f"a harmony reply is constrained (a forced tool_choice, strict, a JSON response_format) "
+                           f"only where harmony's markers are special tokens of the tokenizer, as in gpt-oss's; "
+                           f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not")
 
 
 #: the response_format types, as OpenAI's Chat Completions API names them

@@ -8,8 +8,9 @@ which the children rejected before have been removed and which is renormalised, 
 accepted draw from what is left -- emits each token x with probability exactly p'(x):
 P(child k) = prod_{j<k} (1 - p'(x_j)/(1 - sum_{i<j} p'(x_i))) * p'(x_k)/(1 - sum_{j<k} p'(x_j)) = p'(x_k).
 So it is the same as: draw t ~ p' at the node; if t is a child, descend to it; otherwise t is the
-round's own next token. `verify.Verifier.verify` walks the tree that way with `Sampler.draw` as its
-`choose`, so every committed token is one draw from the target's own conditional distribution.
+round's own next token. `verify.Verifier.verify` walks the tree that way, its `choose` a `Choice` (the
+grammar's mask, then `Sampler.draw`), so every committed token is one draw from the target's own
+conditional distribution.
 
 One uniform is drawn per committed token (inverse CDF, from a generator seeded per request), in the
 order the tokens are committed. The same seed and request give the same tokens on the same machine

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import inspect
 import json
@@ -83,21 +84,9 @@ class SpeculativeTools:
 
     def __init__(self, tools: Mapping[str, Callable[[dict], Any]], max_in_flight: int = 4,
                  min_confidence: float | None = None, tool_seconds: Mapping[str, float] | None = None):
-        if not isinstance(tools, Mapping):
-            raise TypeError(f"tools must map a tool name to its callable, got {type(tools).__name__}")
-        for name, fn in tools.items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"a speculative tool's name must be a non-empty string, got {name!r}")
-            if not callable(fn):
-                raise TypeError(f"speculative tool {name!r} is not callable: {fn!r}")
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
-        if min_confidence is not None and (isinstance(min_confidence, bool)
-                                           or not isinstance(min_confidence, (int, float))
-                                           or not 0.0 <= min_confidence <= 1.0):
-            raise ValueError(f"min_confidence must be None or a probability in [0, 1], got {min_confidence!r}")
+        _check_settings(tools, max_in_flight, min_confidence)
         self._tools = dict(tools)
-        self._given_seconds = _checked_seconds(tool_seconds or {}, self._tools)
+        self._latency = _Latency(self._tools, _checked_seconds(tool_seconds or {}, self._tools))
         self._async = {name: _is_coroutine_function(fn) for name, fn in self._tools.items()}
         self.max_in_flight = max_in_flight
         self.min_confidence = min_confidence
@@ -107,11 +96,8 @@ class SpeculativeTools:
         self._everything: set[_Run] = set()           # runs not done, dropped or not: what close() cancels
         self._predicted_keys: set[tuple[str, str]] = set()  # calls predicted in this model step
         self._stats = dict.fromkeys(_COUNTERS, 0)
-        self._latency: dict[str, tuple[int, float]] = {}  # name -> (runs measured, mean seconds)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_in_flight, thread_name_prefix="oospec-speculative")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
-        self._stop: asyncio.Event | None = None
+        self._loop = _LoopThread("oospec-speculative-loop")
         self._closed = False
 
     # -- the model step: events start runs --------------------------------------------------------
@@ -153,7 +139,8 @@ class SpeculativeTools:
         """The model step is over and `verified_calls` (`{"name", "arguments"}`) are what the target
         wrote: drop every unclaimed run identical to none of them (cancelled where it can be: a queued
         thread job, an async task; a sync function already running finishes, keeping its pool thread
-        until it returns, and its result is discarded), and any run left unclaimed since the previous step. Returns how many were dropped."""
+        until it returns, and its result is discarded), and any run left unclaimed since the previous step.
+        Returns how many were dropped."""
         verified = {_key_of(call) for call in verified_calls}
         with self._lock:
             doomed = [run for key, run in self._runs.items() if key not in verified or run.settled]
@@ -176,7 +163,8 @@ class SpeculativeTools:
                 return run.future.result()
             except concurrent.futures.CancelledError:
                 _cancelled_while_claimed(run)
-        return self._timed(key[0], call)
+        with self._latency.timing(key[0]):
+            return call()
 
     async def arun(self, name: str, arguments: dict | str, acall: Callable[[], Awaitable[Any]]) -> Any:
         """`run` for async agents: awaits an identical run (on whichever loop or thread it runs), else
@@ -190,11 +178,8 @@ class SpeculativeTools:
                 if not run.aborted:  # the caller itself was cancelled (and with it the run it awaited)
                     raise
                 _cancelled_while_claimed(run)
-        began = time.perf_counter()
-        try:
+        with self._latency.timing(key[0]):
             return await acall()
-        finally:
-            self._measured(key[0], time.perf_counter() - began)
 
     # -- what the runner knows --------------------------------------------------------------------
 
@@ -203,9 +188,7 @@ class SpeculativeTools:
         claimed or not, and every normal execution it timed in `run`/`arun`); before any, the
         `tool_seconds` given, else None. What the engine's pay-back rule weighs (`speculative_tools=`
         of `Engine.stream`)."""
-        with self._lock:
-            return {name: self._latency[name][1] if name in self._latency else self._given_seconds.get(name)
-                    for name in self._tools}
+        return {name: self._latency.expected(name) for name in self._tools}
 
     @property
     def stats(self) -> dict[str, int]:
@@ -235,11 +218,8 @@ class SpeculativeTools:
             for run in list(self._everything):
                 run.aborted = run.claimed
                 run.future.cancel()
-            loop, thread = self._loop, self._loop_thread
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if loop is not None:
-            loop.call_soon_threadsafe(self._stop.set)
-            thread.join()
+        self._loop.stop()  # closed: no run starts it any more
 
     def __enter__(self) -> SpeculativeTools:
         return self
@@ -271,7 +251,7 @@ class SpeculativeTools:
         run = _Run(key, source)
         arguments = json.loads(key[1])  # the tool gets its own copy: nothing it does changes the key
         if self._async[key[0]]:
-            run.future = asyncio.run_coroutine_threadsafe(self._run_async(run, arguments), self._event_loop())
+            run.future = asyncio.run_coroutine_threadsafe(self._run_async(run, arguments), self._loop.get())
         else:
             run.future = self._pool.submit(self._run_sync, run, arguments)
         self._runs[key] = run
@@ -283,7 +263,8 @@ class SpeculativeTools:
 
     def _run_sync(self, run: _Run, arguments: dict) -> Any:
         run.began = True
-        return self._timed(run.key[0], lambda: self._awaited(self._tools[run.key[0]](arguments)))
+        with self._latency.timing(run.key[0]):
+            return self._awaited(self._tools[run.key[0]](arguments))
 
     def _awaited(self, result: Any) -> Any:
         """A plain callable that returns an awaitable (`lambda a: tool.ainvoke(a)`) is an async tool
@@ -294,7 +275,7 @@ class SpeculativeTools:
             if self._closed:  # close() stopped the loop: the run is dropped, its result unseen
                 getattr(result, "close", lambda: None)()
                 raise RuntimeError("the speculative tools runner was closed before this run's awaitable ran")
-            loop = self._event_loop()
+            loop = self._loop.get()
         return asyncio.run_coroutine_threadsafe(_awaiting(result), loop).result()
 
     async def _run_async(self, run: _Run, arguments: dict) -> Any:
@@ -302,22 +283,8 @@ class SpeculativeTools:
         asyncio.current_task().add_done_callback(_retrieved)  # a cancelled run may end raising: unseen
         began = time.perf_counter()
         result = await self._tools[run.key[0]](arguments)  # a cancelled run is not measured
-        self._measured(run.key[0], time.perf_counter() - began)
+        self._latency.add(run.key[0], time.perf_counter() - began)
         return result
-
-    def _timed(self, name: str, call: Callable[[], Any]) -> Any:
-        began = time.perf_counter()
-        try:
-            return call()
-        finally:
-            self._measured(name, time.perf_counter() - began)
-
-    def _measured(self, name: str, seconds: float) -> None:
-        if name not in self._tools:
-            return
-        with self._lock:
-            n, mean = self._latency.get(name, (0, 0.0))
-            self._latency[name] = (n + 1, mean + (seconds - mean) / (n + 1))
 
     def _finished(self, run: _Run) -> None:
         """A run's future is done: it leaves the bound; a dropped run's error is counted discarded."""
@@ -348,8 +315,17 @@ class SpeculativeTools:
                 self._stats["hits" if run.source == "predicted" else "ready_hits"] += 1
             return run
 
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        """The runner's own event loop, started on first use in a daemon thread (lock held)."""
+
+class _LoopThread:
+    """An event loop of its own, started on first use in a daemon thread (`get`, the runner's lock held)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: asyncio.Event | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             started = threading.Event()
 
@@ -358,11 +334,45 @@ class SpeculativeTools:
                 started.set()
                 await self._stop.wait()  # asyncio.run then cancels what is left and waits for it
 
-            self._loop_thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True,
-                                                 name="oospec-speculative-loop")
-            self._loop_thread.start()
+            self._thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True, name=self.name)
+            self._thread.start()
             started.wait()
         return self._loop
+
+    def stop(self) -> None:
+        """Stop the loop, if it started, and wait for its thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join()
+
+
+class _Latency:
+    """Per tool of `names`, the mean seconds of its measured runs; before any, the seconds given (else None)."""
+
+    def __init__(self, names, given: dict[str, float]):
+        self.names, self.given = frozenset(names), given
+        self._lock = threading.Lock()
+        self._measured: dict[str, tuple[int, float]] = {}  # name -> (runs measured, mean seconds)
+
+    @contextlib.contextmanager
+    def timing(self, name: str):
+        """Measures the block's seconds as one run of `name` (raised or not)."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - began)
+
+    def add(self, name: str, seconds: float) -> None:
+        if name not in self.names:  # a tool the runner does not hold is not measured
+            return
+        with self._lock:
+            n, mean = self._measured.get(name, (0, 0.0))
+            self._measured[name] = (n + 1, mean + (seconds - mean) / (n + 1))
+
+    def expected(self, name: str) -> float | None:
+        with self._lock:
+            return self._measured[name][1] if name in self._measured else self.given.get(name)
 
 
 def _cancelled_while_claimed(run: _Run) -> None:
@@ -371,6 +381,22 @@ def _cancelled_while_claimed(run: _Run) -> None:
     if run.began:
         raise RuntimeError(f"the speculative run of {run.key[0]!r} was cancelled by close() while the agent "
                            "waited for its result")
+
+
+def _check_settings(tools: Any, max_in_flight: Any, min_confidence: Any) -> None:
+    """`SpeculativeTools`' arguments, checked: a clear error naming the one that is wrong."""
+    if not isinstance(tools, Mapping):
+        raise TypeError(f"tools must map a tool name to its callable, got {type(tools).__name__}")
+    for name, fn in tools.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a speculative tool's name must be a non-empty string, got {name!r}")
+        if not callable(fn):
+            raise TypeError(f"speculative tool {name!r} is not callable: {fn!r}")
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
+    if min_confidence is not None and (isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float))
+                                       or not 0.0 <= min_confidence <= 1.0):
+        raise ValueError(f"min_confidence must be None or a probability in [0, 1], got {min_confidence!r}")
 
 
 def _checked_seconds(seconds: Any, tools: Mapping[str, Any]) -> dict[str, float]:

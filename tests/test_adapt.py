@@ -19,13 +19,7 @@ TIME = {"type": "function", "function": {
 CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Quito", "Hanoi"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Training on a busy 2-core machine: one thread avoids OpenMP spin contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # training on a busy machine
 
 
 def ask(text: str) -> list[dict]:

@@ -193,7 +193,7 @@ def gapped_tree(ids: list[int], past: int, spacing: int, depth: int = 8):
 @pytest.mark.slow
 @pytest.mark.parametrize("max_new, spacings", [(48, (1,)), (260, (1,)), (48, (2, 4)),
                                                pytest.param(260, (2, 4), marks=GAPPED_TREES_DIFFER)])
-def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_dir, max_new, spacings):
+def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(embedded_bf16, max_new, spacings):
     """The embedded target in bf16, 700 tokens of past (past a 512-key block): a position's logits from
     one-token forwards and from a chain (spacing 1: what the mode drafts) are the same bits in deterministic
     forwards; so are those of trees whose accepted path is not contiguous (spacing 2, 4) with these
@@ -201,8 +201,7 @@ def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_d
     forwards they need not be: the printed count says how often not. With 48 new tokens the reply's keys
     end in a partial block (832 keys); with 260 in a full one (1024)."""
     from oospec_agents.verify import chain
-    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
-    v = engine._verifier
+    v = embedded_bf16._verifier
     torch.manual_seed(0)
     ids = torch.randint(100, 40000, (720,)).tolist()
     past = 700
@@ -236,7 +235,7 @@ def test_in_bf16_a_position_has_the_same_logits_in_every_forward_shape(smollm2_d
 
 
 @pytest.mark.slow
-def test_in_bf16_decode_attention_gives_the_bits_of_transformers_sdpa(smollm2_dir, monkeypatch):
+def test_in_bf16_decode_attention_gives_the_bits_of_transformers_sdpa(embedded_bf16, monkeypatch):
     """Deterministic decode forwards compute attention with torch's kernel and `enable_gqa` (no repeated
     key and value heads) and append and pad the keys in one copy: the embedded target in bf16 gives the
     same logits and cached keys and values, bit for bit, as through transformers' `sdpa` over keys
@@ -245,8 +244,7 @@ def test_in_bf16_decode_attention_gives_the_bits_of_transformers_sdpa(smollm2_di
     from transformers import DynamicCache
 
     from oospec_agents.verify import chain
-    engine = Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
-    v = engine._verifier
+    v = embedded_bf16._verifier
     if not v.gqa_decode():
         pytest.skip("decode attention goes through decode_attention() only where the target takes the exact attention")
 

@@ -236,13 +236,6 @@ def DynamicCacheOf(n: int):
     return cache
 
 
-@pytest.fixture(scope="module")
-def embedded_bf16(smollm2_dir):
-    """The embedded target in bf16 (pinned: where the CPU emulates bf16 the default prefill is the plain
-    one, and the tests that need the exact one skip), its default engine."""
-    return Engine.from_pretrained("embedded", sidecar=False, dtype=torch.bfloat16)
-
-
 def _extra_records(*ids):
     from oospec_testing import DATA
     from oospec_agents.bench.records import load_records

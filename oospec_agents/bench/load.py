@@ -1,4 +1,4 @@
-"""`oospec bench --concurrency 1,2,4,8`: one engine under load from several client threads (issue #58).
+"""`oospec bench --concurrency 1,2,4,8`: one engine under load from several client threads.
 
 A fixed list of R requests (R = the largest level, or --limit records, at least the largest level;
 records are repeated, as `<id>#2`, ... when there are fewer) is served, per method:
@@ -8,7 +8,7 @@ records are repeated, as `<id>#2`, ... when there are fewer) is served, per meth
 
 so every level serves the same requests. Only the engine's public calls are used
 (`Engine.generate(...)` from several threads at once): with the engine's lock the calls queue, with
-batched rounds (#58) concurrent replies share each target forward, and this bench measures either.
+batched rounds (batching.py) concurrent replies share each target forward, and this bench measures either.
 
 Per (method, level): wall seconds, requests/s, new tokens/s, p50 and p95 latency (a request's, from
 the moment a client thread starts the call to its Generation), mean target forwards per request (the

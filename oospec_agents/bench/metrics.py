@@ -63,13 +63,8 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
     """
     tokens = sum(r["new_tokens"] for r in rows)
     decode = sum(r["decode_s"] for r in rows)
-    e2e = sum(r["prefill_s"] + r["decode_s"] for r in rows)
     forwards = sum(r["target_forwards"] for r in rows)
     verdicts = [r["check"]["verdict"] for r in rows]
-    by_source: dict[str, int] = {}
-    for r in rows:
-        for k, v in (r.get("accepted_by_source") or {}).items():
-            by_source[k] = by_source.get(k, 0) + v
     out = {
         "n": len(rows),
         "lossless": all(v != "loss" for v in verdicts),
@@ -83,6 +78,24 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         "prefill_s": _mean([r["prefill_s"] for r in rows]),
         "decode_s": _mean([r["decode_s"] for r in rows]),
         "decode_tok_s": tokens / decode if decode else None,
+    }
+    out.update(_hint_timing(rows))
+    out.update(_rounds(rows, decode, forwards))
+    out.update(_sidecar_figures(rows, tokens))
+    # the prefix cache: prompt tokens whose KV was reused, the target's and the sidecar wave's
+    for key in ("prompt_tokens", "cached_prompt_tokens", "sidecar_cached_prompt_tokens"):
+        out[key] = _mean([r.get(key) for r in rows])
+    if ref_rows:
+        out.update(_speedups(rows, ref_rows))
+    out["answer_part"] = answer_part(rows, ref_rows)
+    if any("alpha" in r for r in rows):  # a method with a sidecar: its hints against the target's own call
+        out |= alpha.aggregate([r.get("alpha") for r in rows])
+    return out
+
+
+def _hint_timing(rows: list[dict]) -> dict:
+    """When the sidecar's hints were ready, how large, and how many came in time."""
+    return {
         "hint_ready_s": _mean([r.get("hint_ready_s") for r in rows]),
         "hint_bytes": _mean([r.get("hint_bytes") for r in rows]),
         "hints": sum(r.get("hint_ready_s") is not None for r in rows),
@@ -90,12 +103,29 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         # a hint that lands after the reply is finished is reported but could not be used
         "hints_in_time": sum(r.get("hint_ready_s") is not None and r["hint_ready_s"] < r["prefill_s"] + r["decode_s"]
                              for r in rows),
+    }
+
+
+def _rounds(rows: list[dict], decode: float, forwards: int) -> dict:
+    """A decode round's time, and the host's part of it."""
+    rounds = forwards - len(rows)
+    host = _sum([r.get("host_s") for r in rows])
+    return {
         # one decode round = one verify forward plus drafting and bookkeeping
-        "round_ms": 1000 * decode / rounds if (rounds := forwards - len(rows)) > 0 else None,
+        "round_ms": 1000 * decode / rounds if rounds > 0 else None,
         # of which host work: everything in a round outside the target's forward (engine methods only)
-        "host_ms_per_round": 1000 * host / rounds if (host := _sum([r.get("host_s") for r in rows])) is not None
-        and rounds > 0 else None,
+        "host_ms_per_round": 1000 * host / rounds if host is not None and rounds > 0 else None,
         "host_share": host / decode if host is not None and decode else None,
+    }
+
+
+def _sidecar_figures(rows: list[dict], tokens: int) -> dict:
+    """The accepted tokens per drafter, the hint's share of them, and the sidecar's waves."""
+    by_source: dict[str, int] = {}
+    for r in rows:
+        for k, v in (r.get("accepted_by_source") or {}).items():
+            by_source[k] = by_source.get(k, 0) + v
+    return {
         "accepted_by_source": by_source or None,
         # share of all generated tokens that were accepted from the sidecar's hint
         "hint_share": by_source["hint"] / tokens if tokens and "hint" in by_source else None,
@@ -107,22 +137,22 @@ def aggregate(rows: list[dict], ref_rows: list[dict] | None) -> dict:
         "sidecar_errors": sum(bool(r.get("sidecar_error")) for r in rows),
         # waves the pay-back rule did not run (a sidecar on the target's cores that could not pay back)
         "waves_skipped": sum(bool(r.get("sidecar_skipped")) for r in rows),
-        # the prefix cache: prompt tokens whose KV was reused, the target's and the sidecar wave's
-        "prompt_tokens": _mean([r.get("prompt_tokens") for r in rows]),
-        "cached_prompt_tokens": _mean([r.get("cached_prompt_tokens") for r in rows]),
-        "sidecar_cached_prompt_tokens": _mean([r.get("sidecar_cached_prompt_tokens") for r in rows]),
     }
-    if ref_rows:
-        ref_tokens = sum(r["new_tokens"] for r in ref_rows)
-        ref_decode = sum(r["decode_s"] for r in ref_rows)
-        ref_e2e = sum(r["prefill_s"] + r["decode_s"] for r in ref_rows)
-        if decode and tokens:
-            out["speedup_decode"] = (ref_decode / ref_tokens) / (decode / tokens)
-        if e2e and tokens:
-            out["speedup_e2e"] = (ref_e2e / ref_tokens) / (e2e / tokens)
-    out["answer_part"] = answer_part(rows, ref_rows)
-    if any("alpha" in r for r in rows):  # a method with a sidecar: its hints against the target's own call
-        out |= alpha.aggregate([r.get("alpha") for r in rows])
+
+
+def _speedups(rows: list[dict], ref_rows: list[dict]) -> dict:
+    """Per-token decode and end-to-end time of AR's rows over this method's (None where there is no time)."""
+    tokens = sum(r["new_tokens"] for r in rows)
+    decode = sum(r["decode_s"] for r in rows)
+    e2e = sum(r["prefill_s"] + r["decode_s"] for r in rows)
+    ref_tokens = sum(r["new_tokens"] for r in ref_rows)
+    ref_decode = sum(r["decode_s"] for r in ref_rows)
+    ref_e2e = sum(r["prefill_s"] + r["decode_s"] for r in ref_rows)
+    out = {}
+    if decode and tokens:
+        out["speedup_decode"] = (ref_decode / ref_tokens) / (decode / tokens)
+    if e2e and tokens:
+        out["speedup_e2e"] = (ref_e2e / ref_tokens) / (e2e / tokens)
     return out
 
 
@@ -159,7 +189,6 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
     def block(recs):
         ref = [r["runs"]["ar"] for r in recs] if "ar" in methods else None
         figs = {m: aggregate([r["runs"][m] for r in recs], ref) for m in methods}
-        alpha.forwards_ratio(figs)
         top = (figs.get("oracle") or {}).get("speedup_decode")
         for f in figs.values():
             f["vs_oracle"] = f["speedup_decode"] / top if top and f["speedup_decode"] else None

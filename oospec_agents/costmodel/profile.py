@@ -149,16 +149,22 @@ def profile(model, ks: list[int], contexts: list[int], *, warmup: int = 2, repea
             progress(f"sweep {r + 1}/{repeats} of {len(points)} points")
     verify_s = [[statistics.median(runs[f"verify/{k}/{ctx}"]) for ctx in contexts] for k in ks]
     prefill_s = [statistics.median(runs[f"prefill/{ctx}"]) for ctx in contexts]
-    if progress:
-        for i, k in enumerate(ks):
-            progress(f"k={k:<3} " + "  ".join(f"context={ctx}: {1000 * verify_s[i][j]:.2f} ms"
-                                             for j, ctx in enumerate(contexts)))
-        progress("prefill " + "  ".join(f"context={ctx}: {1000 * t:.2f} ms" for ctx, t in zip(contexts, prefill_s)))
     noisy = [key for key, raw in runs.items() if spread(raw) > NOISY]
-    if noisy and progress:
-        progress(f"warning: {len(noisy)} of {len(runs)} points vary by more than {NOISY:.0%} between runs "
-                 "(interquartile range / median): is something else running on this device?")
+    if progress:
+        _report(progress, ks, contexts, verify_s, prefill_s, noisy, len(runs))
     return {"k": ks, "context": contexts, "verify_s": verify_s, "prefill_s": prefill_s, "noisy": noisy, "runs": runs}
+
+
+def _report(progress, ks: list[int], contexts: list[int], verify_s: list[list[float]], prefill_s: list[float],
+            noisy: list[str], n_points: int) -> None:
+    """The sweep's medians through `progress`, and a warning where points vary too much between runs."""
+    for i, k in enumerate(ks):
+        progress(f"k={k:<3} " + "  ".join(f"context={ctx}: {1000 * verify_s[i][j]:.2f} ms"
+                                         for j, ctx in enumerate(contexts)))
+    progress("prefill " + "  ".join(f"context={ctx}: {1000 * t:.2f} ms" for ctx, t in zip(contexts, prefill_s)))
+    if noisy:
+        progress(f"warning: {len(noisy)} of {n_points} points vary by more than {NOISY:.0%} between runs "
+                 "(interquartile range / median): is something else running on this device?")
 
 
 def _ints(text: str) -> list[int]:

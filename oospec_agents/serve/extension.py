@@ -1,5 +1,5 @@
-"""The `oospec` request extension (#55): opt-in fields of our own on `/v1/chat/completions` and
-`/v1/responses`, off by default, so a request without them is answered byte for byte as before.
+"""The `oospec` request extension: opt-in fields of our own on `/v1/chat/completions` and
+`/v1/responses`, off by default, so a request without them is answered byte for byte as a plain OpenAI one.
 
     "oospec": {"predicted_calls": true, "speculative_tools": {"get_weather": 0.8, "search": null}}
 

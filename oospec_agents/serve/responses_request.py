@@ -93,70 +93,90 @@ def to_messages(req: ResponsesRequest) -> list[dict]:
         raise RequestError("input is required: a string, or a list of input items", "input",
                            "missing_required_parameter")
     items = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
-    messages: list[dict] = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    pending: dict[str, int] = {}   # call_id -> input index, for calls not answered yet
-    answered: set[str] = set()
-    thought: list[str] = []        # reasoning items' text, for the assistant turn that follows them
-
-    def flush_thought() -> None:   # reasoning that no assistant message or call followed: a turn of its own
-        if thought:
-            messages.append({"role": "assistant", "content": "", "reasoning_content": "\n\n".join(thought)})
-            thought.clear()
-
-    def take_thought(message: dict) -> dict:
-        if thought:
-            message["reasoning_content"] = "\n\n".join(thought)
-            thought.clear()
-        return message
-
+    transcript = _Transcript([{"role": "system", "content": req.instructions}] if req.instructions else [])
+    adders = {"message": transcript.message, "function_call": transcript.function_call,
+              "reasoning": transcript.reasoning, "function_call_output": transcript.function_call_output}
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise RequestError(f"{where} must be an object (an input item), got {type(item).__name__}", where)
         kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
-            _unanswered(pending)
-            role = item.get("role")
-            if role not in ROLES:
-                raise RequestError(f"{where}.role is {role!r}; expected one of {list(ROLES)}", f"{where}.role")
-            if role != "assistant":
-                flush_thought()
-            messages.append(take_thought({"role": role, "content": _text(item.get("content"), f"{where}.content")}))
-        elif kind == "function_call":
-            call_id, name, arguments = (_string(item, key, where) for key in ("call_id", "name", "arguments"))
-            if messages and messages[-1]["role"] == "tool":  # a new turn of calls: the last one's are answered
-                _unanswered(pending)
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            if messages and messages[-1]["role"] == "assistant" and not thought:
-                messages[-1].setdefault("tool_calls", []).append(call)
-            else:
-                messages.append(take_thought({"role": "assistant", "content": "", "tool_calls": [call]}))
-            pending[call_id] = i
-        elif kind == "reasoning":
-            _unanswered(pending)  # a new assistant turn: the last one's calls are answered
-            text = _reasoning_text(item, where)
-            if text:
-                thought.append(text)
-        elif kind == "function_call_output":
-            call_id = _string(item, "call_id", where)
-            if call_id not in pending:
-                again = " (it is answered already)" if call_id in answered else ""
-                raise RequestError(f"No tool call found for function call output with call_id {call_id}{again}.",
-                                   f"{where}.call_id")
-            del pending[call_id]
-            answered.add(call_id)
-            messages.append({"role": "tool", "tool_call_id": call_id,
-                             "content": _text(item.get("output"), f"{where}.output", required=True)})
-        elif kind == "item_reference":
+        add = adders.get(kind)
+        if kind == "item_reference":
             raise RequestError(f"{where}: item_reference items are not served: this server stores no items; send "
                                "the item itself", f"{where}.type", "unsupported_parameter")
-        else:
+        if add is None:
             raise RequestError(f"{where}: input items of type {kind!r} are not served; this server reads message, "
                                "function_call, function_call_output and reasoning items", f"{where}.type",
                                "unsupported_parameter")
-    _unanswered(pending)
-    flush_thought()
-    return messages
+        add(item, i, where)
+    return transcript.end()
+
+
+class _Transcript:
+    """The chat messages of a Responses input, added item by item: the calls not answered yet, the calls
+    answered, and the reasoning items' text waiting for the assistant turn that follows them."""
+
+    def __init__(self, messages: list[dict]):
+        self.messages = messages
+        self.pending: dict[str, int] = {}   # call_id -> input index, for calls not answered yet
+        self.answered: set[str] = set()
+        self.thought: list[str] = []
+
+    def message(self, item: dict, i: int, where: str) -> None:
+        _unanswered(self.pending)
+        role = item.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role is {role!r}; expected one of {list(ROLES)}", f"{where}.role")
+        if role != "assistant":
+            self._flush_thought()
+        self.messages.append(self._take_thought({"role": role, "content": _text(item.get("content"),
+                                                                                 f"{where}.content")}))
+
+    def function_call(self, item: dict, i: int, where: str) -> None:
+        messages = self.messages
+        call_id, name, arguments = (_string(item, key, where) for key in ("call_id", "name", "arguments"))
+        if messages and messages[-1]["role"] == "tool":  # a new turn of calls: the last one's are answered
+            _unanswered(self.pending)
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        if messages and messages[-1]["role"] == "assistant" and not self.thought:
+            messages[-1].setdefault("tool_calls", []).append(call)
+        else:
+            messages.append(self._take_thought({"role": "assistant", "content": "", "tool_calls": [call]}))
+        self.pending[call_id] = i
+
+    def reasoning(self, item: dict, i: int, where: str) -> None:
+        _unanswered(self.pending)  # a new assistant turn: the last one's calls are answered
+        text = _reasoning_text(item, where)
+        if text:
+            self.thought.append(text)
+
+    def function_call_output(self, item: dict, i: int, where: str) -> None:
+        call_id = _string(item, "call_id", where)
+        if call_id not in self.pending:
+            again = " (it is answered already)" if call_id in self.answered else ""
+            raise RequestError(f"No tool call found for function call output with call_id {call_id}{again}.",
+                               f"{where}.call_id")
+        del self.pending[call_id]
+        self.answered.add(call_id)
+        self.messages.append({"role": "tool", "tool_call_id": call_id,
+                              "content": _text(item.get("output"), f"{where}.output", required=True)})
+
+    def end(self) -> list[dict]:
+        _unanswered(self.pending)
+        self._flush_thought()
+        return self.messages
+
+    def _flush_thought(self) -> None:  # reasoning that no assistant message or call followed: a turn of its own
+        if self.thought:
+            self.messages.append({"role": "assistant", "content": "", "reasoning_content": "\n\n".join(self.thought)})
+            self.thought.clear()
+
+    def _take_thought(self, message: dict) -> dict:
+        if self.thought:
+            message["reasoning_content"] = "\n\n".join(self.thought)
+            self.thought.clear()
+        return message
 
 
 def _reasoning_text(item: dict, where: str) -> str:

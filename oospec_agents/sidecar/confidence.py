@@ -1,4 +1,4 @@
-"""The wave's confidence: a calibrated probability that its whole predicted call is exact (#56 item 4).
+"""The wave's confidence: a calibrated probability that its whole predicted call is exact.
 
     logprob = call_logprob(rows, result.row_logprobs, call, tool_choice)   the call's rows, summed
     confidence = calibration(logprob)                                      in [0, 1]

@@ -1,4 +1,4 @@
-"""A lexical prior over the offered tools, for the wave's function row (#20).
+"""A lexical prior over the offered tools, for the wave's function row.
 
 On tool sets it never saw, the 135M sidecar often picks the wrong tool of many (`callnavi`'s 21-101
 tools: 40% function accuracy), while the words of the user's request name the right one: with this

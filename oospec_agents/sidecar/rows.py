@@ -19,7 +19,7 @@ off-distribution; the call layout is fixed here (hermes-like) whatever the targe
 is, because only the joined call crosses to the target, rendered in the target's format.
 
 Row options (`RowOptions`, an adapter directory's `rows.json`, trained and served alike; absent: the
-rows above exactly). With `param_docs` (#56 item 2), a slot row whose parameter's schema documents it
+rows above exactly). With `param_docs`, a slot row whose parameter's schema documents it
 begins with one line of that documentation before its call opener:
 
     # city: City and state, e.g. Berkeley, CA; default "Paris"; examples "Oslo", "Rome"

@@ -402,28 +402,7 @@ def _serve(conn, spec: WorkerSpec) -> None:
             conn.send(message)
 
     work: queue.SimpleQueue = queue.SimpleQueue()
-
-    def read() -> None:
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                os._exit(0)  # the parent is gone: nobody is left to answer
-            kind = message[0]
-            if kind == "cancel":
-                host.cancel(message[1])
-            elif kind == "estimate":
-                send(("estimate", message[1], host.estimate(from_plain(message[2]))))
-            elif kind == "adapter":  # loads beside the waves, which go on with the old adapter until it is in
-                threading.Thread(target=lambda qid=message[1], path=message[2]: send(
-                    ("adapter", qid, load_adapter_here(host, path))), name="oospec-sidecar-adapter",
-                    daemon=True).start()
-            else:  # "wave", "clear", "stop": in order, between waves
-                if kind == "stop":
-                    host.cancel_all()
-                work.put(message)
-
-    threading.Thread(target=read, name="oospec-sidecar-reader", daemon=True).start()
+    threading.Thread(target=_read, args=(conn, host, send, work), name="oospec-sidecar-reader", daemon=True).start()
     send(("ready",))
     held = None  # a message read while gathering waves: the next in order
     while True:
@@ -433,18 +412,47 @@ def _serve(conn, spec: WorkerSpec) -> None:
         if message[0] == "clear":
             host.clear_prefix_cache()
             continue
-        waves = [message]  # the waves that queued meanwhile run together (WaveHost.run_many)
-        while held is None and len(waves) < host.MAX_REQUESTS:
-            try:
-                more = work.get_nowait()
-            except queue.Empty:
-                break
-            if more[0] == "wave":
-                waves.append(more)
-            else:
-                held = more
+        waves, held = _gather(work, message, host.MAX_REQUESTS)
         outcomes = host.run_many([(tid, from_plain(request), lambda tid=tid: send(("started", tid)))
                                   for _, tid, request in waves])
         for (_, tid, _), outcome in zip(waves, outcomes):
             send(("done", tid, outcome))
     conn.close()
+
+
+def _read(conn, host: WaveHost, send, work: queue.SimpleQueue) -> None:
+    """The worker's reader thread: cancels, estimates and adapters are served as they come; waves,
+    "clear" and "stop" go to `work`, in order, for the main loop."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)  # the parent is gone: nobody is left to answer
+        kind = message[0]
+        if kind == "cancel":
+            host.cancel(message[1])
+        elif kind == "estimate":
+            send(("estimate", message[1], host.estimate(from_plain(message[2]))))
+        elif kind == "adapter":  # loads beside the waves, which go on with the old adapter until it is in
+            threading.Thread(target=lambda qid=message[1], path=message[2]: send(
+                ("adapter", qid, load_adapter_here(host, path))), name="oospec-sidecar-adapter",
+                daemon=True).start()
+        else:  # "wave", "clear", "stop": in order, between waves
+            if kind == "stop":
+                host.cancel_all()
+            work.put(message)
+
+
+def _gather(work: queue.SimpleQueue, first: tuple, limit: int) -> tuple[list[tuple], tuple | None]:
+    """The wave `first` and the waves queued behind it, up to `limit` (they run together:
+    WaveHost.run_many), and the first other message read meanwhile, held as the next in order."""
+    waves = [first]
+    while len(waves) < limit:
+        try:
+            more = work.get_nowait()
+        except queue.Empty:
+            break
+        if more[0] != "wave":
+            return waves, more
+        waves.append(more)
+    return waves, None
