@@ -65,6 +65,7 @@ def aligned(text: str, hint: str | None, fmt) -> tuple[str, bool]:
     if not hint:
         return "", False
     calls = hint_calls(hint, fmt)
+    skip = getattr(hint, "after_calls", 0)  # the reply's calls before the hint's first
     tag = fmt.call_start.strip()
     body = fmt.open_call_json(text)
     if body is None:
@@ -73,15 +74,15 @@ def aligned(text: str, hint: str | None, fmt) -> tuple[str, bool]:
             return hint, True
         # a message's calls that share one list end with it; calls wrapped one by one may go on
         if fmt.call_end and stripped.endswith(fmt.call_end.strip()) and not fmt.calls_in_one_list:
-            done = text.count(tag) if tag else len(calls)
-            nxt = fmt.call_sep.join(calls[done:]) if done < len(calls) else calls[-1]
-            return (nxt if text.endswith(fmt.call_sep) else fmt.call_sep + nxt), done < len(calls)
+            done = text.count(tag) - skip if tag else len(calls)
+            nxt = fmt.call_sep.join(calls[done:]) if 0 <= done < len(calls) else calls[-1]
+            return (nxt if text.endswith(fmt.call_sep) else fmt.call_sep + nxt), 0 <= done < len(calls)
         return "", False
     start = fmt.calls_start(text)
     committed = text[start:] if start >= 0 else body
-    done = text[:start].count(tag) if tag and start >= 0 else 0   # the calls before the open one
-    own = calls[min(done, len(calls) - 1)]
-    after = fmt.call_sep.join([""] + calls[done + 1:]) if done + 1 < len(calls) else ""
+    done = text[:start].count(tag) - skip if tag and start >= 0 else 0   # the hint's calls before the open one
+    own = calls[max(0, min(done, len(calls) - 1))]
+    after = fmt.call_sep.join([""] + calls[done + 1:]) if 0 <= done and done + 1 < len(calls) else ""
     ref = own[max(own.find(tag), 0):] if tag else own
     if ref.startswith(committed):
         return ref[len(committed):] + after, True

@@ -13,9 +13,9 @@ sidecar once more, for that function's slot rows alone (tool_choice named: the r
 decodes). Its hint replaces the first when it is ready. The function row is the part of the wave
 that unseen tool sets get wrong most; the target's own name settles it. And the moment the reply
 goes on past a call it closed and the hint has no call after it (a parallel reply), the session
-asks for the next call. A follow-up asked after the reply closed calls gets them as an assistant turn after
-the conversation, and its hint is those calls and its own, so the hint drafter offers its call at
-the reply's next call (drafters/hint.py). At most MAX_FOLLOW_UPS per request, each name once.
+asks for the next call. A follow-up asked after the reply closed calls gets them as an assistant turn
+after the conversation, and its hint says it follows them (`HintText.after_calls`), so the hint
+drafter offers its call at the reply's next call (drafters/hint.py). At most MAX_FOLLOW_UPS per request, each name once.
 
 A fault (an exception, a hang, a late or unusable hint) becomes `Outcome.error` and a warning logged
 once per kind, never an exception in the decode loop. While a wave on the target's own CPU runs, the
@@ -128,7 +128,8 @@ class HintSession:
         """`hint` is now the current one: its text, the function it calls and its confidence; its text
         returned as a `HintText` that carries the confidence and the runner-up calls to the drafter."""
         self.confidence = getattr(hint, "confidence", None)  # a third-party sidecar's Hint may lack it
-        self.text = HintText(hint.text, self.confidence, getattr(hint.text, "alternatives", ()))
+        self.text = HintText(hint.text, self.confidence, getattr(hint.text, "alternatives", ()),
+                             getattr(hint.text, "after_calls", 0))
         self.name = _call_name(self._request, hint.text)
         return self.text
 
@@ -140,23 +141,25 @@ class HintSession:
         fmt = self._request.fmt
         body = fmt.open_call_json(reply)
         closed = _calls(fmt, reply, body is not None)
+        skip = getattr(self.text, "after_calls", 0)
         hinted = _calls(fmt, self.text or "")
-        if self._goes_on(reply, closed, hinted):
+        if self._goes_on(reply, closed, skip + len(hinted)):
             return self._submit(closed, self._request.tool_choice)
         name = call_name(body) if body else None
-        if (name is None or name == (hinted[min(len(closed), len(hinted) - 1)]["name"] if hinted else self.name)
+        at = max(0, min(len(closed) - skip, len(hinted) - 1))  # the hint's call for the reply's open call
+        if (name is None or name == (hinted[at]["name"] if hinted else self.name)
                 or name in self._asked or self.outcome.follow_ups >= MAX_FOLLOW_UPS
                 or name not in {t.name for t in self._request.tools}):
             return None
         self._asked.add(name)
         return self._submit(closed, ("named", name))
 
-    def _goes_on(self, reply: str, closed: list[dict], hinted: list[dict]) -> bool:
+    def _goes_on(self, reply: str, closed: list[dict], hinted: int) -> bool:
         """Whether to ask for the reply's next call: it has gone on past a closed call (not just closed
         one, which may be its last), the hint holds no call for it, and none was asked after as many."""
         fmt = self._request.fmt
         return (bool(closed) and not fmt.calls_in_one_list and not reply.endswith(fmt.call_end.strip())
-                and len(closed) >= len(hinted) and len(closed) > len(self._closed)
+                and len(closed) >= hinted and len(closed) > len(self._closed)
                 and self.outcome.follow_ups < MAX_FOLLOW_UPS)
 
     def _submit(self, closed: list[dict], tool_choice) -> str | None:
@@ -193,9 +196,8 @@ class HintSession:
         if error or declined or hint is None or not isinstance(hint.text, str):
             return None
         if self._closed:  # its call goes after the calls the reply had closed
-            hint = dataclasses.replace(hint, text=HintText(
-                self._request.fmt.render_calls(self._closed + _calls(self._request.fmt, hint.text)),
-                alternatives=getattr(hint.text, "alternatives", ())))
+            hint = dataclasses.replace(hint, text=HintText(hint.text, alternatives=getattr(hint.text, "alternatives", ()),
+                                                           after_calls=len(self._closed)))
         return self._take(hint)
 
     def close(self, abandoned: bool = False) -> Outcome:
