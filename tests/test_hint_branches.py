@@ -163,6 +163,10 @@ class _Ready:
         pass
 
 
+#: new tokens for a multiple-function record's reply: its whole call (bfcl/exec_multiple_1's is 86 tokens)
+N_CALL = 128
+
+
 def _records(source: str, n: int) -> list[dict]:
     return [r for r in load_records("train-extra") if r["source"] == source][:n]
 
@@ -178,12 +182,12 @@ def test_a_wrong_hint_costs_no_forward_over_toolspec_on_multiple_function_record
     call: the reply is the target's greedy one, and never takes more forwards than toolspec's."""
     total = {"toolspec": 0, "wrong": 0}
     for r in _records("bfcl_exec_multiple", 3):
-        ref = greedy(embedded_fp32, embedded_fp32.prompt_ids(r["messages"], r["tools"], tool_choice="required"), 64)
-        ts = _run(on_target_of(embedded_fp32), r, 64, "toolspec")
+        ref = greedy(embedded_fp32, embedded_fp32.prompt_ids(r["messages"], r["tools"], tool_choice="required"), N_CALL)
+        ts = _run(on_target_of(embedded_fp32), r, N_CALL, "toolspec")
         call = ts.tool_calls[0]
         other = next(t["function"] for t in r["tools"] if t["function"]["name"] != call["name"])
         wrong = FMT.render_call(other["name"], {p: "x" for p in other["parameters"].get("properties", {})})
-        gen = _run(on_target_of(embedded_fp32, Scripted(wrong, 0.2)), r, 64)
+        gen = _run(on_target_of(embedded_fp32, Scripted(wrong, 0.2)), r, N_CALL)
         assert ts.token_ids == ref and gen.token_ids == ref, r["id"]
         assert gen.stats["sidecar_error"] is None and gen.stats["hint_bytes"]
         assert gen.stats["target_forwards"] <= ts.stats["target_forwards"], r["id"]
@@ -196,12 +200,12 @@ def test_a_wrong_hint_costs_no_forward_over_toolspec_on_multiple_function_record
 def test_a_right_runner_up_saves_forwards_over_the_wrong_top_call_alone(embedded_fp32):
     saved = 0
     for r in _records("bfcl_exec_multiple", 3):
-        ref = greedy(embedded_fp32, embedded_fp32.prompt_ids(r["messages"], r["tools"], tool_choice="required"), 64)
-        call = _run(on_target_of(embedded_fp32), r, 64, "toolspec").tool_calls[0]
+        ref = greedy(embedded_fp32, embedded_fp32.prompt_ids(r["messages"], r["tools"], tool_choice="required"), N_CALL)
+        call = _run(on_target_of(embedded_fp32), r, N_CALL, "toolspec").tool_calls[0]
         other = next(t["function"]["name"] for t in r["tools"] if t["function"]["name"] != call["name"])
         top, right = FMT.render_call(other, call["arguments"]), FMT.render_call(call["name"], call["arguments"])
-        alone = _run(on_target_of(embedded_fp32, Scripted(top, 0.3)), r, 64)
-        branched = _run(on_target_of(embedded_fp32, Scripted(top, 0.3, [right])), r, 64)
+        alone = _run(on_target_of(embedded_fp32, Scripted(top, 0.3)), r, N_CALL)
+        branched = _run(on_target_of(embedded_fp32, Scripted(top, 0.3, [right])), r, N_CALL)
         assert alone.token_ids == ref and branched.token_ids == ref, r["id"]
         assert branched.stats["target_forwards"] <= alone.stats["target_forwards"], r["id"]
         saved += alone.stats["target_forwards"] - branched.stats["target_forwards"]
