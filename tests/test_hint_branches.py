@@ -212,27 +212,6 @@ def test_a_right_runner_up_saves_forwards_over_the_wrong_top_call_alone(embedded
     assert saved > 0
 
 
-@pytest.mark.slow
-def test_a_parallel_reply_gets_a_hint_for_each_call(embedded_fp32):
-    """A hint that holds every call of a parallel reply: each call is drafted after the one before, so it
-    takes fewer forwards than the first call's hint alone, and the reply is the target's greedy one."""
-    checked = 0
-    for r in _records("bfcl_exec_parallel", 6):
-        ref = greedy(embedded_fp32, embedded_fp32.prompt_ids(r["messages"], r["tools"], tool_choice="required"), 96)
-        ts = _run(on_target_of(embedded_fp32), r, 96, "toolspec")
-        if len(ts.tool_calls) < 2:
-            continue  # the target wrote one call here
-        calls = [{"name": c["name"], "arguments": c["arguments"]} for c in ts.tool_calls]
-        each = _run(on_target_of(embedded_fp32, Scripted(FMT.render_calls(calls), 0.9)), r, 96)
-        first = _run(on_target_of(embedded_fp32, Scripted(FMT.render_calls(calls[:1]), 0.9)), r, 96)
-        assert each.token_ids == ref and first.token_ids == ref and ts.token_ids == ref, r["id"]
-        assert each.stats["target_forwards"] < first.stats["target_forwards"] <= ts.stats["target_forwards"], r["id"]
-        checked += 1
-        if checked == 2:
-            break
-    assert checked == 2
-
-
 # ---------------------------------------------------------------- a follow-up wave for the next call
 
 class Queue(SidecarBase):
