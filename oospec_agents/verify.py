@@ -46,8 +46,10 @@ class Tree:
 
 def build_tree(root: int, drafts: list[Draft], max_nodes: int, chain: bool = False,
                forced: list[int] = ()) -> Tree:
-    """Merge drafts into a trie under `root`, first draft first, so the best guess stays contiguous.
-    With `chain`, only the first draft is kept: a chain, for targets that take no tree mask.
+    """Merge drafts into a trie under `root`, first draft first, so the best guess stays contiguous;
+    a `late` draft only after all the others, so it fills what nodes they leave and displaces none.
+    With `chain`, only the first draft is kept (the first that is not late): a chain, for targets that
+    take no tree mask.
     `forced`: committed tokens that follow `root` (a grammar forced them); they go first, as a chain,
     the drafts below them, and they do not count in `max_nodes`."""
     t = Tree([root], [-1], [None], [0], [{}])
@@ -60,7 +62,8 @@ def build_tree(root: int, drafts: list[Draft], max_nodes: int, chain: bool = Fal
         t.children.append({})
     t.start = len(forced)
     max_nodes += len(forced)
-    for d in drafts[:1] if chain else drafts:
+    ordered = [d for d in drafts if not d.late] + [d for d in drafts if d.late]
+    for d in ordered[:1] if chain else ordered:
         node = t.start
         for tok in d.tokens:
             nxt = t.children[node].get(tok)

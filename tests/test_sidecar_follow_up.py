@@ -29,9 +29,9 @@ def test_a_follow_up_wave_asks_for_the_function_the_target_wrote():
     assert hints.poll('<tool_call>\n{"name": "get_weather", "ar') is None  # the hint's own function
     assert len(side.requests) == 1 and outcome.follow_ups == 0
     reply = '<tool_call>\n{"name": "get_time", "'
-    assert hints.poll(reply) is None  # asked now; its hint is there at the next round
+    assert hints.poll(reply) == TIME_CALL  # asked now, and read in the same round: this sidecar is ready at once
     assert side.requests[-1].tool_choice == ("named", "get_time") and outcome.follow_ups == 1
-    assert hints.poll(reply) == TIME_CALL and hints.name == "get_time"
+    assert hints.name == "get_time"
     assert hints.poll(reply) is None and hints.poll(reply + 'arguments": {') is None
     assert len(side.requests) == 2  # each name once
     hints.close()
@@ -43,7 +43,7 @@ def test_a_declining_wave_is_still_followed_up_when_the_target_writes_a_call():
     hints, outcome = _session(side)
     assert hints.poll("") is None and hints.declined
     reply = '<tool_call>\n{"name": "get_time", "'
-    assert hints.poll(reply) is None and hints.poll(reply) == TIME_CALL
+    assert hints.poll(reply) == TIME_CALL and hints.poll(reply) is None
     hints.close()
     assert outcome.declined and outcome.follow_ups == 1 and outcome.error is None
 

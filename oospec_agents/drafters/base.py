@@ -26,6 +26,23 @@ class Prediction:
     at: int = 0                                            # where the reply last matched
 
 
+class HintText(str):
+    """A hint's text (target-format calls) carrying what the sidecar knows of it: `confidence`, the
+    probability that its whole call is exact (None: unknown, as for a caller's own hint), and
+    `alternatives`, runner-up calls in the target's format where the sidecar was unsure; and
+    `after_calls`, how many of the reply's calls come before the hint's first (a follow-up wave's hint
+    for a parallel reply's next call). It is a str, so whatever reads a hint as text reads it unchanged."""
+    confidence: float | None
+    alternatives: tuple[str, ...]
+    after_calls: int
+
+    def __new__(cls, text: str, confidence: float | None = None, alternatives=(), after_calls: int = 0):
+        self = super().__new__(cls, text)
+        self.confidence, self.after_calls = confidence, after_calls
+        self.alternatives = tuple(a for a in alternatives if isinstance(a, str) and a and a != text)
+        return self
+
+
 @dataclass
 class ReplyState:
     """One reply as the drafters see it. Its commit step writes it in place (tokens appended, text
@@ -65,6 +82,9 @@ class ReplyState:
 class Draft:
     tokens: list[int]
     source: str               # "schema" | "retrieval" | "hint" | "prediction"
+    #: a guess that takes the tree's nodes only after every other draft has its own (a hint the reply
+    #: has left, or that the sidecar is unsure of, and the runner-up calls): it never displaces them
+    late: bool = False
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ class DrafterStack:
         if not drafts or k < 1:
             self._last = None
             return []
-        first = drafts[0]
+        first = next((d for d in drafts if not d.late), drafts[0])  # a late draft displaces none (Draft.late)
         tokens = list(first.tokens[:k])
         if extend and first.source == "schema" and len(tokens) < k:
             tokens += self._retrieval_after(tokens)[:k - len(tokens)]

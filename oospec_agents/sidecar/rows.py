@@ -11,6 +11,9 @@ A request with tools T1..Tn becomes one shared prefix and a short suffix per row
                    (a required parameter's row, unless its schema allows null, is marked `required`:
                    the wave never lets it answer null)
 
+A parameter whose schema allows one value alone (a `const`, an enum of one value: `forced_value`) gets
+no row: the join writes that value into the call.
+
 Every row's answer is one JSON value, so one parser (`parse_value`) and one stop rule (`value_end`)
 serve all rows. The suffix starts the call the way a chat model writes it, so an instruct model
 fills values out of the box. Suffixes end at the colon and targets start with the space, because BPE
@@ -131,6 +134,8 @@ def expand_rows(messages: list[dict], tools: list[Tool], call: dict | None = Non
         required = {p for p in tool.required if not nullable(tool.properties.get(p))}
         labelled = call is not None and tool.name == call["name"]
         for param in tool.properties:
+            if forced_value(tool.properties[param]) is not None:
+                continue  # the schema writes its whole value: the join fills it in (join.forced_arguments)
             suffix = CALL_OPEN + " " + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": {' + \
                 json.dumps(param, ensure_ascii=False) + ":"
             if docs:
@@ -138,6 +143,19 @@ def expand_rows(messages: list[dict], tools: list[Tool], call: dict | None = Non
             target = " " + json.dumps(args.get(param), ensure_ascii=False) if labelled else None
             rows.append(Row("slot", tool.name, param, suffix, target, param in required))
     return prefix, rows
+
+
+def forced_value(spec: Any) -> tuple[Any] | None:
+    """`(value,)` where the schema allows this parameter one value alone (a `const`, an enum of one
+    value), else None: the wave builds no row for it, whatever the sidecar would write there."""
+    if not isinstance(spec, dict):
+        return None
+    if "const" in spec:
+        return (spec["const"],)
+    enum = spec.get("enum")
+    if isinstance(enum, list) and len(enum) == 1:
+        return (enum[0],)
+    return None
 
 
 def nullable(spec: Any) -> bool:

@@ -133,7 +133,7 @@ def run_waves(wave: WaveFn, jobs: list[tuple[HintRequest, threading.Event]], *, 
             continue
         profile = {"queued_s": start - request.arrived, "wave_s": wave_s, **result.profile}
         try:
-            call = join(rows, result.texts, request.tools, request.tool_choice)
+            call = join(rows, result.texts, request.tools, request.tool_choice, result.runner_ups)
             outcomes[n] = {"payload": encode_payload(call), "profile": profile,
                            "confidence": call_confidence(wave, rows, call, request.tool_choice,
                                                          result.row_logprobs)}

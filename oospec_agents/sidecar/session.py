@@ -11,8 +11,11 @@ A follow-up wave (`follow_up=True`): once the first wave has answered, and the c
 begun names a function (its name string closed) that the hint does not call, the session asks the
 sidecar once more, for that function's slot rows alone (tool_choice named: the rows a named request
 decodes). Its hint replaces the first when it is ready. The function row is the part of the wave
-that unseen tool sets get wrong most; the target's own name settles it. At most MAX_FOLLOW_UPS per
-request, each name once.
+that unseen tool sets get wrong most; the target's own name settles it. And the moment the reply
+goes on past a call it closed and the hint has no call after it (a parallel reply), the session
+asks for the next call. A follow-up asked after the reply closed calls gets them as an assistant turn
+after the conversation, and its hint says it follows them (`HintText.after_calls`), so the hint
+drafter offers its call at the reply's next call (drafters/hint.py). At most MAX_FOLLOW_UPS per request, each name once.
 
 A fault (an exception, a hang, a late or unusable hint) becomes `Outcome.error` and a warning logged
 once per kind, never an exception in the decode loop. While a wave on the target's own CPU runs, the
@@ -21,10 +24,12 @@ target lends it cores (cores.lend) and takes them back when it ends. Words: docs
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass
 
+from ..drafters.base import HintText
 from ..jsonscan import call_name
 from . import cores
 from .protocol import HintRequest, Sidecar
@@ -78,6 +83,7 @@ class HintSession:
         self._lend = lend                # () -> Loan for a follow-up wave
         self._asked: set[str] = set()    # the names a follow-up wave was asked for
         self._next = None                # the follow-up wave's ticket while it runs
+        self._closed: list[dict] = []    # the reply's closed calls when the last follow-up was asked
 
     @classmethod
     def open(cls, sidecar: Sidecar, request: HintRequest, *, target: cores.Place, faults: set[str],
@@ -116,26 +122,55 @@ class HintSession:
         out = self.outcome
         out.hint_ready_s, out.hint_bytes, out.profile = hint.ready_s, hint.payload_bytes, hint.profile
         out.cached_prompt_tokens = (hint.profile or {}).get("cached_prefix_tokens")
-        self._take(hint)
-        return hint.text
+        return self._take(hint)
 
-    def _take(self, hint) -> None:
-        """`hint` is now the current one: its text, the function it calls and its confidence."""
-        self.text, self.name = hint.text, _call_name(self._request, hint.text)
+    def _take(self, hint) -> HintText:
+        """`hint` is now the current one: its text, the function it calls and its confidence; its text
+        returned as a `HintText` that carries the confidence and the runner-up calls to the drafter."""
         self.confidence = getattr(hint, "confidence", None)  # a third-party sidecar's Hint may lack it
+        self.text = HintText(hint.text, self.confidence, getattr(hint.text, "alternatives", ()),
+                             getattr(hint.text, "after_calls", 0))
+        self.name = _call_name(self._request, hint.text)
+        return self.text
 
     def _follow(self, reply: str) -> str | None:
-        """Ask a follow-up wave for the function the reply's open call names, or read the one asked."""
+        """Ask a follow-up wave for the function the reply's open call names, or for the call after the
+        ones it has closed; or read the one asked."""
         if self._next is not None:
             return self._read_next()
         fmt = self._request.fmt
         body = fmt.open_call_json(reply)
+        closed = _calls(fmt, reply, body is not None)
+        skip = getattr(self.text, "after_calls", 0)
+        hinted = _calls(fmt, self.text or "")
+        if self._goes_on(reply, closed, skip + len(hinted)):
+            return self._submit(closed, self._request.tool_choice)
         name = call_name(body) if body else None
-        if (name is None or name == self.name or name in self._asked or len(self._asked) >= MAX_FOLLOW_UPS
+        at = max(0, min(len(closed) - skip, len(hinted) - 1))  # the hint's call for the reply's open call
+        if (name is None or name == (hinted[at]["name"] if hinted else self.name)
+                or name in self._asked or self.outcome.follow_ups >= MAX_FOLLOW_UPS
                 or name not in {t.name for t in self._request.tools}):
             return None
         self._asked.add(name)
-        request = dataclasses.replace(self._request, tool_choice=("named", name), arrived=time.perf_counter())
+        return self._submit(closed, ("named", name))
+
+    def _goes_on(self, reply: str, closed: list[dict], hinted: int) -> bool:
+        """Whether to ask for the reply's next call: it has gone on past a closed call (not just closed
+        one, which may be its last), the hint holds no call for it, and none was asked after as many."""
+        fmt = self._request.fmt
+        return (bool(closed) and not fmt.calls_in_one_list and not reply.endswith(fmt.call_end.strip())
+                and len(closed) >= hinted and len(closed) > len(self._closed)
+                and self.outcome.follow_ups < MAX_FOLLOW_UPS)
+
+    def _submit(self, closed: list[dict], tool_choice) -> str | None:
+        """Submit a follow-up wave (after the reply's `closed` calls, as an assistant turn); its hint at
+        once where it is ready at once (a sidecar that has the target wait for its waves), else None
+        until a later poll reads it."""
+        self._closed = closed
+        messages = self._request.messages + ([{"role": "assistant", "content": "", "tool_calls": closed}]
+                                             if closed else [])
+        request = dataclasses.replace(self._request, messages=messages, tool_choice=tool_choice,
+                                      arrived=time.perf_counter())
         try:
             self._next = self._sidecar.submit(request)
         except Exception as e:
@@ -144,7 +179,7 @@ class HintSession:
         self.outcome.follow_ups += 1
         if not self._loan.threads:
             self._loan = self._lend()  # the follow-up's wave runs: lend it the cores again, as the first
-        return None
+        return self._read_next()
 
     def _read_next(self) -> str | None:
         try:
@@ -160,8 +195,10 @@ class HintSession:
             self.fault(error)
         if error or declined or hint is None or not isinstance(hint.text, str):
             return None
-        self._take(hint)
-        return hint.text
+        if self._closed:  # its call goes after the calls the reply had closed
+            hint = dataclasses.replace(hint, text=HintText(hint.text, alternatives=getattr(hint.text, "alternatives", ()),
+                                                           after_calls=len(self._closed)))
+        return self._take(hint)
 
     def close(self, abandoned: bool = False) -> Outcome:
         """The reply is complete (or abandoned): account for a hint that never helped, stop the wave."""
@@ -207,6 +244,24 @@ class HintSession:
         if kind not in self._faults:  # logged once per kind, always visible in stats
             self._faults.add(kind)
             log.warning("%s (the target decodes on without the hint)", message)
+
+
+def _calls(fmt, text: str, open_last: bool = False) -> list[dict]:
+    """The calls `text` holds that read as calls ({"name", "arguments"}), the last left out where
+    `open_last` (it is still being written)."""
+    try:
+        pieces = [piece for kind, piece in fmt.segments(text) if kind == "call"]
+    except Exception:
+        return []
+    out = []
+    for piece in pieces[:len(pieces) - 1] if open_last else pieces:
+        try:
+            call = json.loads(piece)
+        except ValueError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get(fmt.args_key), dict):
+            out.append({"name": call["name"], "arguments": call[fmt.args_key]})
+    return out
 
 
 def _call_name(request: HintRequest | None, text: str) -> str | None:

@@ -76,6 +76,10 @@ class WaveResult:
     #: wave adds phases (1 or 2), function_steps and first_rows (the first phase's steps and rows), and
     #: top_tools where it ranked them; a batched wave (`Wave.many`) adds batched (the requests in it)
     profile: dict = field(default_factory=dict)
+    #: where a constrained row (the function row) was unsure: row -> (its runner-up choice's text, the
+    #: log-probability margin by which the choice it made beat it at the token where they part); for a
+    #: slot row, its runner-up first token's text and margin
+    runner_ups: dict[int, tuple[str, float]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -87,6 +91,8 @@ class _RequestRows:
     out: list          # row -> the tokens it generated
     scores: list       # row -> its log-probability (None: not decoded)
     cancel: threading.Event | None = None
+    #: row -> (margin, token prefix) of its closest runner-up choice (`Wave._note_runner_ups`)
+    runner: dict = field(default_factory=dict)
 
     def cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
@@ -165,22 +171,23 @@ class Wave:
         tries, bias = self._constraints(choices)
         out: list[list[int]] = [[] for _ in rows]
         scores: list[float | None] = [None] * len(rows)
+        runner: dict = {}
         prefix_ids = self._enc(prefix)
         t0 = time.perf_counter()
         with torch.inference_mode():
             if self.two_phases(rows, choices):
                 steps, cached, prefill_s, decoded, extra = self._two_phases(prefix_ids, rows, tries, bias, out,
-                                                                            scores, cancel)
+                                                                            scores, cancel, runner)
             else:  # every row in one batch, as always (a named tool_choice's rows too: one tool's)
                 steps, cached, prefill_s = self._lockstep(prefix_ids, rows, list(range(len(rows))), tries, bias,
-                                                          out, scores, cancel)
+                                                          out, scores, cancel, runner=runner)
                 decoded, extra = len(rows), {}
         profile = {"prefix_tokens": len(prefix_ids), "cached_prefix_tokens": cached, "rows": decoded,
                    "rows_offered": len(rows), "max_rows": self.max_rows, "prefill_s": prefill_s,
                    "steps": steps, "decode_s": time.perf_counter() - t0 - prefill_s, **extra}
         if cancel is None or not cancel.is_set():  # a cancelled wave's time says nothing of its cost
             self.cost.add(len(prefix_ids) - cached + ROW_WORK * self._work_rows(rows), time.perf_counter() - t0)
-        return WaveResult(self._texts(out), scores, profile)
+        return WaveResult(self._texts(out), scores, profile, _runner_ups(self.tokenizer, tries, bias, runner))
 
     def many(self, waves: list[tuple]) -> list[WaveResult]:
         """Several requests' waves at once, each `(prefix, rows, cancel, choices)` as a call takes them;
@@ -234,11 +241,11 @@ class Wave:
             self.cost.add(work, time.perf_counter() - t0)
         return [WaveResult(self._texts(job.out), job.scores,
                            p | {"prefill_s": prefill_s, "steps": steps.get(n, 0), "decode_s": decode_s,
-                                "batched": len(jobs)})
+                                "batched": len(jobs)}, _runner_ups(self.tokenizer, job.tries, job.bias, job.runner))
                 for n, (job, p) in enumerate(zip(jobs, profiles))]
 
     def _two_phases(self, prefix_ids: list[int], rows: list[Row], tries: dict, bias: dict, out: list[list[int]],
-                    scores: list, cancel):
+                    scores: list, cancel, runner: dict | None = None):
         """A large tool set: the function row first (beside the rows of the `top_tools` tools that its
         first token ranks highest), then the rows of the tool it chose, where they have not run yet.
         Each phase's prefill starts from the shared prefix of the one before: the prefix cache, or a
@@ -259,7 +266,7 @@ class Wave:
                 if len(first) - 1 + len(by_tool[name]) <= budget:
                     first += by_tool[name]
             extra["top_tools"] = ranked
-        steps, cached, p = self._lockstep(prefix_ids, rows, first, tries, bias, out, scores, cancel, kept)
+        steps, cached, p = self._lockstep(prefix_ids, rows, first, tries, bias, out, scores, cancel, kept, runner)
         if self.top_tools:  # the ranking prefill saw the prefix cache first
             cached = ranked_hit
         prefill_s += p
@@ -276,7 +283,7 @@ class Wave:
 
     def _lockstep(self, prefix_ids: list[int], rows: list[Row], idx: list[int], tries: dict, bias: dict,
                   out: list[list[int]], scores: list, cancel,
-                  kept: PrefixCache | None = None) -> tuple[int, int, float]:
+                  kept: PrefixCache | None = None, runner: dict | None = None) -> tuple[int, int, float]:
         """Decode rows[i], for i in idx, as one batch into out[i] (a row in `tries` constrained to its
         choices, plus its `bias` per choice), and each row's log-probability into scores[i] (the chosen
         tokens' log-softmax under those constraints; a choice completed once it is the only one left
@@ -286,7 +293,7 @@ class Wave:
             prefix_ids, [self._enc(rows[i].suffix) for i in idx], [rows[i].tool for i in idx],
             self.prefix_cache if kept is None else kept, cancel)
         prefill_s = time.perf_counter() - t0
-        job = _RequestRows(rows, tries, bias, out, scores, cancel)
+        job = _RequestRows(rows, tries, bias, out, scores, cancel, {} if runner is None else runner)
         steps = self._decode_rows([(job, i) for i in idx], cache, logits, mask, pos)
         return steps.get(0, 0), cached, prefill_s
 
@@ -309,7 +316,9 @@ class Wave:
             for b, k in enumerate(live):
                 self._constrain_row(*items[k], last[b])
             tokens = last.argmax(-1)
-            chosen = last.float().log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
+            logprobs = last.float().log_softmax(-1)
+            chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
+            _note_runner_ups(items, live, logprobs)
             for k, lp in zip(live, chosen):
                 job, row = items[k]
                 job.scores[row] += lp
@@ -389,6 +398,38 @@ class Wave:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         head = text.lstrip()
         return bool(head) and (head[0] not in JSON_STARTS or value_end(text) is not None)
+
+
+def _note_runner_ups(items: list[tuple[_RequestRows, int]], live: list[int], logprobs: torch.Tensor) -> None:
+    """For each live constrained row, before its token is appended: where its second-best allowed token
+    comes closer to its best than at any earlier step, that token's place (the row's tokens so far
+    and it) and the margin, in `job.runner`. A slot row's first token alone: its runner-up there."""
+    for b, k in enumerate(live):
+        job, row = items[k]
+        if row not in job.tries and (job.out[row] or job.rows[row].kind != "slot"):
+            continue
+        top = logprobs[b].topk(2)
+        second = float(top.values[1])
+        if not math.isfinite(second):
+            continue
+        margin = float(top.values[0]) - second
+        if row not in job.runner or margin < job.runner[row][0]:
+            job.runner[row] = (margin, list(job.out[row]) + [int(top.indices[1])])
+
+
+def _runner_ups(tokenizer, tries: dict, bias: dict, runner: dict) -> dict[int, tuple[str, float]]:
+    """Each constrained row's runner-up choice (the best-prior choice through its closest second token)
+    as text, with its margin (`WaveResult.runner_ups`)."""
+    out = {}
+    for row, (margin, head) in runner.items():
+        if row not in tries:  # a slot row's first token: its runner-up's beginning
+            out[row] = (tokenizer.decode(head, skip_special_tokens=True), margin)
+            continue
+        fits = [j for j, c in enumerate(tries[row]) if c[:len(head)] == head]
+        if fits:
+            best = max(fits, key=lambda j: bias[row][j] if row in bias else 0.0)
+            out[row] = (tokenizer.decode(tries[row][best], skip_special_tokens=True), margin)
+    return out
 
 
 def _group(waves: list[tuple[int, list[int], int]]) -> list[list[tuple[int, list[int]]]]:
