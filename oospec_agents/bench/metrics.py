@@ -189,6 +189,7 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
     def block(recs):
         ref = [r["runs"]["ar"] for r in recs] if "ar" in methods else None
         figs = {m: aggregate([r["runs"][m] for r in recs], ref) for m in methods}
+        alpha.forwards_ratio(figs)
         top = (figs.get("oracle") or {}).get("speedup_decode")
         for f in figs.values():
             f["vs_oracle"] = f["speedup_decode"] / top if top and f["speedup_decode"] else None
