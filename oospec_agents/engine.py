@@ -143,8 +143,9 @@ class Engine:
         rule (None: every wave runs) or call log. This engine is left as it is; closing either closes the
         sidecar they share."""
         parts = self._parts
-        changed = Parts(drafters={**parts.drafters, **(drafters or {})}, memory=memory or parts.memory,
-                        prefix_cache=prefix_cache or parts.prefix_cache,
+        changed = Parts(drafters={**parts.drafters, **(drafters or {})},  # an empty cache or memory is falsy
+                        memory=parts.memory if memory is None else memory,
+                        prefix_cache=parts.prefix_cache if prefix_cache is None else prefix_cache,
                         sidecar=parts.sidecar if sidecar is _KEEP else None if sidecar is None else check_sidecar(sidecar),
                         payback=parts.payback if payback is _KEEP else payback,
                         call_log=parts.call_log if call_log is _KEEP else call_log)

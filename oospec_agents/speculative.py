@@ -126,7 +126,15 @@ class SpeculativeTools:
             if self.min_confidence is not None and (confidence is None or confidence < self.min_confidence):
                 self._stats["skipped_confidence"] += len(ours)
                 return 0
-            return sum(self._start(key, "predicted") for key in ours)
+            # the bound as this prediction finds it: its runs are admitted together, so a run of it that
+            # ends at once does not make room for the next (what starts does not depend on thread timing)
+            room, started = self.max_in_flight - len(self._live), 0
+            for key in ours:
+                if started >= room:
+                    self._stats["skipped_in_flight"] += 1
+                    continue
+                started += self._start(key, "predicted")
+            return started
 
     def ready(self, name: str, arguments: dict | str) -> bool:
         """A verified call (its JSON has closed, the reply goes on): start it now if its tool is

@@ -95,8 +95,10 @@ class ScriptedEngine:
         self.predict_round = predict_round
         self._replayed = 0
 
-    def stream(self, request, tools=None, *, cancel=None, **settings) -> Iterator[Event]:
-        """`Engine.stream`'s arguments; `cancel` is not polled (a scripted reply is replayed whole)."""
+    def stream(self, request, tools=None, *, hint: str | None = None, record_margins: bool = False, cancel=None,
+               **settings) -> Iterator[Event]:
+        """`Engine.stream`'s arguments; `cancel` is not polled (a scripted reply is replayed whole), and `hint`
+        and `record_margins` change nothing (the replies are scripted; no margins are recorded)."""
         if not isinstance(request, ChatRequest):
             request = ChatRequest.build(request, tools, **settings)  # bad settings raise here, as the engine's do
         offered = _checked(request.messages, request.tools, request.tool_choice)

@@ -120,8 +120,12 @@ def test_hint_first_wraps_the_sidecar_and_the_report_says_so(monkeypatch):
     from oospec_agents.sidecar.protocol import HintFirst
     seen = {}
 
-    class _Engine:
-        sidecar = FixedHint("x")
+    class _Engine:  # the engine's parts are chosen at construction: the CLI asks for a copy with its sidecar
+        def __init__(self, sidecar=FixedHint("x")):
+            self.sidecar = sidecar
+
+        def with_parts(self, *, sidecar):
+            return _Engine(sidecar)
 
     def bench(engine, records, config, **kw):
         seen["sidecar"] = engine.sidecar
