@@ -136,7 +136,9 @@ for seconds in (0.1, 0.4, 1.0):
 def test_a_wasted_run_cancelled_over_stdio_ends_quietly(tmp_path):
     """In a process of its own, as a user runs it: no "Task exception was never retrieved" (the stdio
     session torn down by the cancellation raising BrokenResourceError) reaches stderr."""
-    spec, log = write_spec(tmp_path, "travel", travel_tools(latency=0.5))
+    tools = travel_tools(latency=0.5)
+    tools[0]["latency"] = 5.0  # the wasted get_current_weather run is still in the call when each step ends, however
+    spec, log = write_spec(tmp_path, "travel", tools)  # slow the machine: it is cancelled mid-call every time
     script = tmp_path / "quiet_cancel.py"
     script.write_text(textwrap.dedent(QUIET_CANCEL))
     command, args = server_command(spec)
