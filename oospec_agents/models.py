@@ -40,8 +40,8 @@ EMBEDDED_THINKING_REF = "embedded-thinking"
 #: the references that load the embedded model, and the hub id an adapter trained on it names as its base
 EMBEDDED_REFS = ("embedded", "smollm2", "smollm2-instruct")
 EMBEDDED_BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-#: the reference that loads the embedded Gemma-3-270M (base) GGUF, and the hub id its adapters name (#56
-#: item 5 trained a sidecar adapter on it: docs/sidecar-accuracy.md, "A larger sidecar"; none ships)
+#: the reference that loads the embedded Gemma-3-270M (base) GGUF, and the hub id its adapters name
+#: (a sidecar adapter trained on it: docs/sidecar-accuracy.md, "A larger sidecar"; none ships)
 GEMMA3_REF = "gemma3"
 GEMMA3_BASE_ID = "google/gemma-3-270m"
 #: each reference to an embedded model -> (its `EMBEDDED_GGUF` name, the hub id its adapters name)

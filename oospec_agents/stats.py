@@ -44,7 +44,7 @@ class DecodeStats(Mapping):
     #: one (tree nodes, accepted drafts, context tokens before the forward) per verify forward: the
     #: acceptance trace that `oospec project` prices with a measured cost table
     rounds: list[tuple[int, int, int]] = field(default_factory=list)
-    #: per verify forward, how many concurrent replies shared it (1: this reply alone; engine batching, #58)
+    #: per verify forward, how many concurrent replies shared it (1: this reply alone; engine batching)
     batch_sizes: list[int] = field(default_factory=list)
     #: a reply that reasons first: the new tokens, target forwards (the prefill's included) and decode
     #: seconds up to and including the forward that closed the reasoning (None: no reasoning, or it never

@@ -1,4 +1,4 @@
-"""`oospec adapt --log PATH --out DIR`: the sidecar learns the deployment's tools from its call log (#49).
+"""`oospec adapt --log PATH --out DIR`: the sidecar learns the deployment's tools from its call log.
 
 The log's records (docs/call-log.md) are put in order (`meta.time`), a request logged more than once
 (the same messages and tools) keeps only its newest record, and the newest `holdout` share is held

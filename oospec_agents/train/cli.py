@@ -61,7 +61,7 @@ def add_parser(sub, name):
                        help='keep "no call" examples (meta.no_call) at most this share of all examples (seeded '
                             "sample); default: all of them")
         p.add_argument("--param-docs", action="store_true",
-                       help="each slot row begins with its parameter's description, default and examples (#56; "
+                       help="each slot row begins with its parameter's description, default and examples ("
                             "kept in the adapter's rows.json, so the runtime writes its rows alike)")
         p.add_argument("--weigh-rows", action="store_true",
                        help="every wave row weighs alike in the loss (an example weighs its rows), so that a "

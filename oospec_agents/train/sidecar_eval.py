@@ -1,4 +1,4 @@
-"""`evaluate_sidecar`: the sidecar scored on what it serves (#56 items 0, 1, 3 and 4).
+"""`evaluate_sidecar`: the sidecar scored on what it serves.
 
 Per record (its one expected call, or a "no call" record), the request is built as the engine builds
 it under tool_choice="auto" and the runtime's own wave runs on it: `runtime.wave_rows` (the function

@@ -70,7 +70,7 @@ def build_sidecar_examples(tokenizer, traces, *, seed=0, max_len=1024, max_null_
 
 
 # --------------------------------------------------------------------------- evaluation
-# `evaluate_sidecar` scores a sidecar as the runtime serves it: sidecar_eval.py (#56).
+# `evaluate_sidecar` scores a sidecar as the runtime serves it: sidecar_eval.py.
 
 
 def train_sidecar(*, base="smollm2", train, dev=None, out, teacher=None, cfg: LoraConfigArgs | None = None,

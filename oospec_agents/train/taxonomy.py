@@ -1,4 +1,4 @@
-"""What kind of wrong a wrong slot is, and the lenient scorer (#56 items 0 and 1).
+"""What kind of wrong a wrong slot is, and the lenient scorer.
 
 Every slot the evaluation scores as wrong (the function is right, the slot's value differs from the
 label's under the strict scorer) falls in exactly one class, tried in this order:

@@ -1,4 +1,4 @@
-"""MCP tools for SpeculativeToolsMiddleware: the tools a trusted MCP server declares read-only (#65).
+"""MCP tools for SpeculativeToolsMiddleware: the tools a trusted MCP server declares read-only.
 
 ```python
 from langchain_mcp_adapters.client import MultiServerMCPClient

@@ -1,4 +1,4 @@
-"""LangChain tools run before the agent runs them, from ChatOoOSpec's prediction (issue #55).
+"""LangChain tools run before the agent runs them, from ChatOoOSpec's prediction.
 
 `SpeculativeToolCalls` is the LangChain side of `oospec_agents.speculative.SpeculativeTools`, the
 framework-neutral runner: it needs only langchain-core, and LangGraph's `ToolNode` takes it as it is

@@ -1,4 +1,4 @@
-"""MCP tools for OoOSpecSpeculativeTools: the tools a trusted MCP server declares read-only (#65).
+"""MCP tools for OoOSpecSpeculativeTools: the tools a trusted MCP server declares read-only.
 
 ```python
 from llama_index.tools.mcp import BasicMCPClient, McpToolSpec
