@@ -41,3 +41,20 @@ def model_dir() -> str:
     """The embedded target, merged, as the HF directory vLLM loads."""
     from oospec_agents.vllm.model import embedded_target_dir
     return str(embedded_target_dir())
+
+
+# The runs every vLLM test module compares: each module declares how it runs one method over its own
+# prompts (`run_method(method, model_dir, prompts)`), and these module-scoped fixtures run it once.
+@pytest.fixture(scope="module")
+def ar(request, model_dir, prompts):
+    return request.module.run_method("vllm-ar", model_dir, prompts)
+
+
+@pytest.fixture(scope="module")
+def oospec(request, model_dir, prompts):
+    return request.module.run_method("vllm-oospec", model_dir, prompts)
+
+
+@pytest.fixture(scope="module")
+def ngram(request, model_dir, prompts):
+    return request.module.run_method("vllm-ngram", model_dir, prompts)

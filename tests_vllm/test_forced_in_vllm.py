@@ -36,21 +36,13 @@ def prompts(engine, records) -> dict:
     return out
 
 
-def _run(method: str, model_dir: str, prompts: dict) -> dict:
+def run_method(method: str, model_dir: str, prompts: dict) -> dict:
     stats: dict = {}
     runs = run_isolated(method, model_dir, prompts["ids"], MAX_TOKENS, k=K, constraints=prompts["held"],
                         concurrency=[IN_FLIGHT], stats=stats)
     return dict(runs, stats=stats, at=prompts["at"])
 
 
-@pytest.fixture(scope="module")
-def ar(model_dir, prompts):
-    return _run("vllm-ar", model_dir, prompts)
-
-
-@pytest.fixture(scope="module")
-def oospec(model_dir, prompts):
-    return _run("vllm-oospec", model_dir, prompts)
 
 
 def _ids(run: dict, group: str, name: str = "one") -> list[list[int]]:

@@ -22,26 +22,14 @@ def prompts(engine, records) -> dict[str, list]:
             "required": auto[:N_REQUIRED], "schemas": [required_schema(r["tools"]) for r in records[:N_REQUIRED]]}
 
 
-def _run(method: str, model_dir: str, prompts: dict) -> dict:
+def run_method(method: str, model_dir: str, prompts: dict) -> dict:
     """All the prompts one at a time, then (but for ngram) all of them batched, in one vLLM."""
     every = prompts["records"] + prompts["extra"] + prompts["required"]
     schemas = [None] * (len(every) - N_REQUIRED) + prompts["schemas"]
     return run_isolated(method, model_dir, every, MAX_TOKENS, k=K, together=method != "vllm-ngram", schemas=schemas)
 
 
-@pytest.fixture(scope="module")
-def ar(model_dir, prompts):
-    return _run("vllm-ar", model_dir, prompts)
 
-
-@pytest.fixture(scope="module")
-def oospec(model_dir, prompts):
-    return _run("vllm-oospec", model_dir, prompts)
-
-
-@pytest.fixture(scope="module")
-def ngram(model_dir, prompts):
-    return _run("vllm-ngram", model_dir, prompts)
 
 
 def test_replies_equal_vllm_ar_one_at_a_time(ar, oospec, records):
