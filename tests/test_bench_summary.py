@@ -94,7 +94,7 @@ def test_report_and_plot_render_from_results(tmp_path):
 
 
 def test_report_profiles_the_sidecar_wave_against_the_target_call():
-    prof = {"queued_s": 0.01, "prefix_tokens": 300, "rows": 6, "prefill_s": 0.2, "steps": 9, "decode_s": 0.3,
+    prof = {"queued_s": 0.01, "prefix_tokens": 300, "cached_prefix_tokens": 240, "rows": 6, "prefill_s": 0.2, "steps": 9, "decode_s": 0.3,
             "wave_s": 0.5}
     oospec = run_row(10, 0.5, 3) | {"accepted_by_source": {"schema": 4, "retrieval": 0, "hint": 3},
                                  "hint_ready_s": 0.6, "sidecar_profile": prof}
@@ -104,8 +104,8 @@ def test_report_profiles_the_sidecar_wave_against_the_target_call():
     assert f["hint_share"] == pytest.approx(0.3) and f["sidecar_wave"] == prof | {"n": 1}
     describe_run(results)
     md = markdown(results)
-    # waves, prefix, rows, queued, wave prefill, steps, wave decode, hint ready, target prefill, call, share
-    assert "| oospec | 1 | 300 | 6.0 | 0.010 | 0.200 | 9.0 | 0.300 | 0.600 | 0.500 | 1.000 | 30% |" in md
+    # waves, prefix, cached, rows, queued, wave prefill, steps, wave decode, hint ready, target prefill, call, share
+    assert "| oospec | 1 | 300 | 240 | 6.0 | 0.010 | 0.200 | 9.0 | 0.300 | 0.600 | 0.500 | 1.000 | 30% |" in md
     assert "## Tokens per target forward, per source" in md
 
 

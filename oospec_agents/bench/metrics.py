@@ -44,7 +44,8 @@ def _sum(xs):
     return None if not xs or any(x is None for x in xs) else sum(xs)
 
 
-PROFILE_KEYS = ("queued_s", "prefix_tokens", "rows", "prefill_s", "steps", "decode_s", "wave_s")
+PROFILE_KEYS = ("queued_s", "prefix_tokens", "cached_prefix_tokens", "rows", "prefill_s", "steps", "decode_s",
+                "wave_s")
 
 
 def _mean_profile(profiles: list[dict | None]) -> dict | None:

@@ -141,11 +141,12 @@ def _wave_lines(methods: dict) -> list[str]:
         return []
     lines = ["", "The sidecar's wave against the target's call (means over the records whose wave finished; "
              "times from the request's arrival):", "",
-             "| method | waves | prefix tokens | rows | queued s | wave prefill s | decode steps | wave decode s "
-             "| hint_ready_s | target prefill s | target call s | hint share |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| method | waves | prefix tokens | of them cached | rows | queued s | wave prefill s | decode steps "
+             "| wave decode s | hint_ready_s | target prefill s | target call s | hint share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, (w, f) in waves.items():
-        lines.append(f"| {m} | {w['n']} | {_f(w['prefix_tokens'], '{:.0f}')} | {_f(w['rows'], '{:.1f}')} "
+        lines.append(f"| {m} | {w['n']} | {_f(w['prefix_tokens'], '{:.0f}')} "
+                     f"| {_f(w.get('cached_prefix_tokens'), '{:.0f}')} | {_f(w['rows'], '{:.1f}')} "
                      f"| {_f(w['queued_s'], '{:.3f}')} | {_f(w['prefill_s'], '{:.3f}')} | {_f(w['steps'], '{:.1f}')} "
                      f"| {_f(w['decode_s'], '{:.3f}')} | {_f(f['hint_ready_s'], '{:.3f}')} "
                      f"| {_f(f['prefill_s'], '{:.3f}')} | {_f(f['prefill_s'] + f['decode_s'], '{:.3f}')} "
