@@ -33,11 +33,12 @@ serve: $(STAMP)
 	$(BIN)/oospec serve
 
 # The suite runs in parallel (pytest-xdist; conftest.py): one worker per core, at most 4 (each loads its
-# own models), each test file in one worker, the longest files first. TEST_WORKERS=0 runs it in this process.
+# own models), each test file in one worker, the longest files first; the 25 slowest tests are listed at the
+# end. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= logical
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder --durations=25
 
 clean:
 	rm -rf $(VENV)
