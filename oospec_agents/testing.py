@@ -109,13 +109,13 @@ def chat_template(opens: bool = False, reads_reasoning: bool = True, effort: boo
 @functools.lru_cache(maxsize=None)
 def tokenizer(reasoning: bool = False):
     """SmolLM2's tokenizer (the embedded target's), loaded once; with `reasoning`, a copy under
-    `chat_template()`."""
+    `chat_template(effort=True)`."""
     from transformers import AutoTokenizer
 
     from .models import resolve_reference
     tok = AutoTokenizer.from_pretrained(resolve_reference("embedded"))
     if reasoning:
-        tok.chat_template = chat_template()
+        tok.chat_template = chat_template(effort=True)
     return tok
 
 
@@ -210,7 +210,9 @@ class _Declined:
 class Scripted(Engine):
     """The real `Engine` on a scripted model (the module's docstring) writing `replies`, one per request;
     `predictions` (reply k -> calls) give it a `ScriptedSidecar`; a `reasoning` makes its template a
-    `<think>` one. `script` queues more replies; `requests` holds each request's settings."""
+    `<think>` one; `engine` keywords go to `Engine` (no call memory unless `memory_size` is given: a request
+    then decodes alike whatever came before it). `script` queues more replies; `requests` holds each
+    request's settings."""
 
     def __init__(self, *replies: str, predictions: dict[int, list[dict]] | None = None,
                  reasoning: Reasoning | None = None, model_name: str = "scripted-test-double", **engine):
@@ -218,6 +220,7 @@ class Scripted(Engine):
         self.script = Script(tok, replies, predictions)
         self.requests: list[dict] = []
         sidecar = None if predictions is None else ScriptedSidecar(self.script)
+        engine = {"memory_size": 0, **engine}  # by default, a request decodes alike whatever came before it
         super().__init__(scripted_model(self.script), tok, sidecar, model_name=model_name, prefix_cache_tokens=0,
                          max_batch=1, wave_payback=None, hint_follow_up=False, **engine)
 
