@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 import threading
 from typing import Iterator
 
@@ -70,6 +71,22 @@ CALL_REPLIES = {
 }
 
 
+
+
+#: a call id as the engine gives it, `call_<reply>_<i>`: new each reply
+CALL_ID = re.compile(r"\bcall_[0-9a-f]{12}_(\d+)\b")
+
+
+def by_index(value):
+    """`value` with each call id the engine gives (`CALL_ID`) as `call_<i>`: what two replies to one request
+    have alike. Strings, and the strings in lists, tuples and dicts (keys too), are rewritten."""
+    if isinstance(value, str):
+        return CALL_ID.sub(r"call_\1", value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(by_index(v) for v in value)
+    if isinstance(value, dict):
+        return {by_index(k): by_index(v) for k, v in value.items()}
+    return value
 
 
 # ---------------------------------------------------------------- templates
@@ -170,16 +187,28 @@ class Script:
 
 
 def scripted_model(script: Script):
-    """A tiny random Llama (one layer, width 16; milliseconds a forward) with the script's hook."""
+    """A tiny random Llama (one layer, width 16; a millisecond a forward) with the script's hook. Every
+    scripted model shares one set of weights, made once (read only: the engine never writes them)."""
+    from transformers import AutoModelForCausalLM
+    base = _base_model(script.tokenizer)
+    with torch.device("meta"):  # no weights made, none initialised: the base's are assigned
+        model = AutoModelForCausalLM.from_config(base.config, dtype=torch.float32)
+    model.load_state_dict(base.state_dict(), assign=True)
+    for name, buffer in base.named_buffers():  # the rotary frequencies, which the state leaves out
+        module, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(module), leaf, buffer)
+    model.eval().generation_config.eos_token_id = model.generation_config.pad_token_id = script.eos
+    model.register_forward_hook(script.hook, with_kwargs=True)
+    return model
+
+
+@functools.lru_cache(maxsize=None)
+def _base_model(tok):
     from transformers import AutoModelForCausalLM, LlamaConfig
-    tok = script.tokenizer
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096,
                       eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = model.generation_config.pad_token_id = tok.eos_token_id
-    model.register_forward_hook(script.hook, with_kwargs=True)
-    return model
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 
 
 class ScriptedSidecar(SidecarBase):
