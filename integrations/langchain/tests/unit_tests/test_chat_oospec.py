@@ -1,4 +1,5 @@
-"""ChatOoOSpec's own behaviour, on the ScriptedEngine test double (see conftest.py): no model loads."""
+"""ChatOoOSpec's own behaviour, on the `Scripted` test double (see conftest.py): the real engine on a tiny
+scripted model, no weights loaded."""
 from __future__ import annotations
 
 import functools
