@@ -10,7 +10,9 @@ Front-end tests (LangChain, LlamaIndex, the server, the bench) run on it without
 A request begins with a forward from position 0 (the engine keeps no prefix cache and decodes one
 reply at a time): its rows are the prompt (and any tokens a grammar forced), and the reply written after
 them is the next scripted one, less what the prompt already ends with (a forced call's opener). Each
-reply is tied to its KV cache, so replies of several threads may take turns.
+reply is tied to its KV cache, so replies of several threads may take turns. Without call memory (unless
+asked), a request decodes alike whatever came before it. Cheap: every scripted model shares one set of
+weights, a forward takes a millisecond, and torch runs on one thread while a scripted reply computes.
 
 `predictions` (reply k, in the order replies begin -> calls) give the engine a scripted sidecar whose
 hint is those calls: the engine's own loop reads it and sends `CallPredicted` (method "oospec" only).
