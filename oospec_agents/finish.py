@@ -1,8 +1,7 @@
 """A finished reply, read: what `Generation` reports that its text decides.
 
 Its content, its calls classed as OpenAI classes them (`tools.check_calls`), its reasoning, and its
-`finish_reason`. One definition for the engine and for the test double that stands in for it
-(testing.ScriptedEngine), so the double finishes a reply as the engine does.
+`finish_reason`, read from the reply's text as its stream read it (`events.ReplyEvents`).
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from oospec_agents import data
 from oospec_agents.events import ReplyEvents, TextDelta, ToolCallDelta
 from oospec_agents.drafters import Draft, ReplyState, Drafter
 from oospec_agents.sidecar import SidecarBase
+from oospec_agents.testing import chat_template  # noqa: F401  (the `<think>` template the tests share)
 from oospec_agents.bench.records import spread  # noqa: F401  (n records round-robin over the sources)
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "toolcalls"
@@ -50,38 +51,6 @@ def tiny_model(kind: str, tokenizer, seed: int = 0):
 
 
 # ---------------------------------------------------------------- reasoning targets (#47)
-
-def chat_template(opens: bool = False, reads_reasoning: bool = True, effort: bool = False) -> str:
-    """A Qwen3-style ChatML template with `<think>` blocks: tools in the system turn, earlier turns'
-    `reasoning_content` written back (`reads_reasoning`), `enable_thinking=False` closing an empty block
-    in the generation prompt (anything but a boolean is refused); with `opens`, the generation prompt
-    opens the block itself (DeepSeek-R1 distills); with `effort`, a `reasoning_effort` line."""
-    assistant_reasoning = ("{%- if message.reasoning_content is string %}{{- '<think>\\n' + "
-                           "message.reasoning_content.strip('\\n') + '\\n</think>\\n\\n' }}{%- endif %}"
-                           if reads_reasoning else "")
-    generation = ("{{- '<think>\\n' }}" if opens else
-                  "{%- if enable_thinking is defined and enable_thinking is false %}"
-                  "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}")
-    return "".join([
-        "{%- if enable_thinking is defined and enable_thinking is not boolean %}"
-        "{{- raise_exception('enable_thinking must be true or false') }}{%- endif %}",
-        "{%- if reasoning_effort is defined %}{{- '<|im_start|>system\\nReasoning: ' + reasoning_effort + "
-        "'<|im_end|>\\n' }}{%- endif %}" if effort else "",
-        "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}{%- for tool in tools %}"
-        "{{- '\\n' + (tool | tojson) }}{%- endfor %}{{- '\\n</tools>\\nCall a function within <tool_call>"
-        "</tool_call> XML tags; think first in <think></think> tags.<|im_end|>\\n' }}{%- endif %}",
-        "{%- for message in messages %}",
-        "{%- if message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}", assistant_reasoning,
-        "{{- message.content }}{%- for c in message.tool_calls or [] %}{{- '\\n<tool_call>\\n{\"name\": \"' + "
-        "c.function.name + '\", \"arguments\": ' + (c.function.arguments | tojson) + '}\\n</tool_call>' }}"
-        "{%- endfor %}{{- '<|im_end|>\\n' }}",
-        "{%- elif message.role == 'tool' %}{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + "
-        "'\\n</tool_response><|im_end|>\\n' }}",
-        "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}",
-        "{%- endfor %}",
-        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}", generation, "{%- endif %}",
-    ])
-
 
 TEMPLATES = {"qwen3": chat_template(), "r1": chat_template(opens=True, reads_reasoning=False)}
 

@@ -1,7 +1,7 @@
 """`oospec bench --agent` (#55): agent episodes with simulated tools, toolspec / oospec / oospec+tools.
 
-Fast tests drive the CLI with `ScriptedEngine` (a test double that replays hermes replies and scripts
-the sidecar's `CallPredicted`); the slow one runs the embedded model end to end."""
+Fast tests drive the CLI with `Scripted` (the real engine on a model scripted to write hermes replies, its
+scripted sidecar predicting the call); the slow one runs the embedded model end to end."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import pytest
 from oospec_agents.bench import agent_tools
 from oospec_agents.bench.agent_tools import Latency, Simulator, recorded_results
 from oospec_agents.cli import main
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 
 from oospec_testing import DATA
 
@@ -30,23 +30,22 @@ def _call(call: dict) -> str:
     return '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (call["name"], json.dumps(call["arguments"]))
 
 
-class EpisodeEngine(ScriptedEngine):
-    """Replays an episode by its step (the assistant turns in the request): step 0 calls Paris's weather,
-    step 1 answers. With `predicted`, oospec's step 0 yields a `CallPredicted` of it in round 1; with
-    `wait_for`, the reply goes on only once that event is set (the tool finished: a reply longer than
-    the tool, without a sleep)."""
+class EpisodeEngine(Scripted):
+    """Writes an episode by its step (the assistant turns in the request): step 0 calls Paris's weather,
+    step 1 answers. With `predicted`, its sidecar predicts that call for step 0 (oospec's `CallPredicted`);
+    with `wait_for`, the reply goes on only once that event is set (the tool finished: a reply longer than
+    the tool, without a sleep). `engine` keywords go to the engine (`target_cores`: a split layout's)."""
 
-    def __init__(self, predicted=PARIS, wait_for: threading.Event | None = None):
-        super().__init__(step=4)
+    def __init__(self, predicted=PARIS, wait_for: threading.Event | None = None, **engine):
+        super().__init__(predictions={}, **engine)
         self.predicted, self.wait_for = predicted, wait_for
-        self.sidecar, self.place = None, None
         self.cleared = 0
 
     def stream(self, messages, tools=None, **kw):
         self.kw = kw
         step = sum(m["role"] == "assistant" for m in messages)
-        self.replies = [_call(PARIS) if step == 0 else "It is sunny in Paris."]
-        self.predictions = {self._replayed: [self.predicted]} if step == 0 and self.predicted else {}
+        self.script.add(_call(PARIS) if step == 0 else "It is sunny in Paris.",
+                        predicted=[self.predicted] if step == 0 and self.predicted else None)
         events = super().stream(messages, tools, **kw)
         return self._gated(events) if self.wait_for is not None else events
 
@@ -59,9 +58,7 @@ class EpisodeEngine(ScriptedEngine):
 
     def clear_call_memory(self):
         self.cleared += 1
-
-    def clear_prefix_cache(self):
-        pass
+        super().clear_call_memory()
 
 
 @pytest.fixture
@@ -86,8 +83,7 @@ def _bench(monkeypatch, engine, records, out, *flags, split=None):
 
 
 def test_the_cli_writes_results_report_and_plot_with_the_agent_keys(monkeypatch, records, tmp_path):
-    engine, split = EpisodeEngine(), EpisodeEngine()
-    split.place = type("Place", (), {"cores": frozenset(os.sched_getaffinity(0))})()
+    engine, split = EpisodeEngine(), EpisodeEngine(target_cores=frozenset(os.sched_getaffinity(0)))
     out = tmp_path / "out"
     results = _bench(monkeypatch, engine, records, out, "--layout", "both", split=split)
     methods = ["toolspec", "toolspec@split", "oospec", "oospec@split", "oospec+tools", "oospec+tools@split"]

@@ -84,9 +84,9 @@ def test_both_front_ends_refuse_temperature_5():
 @pytest.fixture(scope="module")
 def server():
     from oospec_agents.serve import create_app
-    from oospec_agents.testing import ScriptedEngine
+    from oospec_agents.testing import Scripted
     from serve_testing import running
-    with running(create_app(ScriptedEngine("hi"), model="m")) as base:
+    with running(create_app(Scripted("hi"), model="m")) as base:
         yield base
 
 

@@ -2,7 +2,7 @@
 (oospec_agents/mcp/server.py, FastMCP) over stdio or streamable HTTP, annotated by the stated name rule;
 only the read-only ones start early, and `unsafe_early` counts what the server saw (always 0).
 
-The engine is `EpisodeEngine` (tests/test_bench_agent.py), a ScriptedEngine test double replaying one
+The engine is `EpisodeEngine` (tests/test_bench_agent.py), a `Scripted` engine writing one
 tool step and an answer, its sidecar's prediction scripted."""
 from __future__ import annotations
 

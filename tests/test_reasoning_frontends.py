@@ -27,7 +27,7 @@ from oospec_agents.errors import TemplateArgumentError
 from oospec_agents.formats import HermesFormat, Reasoning
 from oospec_agents.frontend import ChatRequest
 from oospec_agents.serve import create_app
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 from oospec_testing import TEMPLATES, ScriptedTarget, greedy, tiny_qwen3
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -174,9 +174,9 @@ def test_langchain_takes_chat_template_kwargs_and_reasoning_effort(thinker, monk
     assert raised.value.param == "reasoning_effort"
 
 
-def test_scripted_engine_reasons_for_unit_tests():
-    """The test double reasons as the engine does, given a `Reasoning`, and records the template's arguments."""
-    engine = ScriptedEngine(REPLY, REPLY, reasoning=Reasoning())
+def test_the_scripted_engine_reasons_for_unit_tests():
+    """The test double reasons, given a `Reasoning` (a `<think>` template), and records the template's arguments."""
+    engine = Scripted(REPLY, REPLY, reasoning=Reasoning())
     llm = ChatOoOSpec(engine=engine, reasoning_effort="low").bind_tools([WEATHER])
     message = llm.invoke(ASK)
     assert (message.additional_kwargs["reasoning_content"], message.content) == (THOUGHT, CONTENT)
@@ -185,16 +185,15 @@ def test_scripted_engine_reasons_for_unit_tests():
 
 
 def test_the_test_double_reads_a_reply_as_the_engine_does(thinker):
-    """Given the text the scripted target writes, the double's events and Generation read it as the real
-    engine's do (the double finishes with the engine's own `finish.read_reply`): only the decoding, the
-    calls' ids and the stats are its own."""
+    """Given the text the scripted target writes, the double (the engine on `Scripted`'s model, tokenizer and
+    template) streams and finishes it as the engine on the scripted qwen3 does."""
     def run(engine):
         events = list(ChatRequest(MESSAGES, [WEATHER], max_new_tokens=N).stream(engine))
         joined = {kind: "".join(e.text for e in events if isinstance(e, kind)) for kind in (ReasoningDelta, TextDelta)}
         ready = [(e.name, e.arguments) for e in events if isinstance(e, ToolCallReady)]
         return events[-1], joined, ready
     (real, real_joined, real_ready) = run(thinker)
-    (fake, fake_joined, fake_ready) = run(ScriptedEngine(REPLY, reasoning=Reasoning()))
+    (fake, fake_joined, fake_ready) = run(Scripted(REPLY, reasoning=Reasoning()))
     assert fake.text == real.text == REPLY
     assert (fake.content, fake.reasoning, fake.finish_reason) == (real.content, real.reasoning, real.finish_reason)
     assert fake_joined == real_joined and fake_ready == real_ready == [("get_weather", {"city": c}) for c in CITIES]

@@ -4,7 +4,7 @@ latencies passed to the engine.
 
 Driven by the official `openai` SDK (its raw SSE lines through `with_streaming_response`, its parsed
 stream, its `chat.completions.stream` / `responses.stream` helpers) against a real uvicorn server on a
-`ScriptedEngine` whose replies carry a scripted `CallPredicted`; one test, marked slow, on the
+`Scripted` engine whose scripted sidecar predicts each call (`CallPredicted`); one test, marked slow, on the
 embedded pair (a real sidecar, whose prediction may or may not come in time).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from serve_testing import API_KEY, running
 
 from oospec_agents import CallPredicted, ToolCallReady
 from oospec_agents.serve import create_app
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 
 MODEL = "m"
 WEATHER = {"type": "function", "function": {
@@ -31,18 +31,21 @@ PREDICTED = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
 ON = {"oospec": {"predicted_calls": True}}
 
 
-class Engine(ScriptedEngine):
-    """The scripted engine, refilled per test (`script`), that records the `speculative_tools` each
-    request reaches it with, and can drop events of the types in `drop` (to show they change nothing)."""
+class Engine(Scripted):
+    """The scripted engine, refilled per test (`reply_with`), whose sidecar predicts what each reply is
+    given, that records the `speculative_tools` each request reaches it with, and can drop events of the
+    types in `drop` (to show they change nothing)."""
 
     def __init__(self):
-        super().__init__()
+        super().__init__(predictions={})
         self.drop: tuple = ()
         self.speculative: list = []
 
-    def script(self, *replies: str, predicted: list | None = PREDICTED, drop: tuple = ()) -> None:
-        self.replies, self.drop = list(replies), drop
-        self.predictions = {self._replayed + i: predicted for i in range(len(replies))} if predicted else {}
+    def reply_with(self, *replies: str, predicted: list | None = PREDICTED, drop: tuple = ()) -> None:
+        """The next replies (those left are dropped), each predicted `predicted`."""
+        self.script.replies.clear()
+        self.script.add(*replies, predicted=predicted)
+        self.drop = drop
 
     def stream(self, request, **kw):
         events = super().stream(request, **kw)  # bad input raises here, eagerly, as the engine's does
@@ -71,11 +74,14 @@ def raw_responses(client, extra: dict | None = None) -> list[str]:
 
 
 def same_bytes(lines: list[str]) -> list[str]:
-    """`lines` with what differs between two identical requests made the same: ids and timestamps."""
+    """`lines` with what differs between two identical requests made the same: ids (a call's, `call_<reply>_<i>`,
+    to its index), timestamps and the stats' seconds."""
     text = "\n".join(lines)
+    text = re.sub(r"\bcall_[0-9a-f]{12}_(\d+)", r"call_ID_\1", text)
     text = re.sub(r"chatcmpl-[0-9a-f]{24}", "chatcmpl-ID", text)
     text = re.sub(r"\b(resp|msg|fc|rs)_[0-9a-f]{32}", r"\1_ID", text)
     text = re.sub(r'"(created|created_at|completed_at)": \d+', r'"\1": 0', text)
+    text = re.sub(r'"(\w+_s)": [-+.\deE]+', r'"\1": 0', text)
     return text.split("\n")
 
 
@@ -111,9 +117,9 @@ def test_off_by_default_the_stream_is_byte_for_byte_as_before(served, extra):
     """Before #55 the engine yielded neither CallPredicted nor ToolCallReady: a stream without the
     extension, whose engine yields both, is that stream, byte for byte (ids and timestamps aside)."""
     engine, client = served
-    engine.script(CALL, drop=(CallPredicted, ToolCallReady))
+    engine.reply_with(CALL, drop=(CallPredicted, ToolCallReady))
     before = raw_chat(client)
-    engine.script(CALL)
+    engine.reply_with(CALL)
     now = raw_chat(client, extra)
     assert same_bytes(now) == same_bytes(before)
     assert not any("predicted_calls" in line or "\"predictions\"" in line for line in now)
@@ -123,22 +129,23 @@ def test_off_by_default_the_stream_is_byte_for_byte_as_before(served, extra):
 def test_tool_call_ready_changes_nothing_on_the_wire(served, extra):
     engine, client = served
     for raw in (raw_chat, raw_responses):
-        engine.script(CALL, drop=(ToolCallReady,))
+        engine.reply_with(CALL, drop=(ToolCallReady,))
         without = raw(client, extra)
-        engine.script(CALL)
+        engine.reply_with(CALL)
         assert same_bytes(raw(client, extra)) == same_bytes(without)
-    engine.script(CALL, drop=(ToolCallReady,))
+    engine.reply_with(CALL, drop=(ToolCallReady,))
     without = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], extra_body=extra)
-    engine.script(CALL)
+    engine.reply_with(CALL)
     with_ready = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], extra_body=extra)
-    assert with_ready.choices == without.choices and with_ready.model_extra == without.model_extra
+    assert same_bytes([json.dumps([c.model_dump() for c in with_ready.choices]), json.dumps(with_ready.model_extra)]) == \
+        same_bytes([json.dumps([c.model_dump() for c in without.choices]), json.dumps(without.model_extra)])
 
 
 def test_responses_off_by_default_is_as_before(served):
     engine, client = served
-    engine.script(CALL, drop=(CallPredicted, ToolCallReady))
+    engine.reply_with(CALL, drop=(CallPredicted, ToolCallReady))
     before = raw_responses(client)
-    engine.script(CALL)
+    engine.reply_with(CALL)
     assert same_bytes(raw_responses(client)) == same_bytes(before)
 
 
@@ -146,9 +153,9 @@ def test_responses_off_by_default_is_as_before(served):
 
 def test_the_prediction_is_an_early_chunk_without_choices(served):
     engine, client = served
-    engine.script(CALL)
+    engine.reply_with(CALL)
     off = raw_chat(client)
-    engine.script(CALL)
+    engine.reply_with(CALL)
     on = raw_chat(client, ON)
     sent = chunks(on)
     predicted = [i for i, c in enumerate(sent) if is_prediction(c)]
@@ -168,10 +175,10 @@ def test_a_stock_client_sees_nothing_new(served):
     engine, client = served
 
     def read(extra):
-        engine.script(CALL)
+        engine.reply_with(CALL)
         parsed = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], stream=True,
                                                      extra_body=extra))
-        engine.script(CALL)
+        engine.reply_with(CALL)
         with client.chat.completions.stream(model=MODEL, messages=ASK, tools=[WEATHER], extra_body=extra) as s:
             final = s.get_final_completion().choices[0].message
         deltas = [c.choices[0].delta.model_dump(exclude_none=True) for c in parsed if c.choices]
@@ -179,7 +186,7 @@ def test_a_stock_client_sees_nothing_new(served):
 
     parsed, deltas, final = read(ON)
     _, deltas_off, final_off = read(None)
-    assert deltas == deltas_off
+    assert same_bytes([json.dumps(d) for d in deltas]) == same_bytes([json.dumps(d) for d in deltas_off])
     assert final.tool_calls[0].function.name == "get_weather" and final.content == "Checking."
     assert final.model_dump(exclude={"tool_calls"}) == final_off.model_dump(exclude={"tool_calls"})
     assert [(c.function.name, c.function.arguments) for c in final.tool_calls] == \
@@ -190,9 +197,9 @@ def test_a_stock_client_sees_nothing_new(served):
 
 def test_not_streamed_the_predictions_are_in_the_oospec_object(served):
     engine, client = served
-    engine.script(CALL)
+    engine.reply_with(CALL)
     off = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER])
-    engine.script(CALL)
+    engine.reply_with(CALL)
     on = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], extra_body=ON)
     assert "predictions" not in off.model_extra["oospec"]
     assert on.model_extra["oospec"]["predictions"] == [{"predicted_calls": PREDICTED, "confidence": None}]
@@ -202,13 +209,13 @@ def test_not_streamed_the_predictions_are_in_the_oospec_object(served):
 
 def test_several_choices_each_have_their_predictions(served):
     engine, client = served
-    engine.script(CALL, CALL)
+    engine.reply_with(CALL, CALL)
     sent = chunks(raw_chat(client, ON, n=2))
     assert [c["oospec"]["index"] for c in sent if is_prediction(c)] == [0, 1]
     closing = [c["oospec"]["predictions"] for c in sent if c["choices"] and c["choices"][0]["finish_reason"]]
     assert closing == [[{"predicted_calls": PREDICTED, "confidence": None}]] * 2
-    engine.script(CALL, "No call.", predicted=None)
-    engine.predictions = {engine._replayed: PREDICTED}  # choice 0 only
+    engine.reply_with(CALL, "No call.", predicted=None)
+    engine.script.predictions[engine.script.begun] = PREDICTED  # choice 0 only
     body = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], n=2, extra_body=ON)
     extra = body.model_extra["oospec"]
     assert extra["predictions"] == extra["choices"][0]["predictions"] == [{"predicted_calls": PREDICTED,
@@ -219,7 +226,7 @@ def test_several_choices_each_have_their_predictions(served):
 def test_no_prediction_no_chunk(served):
     """A method without a sidecar's wave (`toolspec`) predicts nothing: no chunk, `predictions: []`."""
     engine, client = served
-    engine.script(CALL)
+    engine.reply_with(CALL)
     sent = chunks(raw_chat(client, {**ON, "method": "toolspec"}))
     assert not any(is_prediction(c) for c in sent) and sent[-1]["oospec"]["predictions"] == []
 
@@ -228,9 +235,9 @@ def test_no_prediction_no_chunk(served):
 
 def test_responses_prediction_is_an_event_of_its_own(served):
     engine, client = served
-    engine.script(CALL)
+    engine.reply_with(CALL)
     off = list(client.responses.create(model=MODEL, input="Weather in Paris?", tools=[FLAT_WEATHER], stream=True))
-    engine.script(CALL)
+    engine.reply_with(CALL)
     events = list(client.responses.create(model=MODEL, input="Weather in Paris?", tools=[FLAT_WEATHER], stream=True,
                                           extra_body=ON))
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -245,12 +252,12 @@ def test_responses_prediction_is_an_event_of_its_own(served):
     assert done.model_extra["oospec"]["predictions"] == [{"predicted_calls": PREDICTED, "confidence": None}]
     assert [i.model_dump(exclude={"id", "call_id"}) for i in done.output] == \
         [i.model_dump(exclude={"id", "call_id"}) for i in off[-1].response.output]
-    engine.script(CALL)  # the SDK's accumulating helper passes the event through and builds the same response
+    engine.reply_with(CALL)  # the SDK's accumulating helper passes the event through and builds the same response
     with client.responses.stream(model=MODEL, input="Weather in Paris?", tools=[FLAT_WEATHER], extra_body=ON) as s:
         seen = [e.type for e in s]
         final = s.get_final_response()
     assert "oospec.predicted_calls" in seen and final.output[-1].name == "get_weather"
-    engine.script(CALL)
+    engine.reply_with(CALL)
     whole = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[FLAT_WEATHER], extra_body=ON)
     assert whole.model_extra["oospec"]["predictions"] == done.model_extra["oospec"]["predictions"]
 
@@ -276,7 +283,7 @@ BAD = [
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_a_bad_value_is_a_400_naming_it(served, extra, param, message, api):
     engine, client = served
-    engine.script(CALL)
+    engine.reply_with(CALL)
     with pytest.raises(openai.BadRequestError) as e:
         if api == "chat":
             client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], stream=True, extra_body=extra)
@@ -284,14 +291,14 @@ def test_a_bad_value_is_a_400_naming_it(served, extra, param, message, api):
             client.responses.create(model=MODEL, input="Hi", tools=[FLAT_WEATHER], stream=True, extra_body=extra)
     assert e.value.status_code == 400 and e.value.param == param
     assert message in e.value.body["message"] and e.value.body["type"] == "invalid_request_error"
-    assert engine.replies == [CALL]  # refused before it reached the engine
+    assert engine.script.replies == [CALL]  # refused before it reached the engine
 
 
 def test_speculative_tools_reach_the_engine(served):
     engine, client = served
     engine.speculative.clear()
     tools = {"get_weather": 0.8, "search": None}  # a name not offered plays no part, as in the engine
-    engine.script(CALL, CALL, CALL, CALL)
+    engine.reply_with(CALL, CALL, CALL, CALL)
     client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], extra_body={"oospec": {
         "speculative_tools": tools}})
     client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER])

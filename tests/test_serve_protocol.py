@@ -24,7 +24,7 @@ from serve_testing import API_KEY, running
 
 from oospec_agents import Engine
 from oospec_agents.serve import create_app
-from oospec_agents.testing import BOOK_TABLE, CALL_REPLIES, ScriptedEngine
+from oospec_agents.testing import BOOK_TABLE, CALL_REPLIES, Scripted
 from oospec_testing import load_records, spread, tiny_model
 
 MODEL = "tiny"
@@ -237,7 +237,7 @@ TWO_CALLS = ('Let me check both.\n<tool_call>\n{"name": "get_weather", "argument
 
 def scripted_reply(*, stream: bool, **body):
     """One request to a server whose engine replays TWO_CALLS (content, a valid call, an invalid one)."""
-    with running(create_app(ScriptedEngine(TWO_CALLS), model=MODEL)) as base:
+    with running(create_app(Scripted(TWO_CALLS), model=MODEL)) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], stream=stream, **body)
         return collect(r) if stream else r
@@ -273,18 +273,22 @@ def test_stream_and_non_stream_give_the_same_message(reply):
     """Issue 48, through the openai SDK: a schema misfit, an unparseable call and two calls come as the
     same message streamed and not, `finish_reason` "tool_calls" (the message holds calls), and each call
     with a problem named in `oospec.schema_failures` (the misfit stays a call, as OpenAI's would)."""
-    with running(create_app(ScriptedEngine(*[CALL_REPLIES[reply]] * 2), model=MODEL)) as base:
+    with running(create_app(Scripted(*[CALL_REPLIES[reply]] * 2), model=MODEL)) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         kw = dict(model=MODEL, messages=BOOK_ASK, tools=[BOOK_TABLE])
         whole = client.chat.completions.create(**kw)
         streamed = collect(client.chat.completions.create(**kw, stream=True))
     message = whole.choices[0].message
     assert streamed["content"] == (message.content or "")
-    assert [(c["id"], c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
-        [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls]
+    assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
+        [(c.function.name, c.function.arguments) for c in message.tool_calls]
+    # each reply's calls are `call_<reply's own>_<i>`: the same i, in the same order
+    assert [c["id"].rsplit("_", 1)[1] for c in streamed["calls"].values()] == \
+        [c.id.rsplit("_", 1)[1] for c in message.tool_calls] == [str(i) for i in range(len(message.tool_calls))]
     assert whole.choices[0].finish_reason == streamed["finish_reason"] == "tool_calls"
     failures = whole.model_extra["oospec"]["schema_failures"]
-    assert streamed["oospec"]["schema_failures"] == failures
+    assert [{**f, "id": f["id"].rsplit("_", 1)[1]} for f in streamed["oospec"]["schema_failures"]] == \
+        [{**f, "id": f["id"].rsplit("_", 1)[1]} for f in failures]  # the same, but for the reply's own call ids
     assert [(f["index"], f["id"]) for f in failures] == [(i, message.tool_calls[i].id) for i, _ in SCHEMA_FAILURES[reply]]
     assert all(words in f["error"] for f, (_, words) in zip(failures, SCHEMA_FAILURES[reply]))
 

@@ -16,7 +16,7 @@ from serve_testing import running
 
 from oospec_agents.serve import create_app
 from oospec_agents.serve.errors import ServeError
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 
 MODEL = "m"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
@@ -40,7 +40,7 @@ def blocking_loader(release: threading.Event, result):
 
 def test_health_is_503_while_loading_and_200_once_a_request_is_answered():
     release = threading.Event()
-    app = create_app(loader=blocking_loader(release, ScriptedEngine("Hello.", "Hello.")), model=MODEL)
+    app = create_app(loader=blocking_loader(release, Scripted("Hello.", "Hello.")), model=MODEL)
     with running(app, ready_path=None) as url:
         for _ in range(3):  # however often it is asked
             health = httpx.get(url + "/health")
@@ -86,7 +86,7 @@ def test_a_failed_load_is_a_500_on_health_and_on_every_route_for_good():
 
 
 def test_an_app_given_its_engine_is_ready_at_once():
-    app = create_app(ScriptedEngine(), model=MODEL)
+    app = create_app(Scripted(), model=MODEL)
     with running(app, ready_path=None) as url:
         assert httpx.get(url + "/health").status_code == 200
         check_ready(app)

@@ -2,7 +2,7 @@
 SDK (`client.responses.create`, `.stream`, `.parse`), raw HTTP, and the OpenAI Agents SDK (its
 `OpenAIResponsesModel` and its `OpenAIChatCompletionsModel`) against a real uvicorn server.
 
-The mechanics run on `ScriptedEngine` (scripted replies through the engine's own event code) and on
+The mechanics run on `Scripted` (the real engine on a model scripted to write given replies) and on
 the tiny random model (a real decode: token counts, max_output_tokens, sampling, disconnects). Reasoning
 (#47: the `reasoning` output item, its stream events, `reasoning.effort`, input `reasoning` items) runs on
 scripted replies and on a tiny random qwen3 under a Qwen3-style `<think>` template, made to reason and
@@ -23,7 +23,7 @@ from oospec_agents import Engine
 from oospec_agents.formats import Reasoning
 from oospec_agents.frontend import join_text_parts
 from oospec_agents.serve import create_app
-from oospec_agents.testing import BOOK_TABLE, CALL_REPLIES, ScriptedEngine
+from oospec_agents.testing import BOOK_TABLE, CALL_REPLIES, Scripted
 from oospec_testing import (AMX_BF16_FLAW, TEMPLATES, ScriptedTarget, chat_template, greedy, record_requests, tiny_model,
                             tiny_qwen3)
 
@@ -40,10 +40,10 @@ THINK = "<think>\n" + THOUGHT + "\n</think>\n\n"
 
 
 @contextmanager
-def scripted(*replies: str, step: int = 4, reasoning: Reasoning | None = None):
-    """A server on a ScriptedEngine that replays `replies` (reasoning as a `<think>` template's replies do,
-    given a `Reasoning`): yields (sync client, base URL, engine)."""
-    engine = ScriptedEngine(*replies, step=step, reasoning=reasoning)
+def scripted(*replies: str, reasoning: Reasoning | None = None):
+    """A server on a `Scripted` engine that writes `replies` (under a `<think>` template, given a
+    `Reasoning`): yields (sync client, base URL, engine)."""
+    engine = Scripted(*replies, reasoning=reasoning)
     with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
         yield openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0), url, engine
 
@@ -54,8 +54,10 @@ def post(url, body, *, key=API_KEY, **kw):
 
 
 def items(response) -> list[dict]:
-    """The output items without their generated ids."""
-    return [{k: v for k, v in item.model_dump(exclude_none=True).items() if k != "id"} for item in response.output]
+    """The output items without their generated ids; a call's `call_id` (its reply's own, `call_<reply>_<i>`)
+    as its index i."""
+    return [{k: v.rsplit("_", 1)[1] if k == "call_id" else v for k, v in item.model_dump(exclude_none=True).items()
+             if k != "id"} for item in response.output]
 
 
 # ----------------------------------------------------------------------------- the openai SDK
@@ -69,7 +71,9 @@ def test_a_text_reply_is_a_completed_message():
     assert items(r) == [{"type": "message", "role": "assistant", "status": "completed",
                          "content": [{"type": "output_text", "text": ANSWER, "annotations": [], "logprobs": []}]}]
     assert r.output[0].id.startswith("msg_")
-    assert r.usage.input_tokens == 11 and r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.input_tokens == len(engine.prompt_ids([{"role": "user", "content": "Weather in Paris?"}]))
+    assert r.usage.output_tokens == len(engine.tokenizer.encode(ANSWER)) + 1  # and the end of sequence
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
     assert r.usage.output_tokens_details.reasoning_tokens == 0
     assert r.store is False and r.previous_response_id is None
     assert r.model_extra["oospec"]["stats"]["method"] == "oospec" and r.model_extra["oospec"]["replica"]
@@ -78,23 +82,28 @@ def test_a_text_reply_is_a_completed_message():
 
 def test_a_tool_call_then_its_output_then_the_answer():
     """The SDK's own loop: send the response's output back as input, with a function_call_output."""
-    with scripted("Let me look.\n" + CALL, ANSWER) as (client, _, engine):
+    with scripted("Let me look.\n" + CALL, ANSWER, CALL) as (client, _, engine):
         conversation = [{"role": "user", "content": "Weather in Paris?"}]
-        first = client.responses.create(model=MODEL, input=conversation, tools=[WEATHER], tool_choice="required",
+        first = client.responses.create(model=MODEL, input=conversation, tools=[WEATHER], tool_choice="auto",
                                         instructions="Use the tools.")
         message, call = first.output
         assert message.type == "message" and message.content[0].text == "Let me look."
         assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
         assert json.loads(call.arguments) == {"city": "Paris"}
         assert call.id.startswith("fc_") and call.call_id and call.call_id != call.id
-        assert first.tool_choice == "required" and [t.name for t in first.tools] == ["get_weather"]
+        assert first.tool_choice == "auto" and [t.name for t in first.tools] == ["get_weather"]
         conversation += [item.model_dump(exclude_none=True) for item in first.output]
         conversation.append({"type": "function_call_output", "call_id": call.call_id, "output": "22 C, sunny"})
         second = client.responses.create(model=MODEL, input=conversation, tools=[WEATHER],
                                          instructions="Use the tools.")
+        # a call required: the engine puts the call's opener in the prompt, so the reply is the call alone
+        required = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER],
+                                           tool_choice="required")
     assert second.output_text == ANSWER and [i.type for i in second.output] == ["message"]
+    assert required.tool_choice == "required" and [i.type for i in required.output] == ["function_call"]
     tool = {"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}
-    assert engine.requests[0]["tools"] == [tool] and engine.requests[0]["tool_choice"] == "required"
+    assert engine.requests[0]["tools"] == [tool] and engine.requests[0]["tool_choice"] == "auto"
+    assert engine.requests[2]["tools"] == [tool] and engine.requests[2]["tool_choice"] == "required"
     assert engine.requests[1]["messages"] == [
         {"role": "system", "content": "Use the tools."},
         {"role": "user", "content": "Weather in Paris?"},
@@ -146,20 +155,18 @@ def test_the_stream_adds_up_to_the_response(replies, kinds):
 def check_stream(events, whole, scripted: bool = True) -> None:
     """`events` (one streamed response, as the SDK reads them) add up to `whole` (the same request not
     streamed): numbered, opened and closed as OpenAI's are, each item's events in its place, each
-    item's deltas joined its text (or arguments), and the last event's response equal to `whole`. On a
-    real engine (`scripted=False`) the calls' `call_id`s are new each reply, and the later request finds
-    its prompt in the prefix cache (`cached_tokens`): those may differ."""
+    item's deltas joined its text (or arguments), and the last event's response equal to `whole` but for
+    the calls' `call_id`s (new each reply: `items` keeps their index). A scripted engine keeps no prefix cache, so the usage is equal
+    too; on a real one (`scripted=False`) the later request finds its prompt cached (`cached_tokens`)."""
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
     assert events[0].response.status == "in_progress" and events[0].response.output == []
     done = events[-1]
     assert done.type == "response.completed" and done.response.status == "completed"
+    assert items(done.response) == items(whole)
     if scripted:
-        assert items(done.response) == items(whole)
         assert done.response.usage == whole.usage
     else:
-        assert [{k: v for k, v in i.items() if k != "call_id"} for i in items(done.response)] == \
-            [{k: v for k, v in i.items() if k != "call_id"} for i in items(whole)]
         counts = ("input_tokens", "output_tokens", "total_tokens")
         assert [getattr(done.response.usage, k) for k in counts] == [getattr(whole.usage, k) for k in counts]
     # each item: added, its deltas, its done events, then output_item.done, before the next is added
@@ -221,7 +228,9 @@ def test_stream_and_non_stream_give_the_same_response_on_calls_with_problems(rep
     calls = [i for i in whole.output if i.type == "function_call"]
     assert len(calls) == (2 if reply == "two_calls" else 1)
     failures = whole.model_extra["oospec"]["schema_failures"]
-    assert done.response.model_extra["oospec"]["schema_failures"] == failures
+    assert [f["id"] for f in failures] == [calls[f["index"]].call_id for f in failures]  # the reply's own ids
+    assert [{**f, "id": None} for f in done.response.model_extra["oospec"]["schema_failures"]] == \
+        [{**f, "id": None} for f in failures]
     assert [f["index"] for f in failures] == {"misfit": [0], "unparseable": [0], "two_calls": [1]}[reply]
 
 
@@ -659,7 +668,7 @@ async def test_an_openai_agents_agent_calls_the_tool_then_answers(model_class, s
         seen.append(city)
         return f"22 C and sunny in {city}"
 
-    engine = ScriptedEngine(CALL, ANSWER)
+    engine = Scripted(CALL, ANSWER)
     with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
         model = getattr(agents, model_class)(model=MODEL, openai_client=client)
@@ -692,7 +701,7 @@ async def test_an_openai_agents_agent_sends_the_reasoning_back(streamed):
         """Weather in a city."""
         return f"22 C and sunny in {city}"
 
-    engine = ScriptedEngine(THINK + CALL, ANSWER, reasoning=Reasoning())
+    engine = Scripted(THINK + CALL, ANSWER, reasoning=Reasoning())
     with running(create_app(engine, model=MODEL, api_key=API_KEY)) as url:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
         model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)

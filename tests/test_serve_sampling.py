@@ -19,7 +19,7 @@ from serve_testing import running
 
 from oospec_agents import Engine
 from oospec_agents.serve import create_app
-from oospec_agents.testing import BAD_SAMPLING, ScriptedEngine
+from oospec_agents.testing import BAD_SAMPLING, Scripted
 from oospec_testing import tiny_model
 
 MODEL = "tiny"
@@ -190,7 +190,7 @@ CALL_THEN_ANSWER = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": 
 @pytest.fixture
 def scripted_url():
     """A server whose engine replies with a call of get_weather, then an answer."""
-    engine = ScriptedEngine(*CALL_THEN_ANSWER)
+    engine = Scripted(*CALL_THEN_ANSWER)
     with running(create_app(engine, model=MODEL)) as base:
         yield base + "/v1", engine
 

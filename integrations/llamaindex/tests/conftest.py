@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 
 from llama_index.llms.oospec import OoOSpec
 from scripted_replies import reply_text
@@ -17,11 +17,10 @@ sys.path.append(str(Path(__file__).resolve().parents[3] / "tests"))
 
 @pytest.fixture
 def scripted():
-    """Build an OoOSpec over a ScriptedEngine that gives `replies`, each (content, [(tool, args), ...]).
-
-    The engine cuts each reply into events with the real engine's code, a few characters a round."""
-    def make(*replies, **kwargs) -> tuple[OoOSpec, ScriptedEngine]:
-        engine = ScriptedEngine(*(reply_text(*r) for r in replies), model_name="scripted-model")
+    """Build an OoOSpec over a `Scripted` engine (the real engine on a scripted model) that writes `replies`,
+    each (content, [(tool, args), ...])."""
+    def make(*replies, **kwargs) -> tuple[OoOSpec, Scripted]:
+        engine = Scripted(*(reply_text(*r) for r in replies), model_name="scripted-model")
         return OoOSpec(engine=engine, **kwargs), engine
     return make
 

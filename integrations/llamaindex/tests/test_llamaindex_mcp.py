@@ -4,8 +4,8 @@ tools a trusted server declares read-only (`llama_index.llms.oospec.mcp.read_onl
 the annotations from each client's `list_tools`: McpToolSpec's FunctionTools carry none).
 
 The embedded model (float32, its sidecar predicting) runs the agent over both transports; a
-ScriptedEngine test double scripts replies that call the destructive, the untrusted, the erring and
-the dying tools. Every run is compared with the same agent without speculation.
+`Scripted` engine (the real engine on a scripted model) writes replies that call the destructive, the
+untrusted, the erring and the dying tools. Every run is compared with the same agent without speculation.
 """
 import asyncio
 import re
@@ -17,7 +17,7 @@ from llama_index.core.agent.workflow import AgentOutput, FunctionAgent, ToolCall
 from llama_index.tools.mcp import BasicMCPClient, McpToolSpec
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.mcp.session import HttpServer, server_command
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 
 from llama_index.llms.oospec import OoOSpec, OoOSpecSpeculativeTools
 from llama_index.llms.oospec.mcp import read_only_tools
@@ -123,8 +123,8 @@ WEATHER = ("get_current_weather", PARIS)
 
 
 def scripted(*replies, predicted=()):
-    engine = ScriptedEngine(*(reply_text(*r) for r in replies),
-                            predictions={0: [{"name": n, "arguments": a} for n, a in predicted]})
+    engine = Scripted(*(reply_text(*r) for r in replies),
+                      predictions={0: [{"name": n, "arguments": a} for n, a in predicted]})
     return OoOSpec(engine=engine)
 
 

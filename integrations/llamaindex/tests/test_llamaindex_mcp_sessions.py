@@ -3,7 +3,7 @@ page of a server that pages `tools/list` (over `BasicMCPClient`, stdio and strea
 open `ClientSession`), a FunctionAgent reaches a read-only tool of a later page, and a wasted run
 cancelled while `BasicMCPClient`'s stdio session opens ends quietly (nothing on stderr).
 
-A ScriptedEngine test double writes the replies and the sidecar's predictions.
+A `Scripted` engine (the real engine on a scripted model) writes the replies, its sidecar the predictions.
 """
 import asyncio
 import json
@@ -19,7 +19,7 @@ from llama_index.tools.mcp import BasicMCPClient, McpToolSpec
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from oospec_agents.mcp.session import HttpServer, server_command
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 
 from llama_index.llms.oospec import OoOSpec, OoOSpecSpeculativeTools
 from llama_index.llms.oospec.mcp import every_tool, read_only_tools
@@ -79,8 +79,8 @@ def test_an_agent_hits_a_read_only_tool_of_a_later_page(tmp_path):
         async def run(speculative: bool):
             client = BasicMCPClient(server.url)
             tools = await EveryPage(client=client).to_tool_list_async()
-            engine = ScriptedEngine(reply_text("", [("get_current_weather", PARIS)]), reply_text("Sunny.", []),
-                                    predictions={0: [{"name": "get_current_weather", "arguments": PARIS}]})
+            engine = Scripted(reply_text("", [("get_current_weather", PARIS)]), reply_text("Sunny.", []),
+                              predictions={0: [{"name": "get_current_weather", "arguments": PARIS}]})
             llm = OoOSpec(engine=engine)
             if not speculative:
                 return str(await FunctionAgent(tools=tools, llm=llm).run("Weather?", max_iterations=4)), None
@@ -104,10 +104,10 @@ from llama_index.tools.mcp import BasicMCPClient, McpToolSpec
 from llama_index.llms.oospec import OoOSpec, OoOSpecSpeculativeTools
 from llama_index.llms.oospec.mcp import read_only_tools
 from oospec_agents.events import CallPredicted
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 from scripted_replies import reply_text
 
-class Slow(ScriptedEngine):
+class Slow(Scripted):
     def __init__(self, *replies, seconds, **kw):
         super().__init__(*replies, **kw)
         self.seconds = seconds

@@ -1,8 +1,8 @@
 """Speculative tools for LlamaIndex agents (#55): OoOSpec's instrumentation events, and
 OoOSpecSpeculativeTools with FunctionAgent.
 
-A ScriptedEngine replays fixed replies and scripts the sidecar's prediction (`predictions=`), so each
-test decides whether the prediction is the verified call. Every agent run is compared with the same run
+A `Scripted` engine (the real engine on a scripted model) writes fixed replies, its scripted sidecar the
+prediction (`predictions=`), so each test decides whether the prediction is the verified call. Every agent run is compared with the same run
 without speculation: the target sees the same prompts, the agent the same ToolOutputs.
 """
 import asyncio
@@ -17,7 +17,8 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.tools import FunctionTool
 from oospec_agents.models import EMBEDDED_TARGET_ADAPTER
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.drafters import Drafter
+from oospec_agents.testing import Scripted, by_index
 from oospec_agents.speculative import NothingSpeculativeWarning, SpeculativeTools
 
 from llama_index.llms.oospec import (CallPredictedEvent, OoOSpec, OoOSpecSpeculativeTools, ReplyEndEvent,
@@ -36,8 +37,8 @@ def as_call(name, arguments):
     return {"name": name, "arguments": arguments}
 
 
-class RecordingEngine(ScriptedEngine):
-    """A ScriptedEngine that keeps each request (`speculative_tools` among its fields), and can hold its
+class RecordingEngine(Scripted):
+    """A `Scripted` engine that keeps each request (`speculative_tools` among its fields), and can hold its
     stream after the prediction until `gate` is set (so a speculative run ends first)."""
 
     def __init__(self, *replies, gate=None, **kwargs):
@@ -56,12 +57,12 @@ class RecordingEngine(ScriptedEngine):
                 assert self.gate.wait(10), "the speculative run never signalled"
 
 
-def scripted_llm(*replies, predicted=None, gate=None):
-    """An OoOSpec over a RecordingEngine replaying `replies` ((content, [(tool, args)])); `predicted`:
-    the calls the sidecar predicts for the first reply."""
+def scripted_llm(*replies, predicted=None, gate=None, **engine):
+    """An OoOSpec over a RecordingEngine writing `replies` ((content, [(tool, args)])); `predicted`:
+    the calls the sidecar predicts for the first reply; `engine`: the engine's keywords."""
     predictions = {0: [as_call(*c) for c in predicted]} if predicted else None
     engine = RecordingEngine(*(reply_text(*r) for r in replies), model_name="scripted-model",
-                             predictions=predictions, gate=gate)
+                             predictions=predictions, gate=gate, **engine)
     return OoOSpec(engine=engine), engine
 
 
@@ -159,12 +160,34 @@ def wait_for(predicate, what):
 
 # ------------------------------------------------------------------ OoOSpec's events
 
+class NoDrafts(Drafter):
+    """TEST DOUBLE: a hint drafter that drafts nothing."""
+    source = "hint"
+
+    def propose(self, ctx):
+        return []
+
+
+#: what a sidecar's prediction adds to a reply's stats: the sidecar's own account
+SIDECAR = {"sidecar", "hint_bytes", "sidecar_declined", "prediction_exact"}
+
+
+def returned(responses) -> list[dict]:
+    """The responses as OoOSpec returns them, less each reply's call ids (`by_index`), the seconds the
+    stats measured and the sidecar's own account."""
+    dumped = [by_index(r.model_dump()) for r in responses]
+    for r in dumped:
+        if r["raw"] is not None:
+            r["raw"]["stats"] = {k: v for k, v in r["raw"]["stats"].items() if not k.endswith("_s") and k not in SIDECAR}
+    return dumped
+
 @pytest.mark.parametrize("method", ["chat", "stream_chat", "achat", "astream_chat"])
 async def test_the_new_events_change_nothing_oospec_returns(method):
     replies = [("Let me look.", [PARIS, EMAIL])]
 
     async def responses(predicted):
-        llm, _ = scripted_llm(*replies, predicted=predicted)
+        # the hint is not drafted: the prediction changes how the reply decodes in no way, only its events
+        llm, _ = scripted_llm(*replies, predicted=predicted, drafters={"hint": NoDrafts()})
         messages = [ChatMessage(role="user", content=QUESTION)]
         result = getattr(llm, method)(messages)
         if method == "achat":
@@ -174,7 +197,7 @@ async def test_the_new_events_change_nothing_oospec_returns(method):
         return list(result) if method == "stream_chat" else [result]
 
     without, with_predictions = await responses(None), await responses([LONDON])
-    assert [r.model_dump() for r in with_predictions] == [r.model_dump() for r in without]
+    assert returned(with_predictions) == returned(without)
     assert len(without) > 1 if "stream" in method else len(without) == 1
 
 

@@ -3,8 +3,8 @@ servers real FastMCP processes (oospec_agents/mcp/server.py), `SpeculativeToolsM
 tools a trusted server declares read-only (`langchain_oospec.mcp.read_only_tools`).
 
 The embedded model (float32, its sidecar predicting) runs the agent end to end over both transports;
-a ScriptedEngine test double scripts replies that call the destructive, the untrusted, the erring and
-the dying tools, so each case is exact. Every run is compared with the same agent without speculation.
+a `Scripted` engine (the real engine on a scripted model) writes replies that call the destructive, the
+untrusted, the erring and the dying tools, so each case is exact. Every run is compared with the same agent without speculation.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from langchain_oospec.mcp import read_only_tools
 from mcp_testing import calls, embedded_float32, transcript, travel_and_mail, write_spec
 from oospec_agents.errors import ToolSchemaError
 from oospec_agents.mcp.session import HttpServer, server_command
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 
 QUESTION = "What is the current weather in Paris?"
 CONFIG = {"recursion_limit": 8}
@@ -120,7 +120,7 @@ WEATHER = ("get_current_weather", PARIS)
 
 
 def scripted(*replies, predicted=()) -> ChatOoOSpec:
-    engine = ScriptedEngine(*replies, predictions={0: [{"name": n, "arguments": a} for n, a in predicted]})
+    engine = Scripted(*replies, predictions={0: [{"name": n, "arguments": a} for n, a in predicted]})
     return ChatOoOSpec(engine=engine)
 
 

@@ -8,7 +8,8 @@ requests belong to the agent's event loop; `SpeculativeToolsMiddleware` runs its
 - `speculative=[]` (no tool of an unannotated server qualifies) warns why and runs as without speculation;
 - `read_only_tools` reads every page of a server that pages `tools/list`.
 
-A ScriptedEngine test double writes the replies and the sidecar's prediction, so each case is exact.
+A `Scripted` engine (the real engine on a scripted model) writes the replies, its sidecar the prediction,
+so each case is exact.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from mcp_testing import calls, transcript, travel_tools, write_spec
 from oospec_agents.events import CallPredicted
 from oospec_agents.mcp.session import server_command
 from oospec_agents.speculative import NothingSpeculativeWarning
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted
 
 QUESTION = {"messages": [HumanMessage("What is the current weather in Paris?")]}
 PARIS = {"location": "Paris"}
@@ -42,7 +43,7 @@ def reply(*calls_: tuple[str, dict]) -> str:
     return "\n".join('<tool_call>\n' + json.dumps({"name": n, "arguments": a}) + '\n</tool_call>' for n, a in calls_)
 
 
-class PacedEngine(ScriptedEngine):
+class PacedEngine(Scripted):
     """Replays its replies `seconds` apart per event, as a model takes time to write them (the tool
     time a prediction hides is the model's time after it)."""
 
@@ -114,7 +115,7 @@ def test_a_persistent_session_agent_finishes_as_without_speculation(tmp_path):
           "ratio of medians:", round(sorted(seconds["speculative"])[1] / sorted(seconds["plain"])[1], 3))
 
 
-class WaitsForTheCall(ScriptedEngine):
+class WaitsForTheCall(Scripted):
     """After its prediction, the reply waits (up to 30 s) until the server has received a call: the
     wasted run is dropped mid-call, whatever the processes' timing."""
 
@@ -141,7 +142,7 @@ def test_a_wasted_run_is_dropped_mid_call_and_the_session_goes_on(tmp_path):
     assert not isinstance(messages, BaseException), messages
     assert middleware.stats["wasted"] == 1 and middleware.stats["cancelled"] == 1, middleware.stats
     assert [c["arguments"]["location"] for c in calls(log)] == ["Oslo", "Paris"]
-    plain, _, _ = asyncio.run(session_run(spec, ScriptedEngine(*weather_replies()), trust=()))
+    plain, _, _ = asyncio.run(session_run(spec, Scripted(*weather_replies()), trust=()))
     assert transcript(messages) == transcript(plain)
 
 
@@ -154,7 +155,7 @@ def test_a_server_that_dies_mid_call_fails_the_step_at_once(tmp_path):
     def run(folder, speculative: bool):
         spec, log = write_spec(folder, "travel")
         predictions = {0: [{"name": crash[0], "arguments": PARIS}]} if speculative else {}
-        outcome, took, middleware = asyncio.run(session_run(spec, ScriptedEngine(*replies, predictions=predictions),
+        outcome, took, middleware = asyncio.run(session_run(spec, Scripted(*replies, predictions=predictions),
                                                             trust=("travel",) if speculative else ()))
         return outcome, took, middleware, log
     early, took, middleware, early_log = run(tmp_path / "spec", speculative=True)
@@ -183,7 +184,7 @@ def test_no_tool_qualifies_the_agent_runs_as_without_speculation(tmp_path):
         async with client.session("notes") as session:
             tools = await load_mcp_tools(session)
             predicted = {0: [{"name": notes[0], "arguments": notes[1]}]}
-            engine = ScriptedEngine(reply(notes), "Noted.", predictions=predicted)
+            engine = Scripted(reply(notes), "Noted.", predictions=predicted)
             middleware = []
             if speculative:
                 with pytest.warns(NothingSpeculativeWarning, match="SpeculativeToolsMiddleware: speculative names no"):

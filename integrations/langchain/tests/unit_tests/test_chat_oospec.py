@@ -1,4 +1,5 @@
-"""ChatOoOSpec's own behaviour, on the ScriptedEngine test double (see conftest.py): no model loads."""
+"""ChatOoOSpec's own behaviour, on the `Scripted` test double (see conftest.py): the real engine on a tiny
+scripted model, no weights loaded."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +18,7 @@ from langchain_oospec.chat_models import _usage_metadata
 from oospec_agents import Engine
 from oospec_agents.errors import ToolSchemaError, UnknownToolError
 from oospec_agents.frontend import Usage
-from oospec_agents.testing import BAD_SAMPLING, BOOK_TABLE, CALL_REPLIES
+from oospec_agents.testing import BAD_SAMPLING, BOOK_TABLE, CALL_ID, CALL_REPLIES, by_index
 
 
 @tool
@@ -179,11 +180,15 @@ def test_logprobs_are_in_response_metadata_as_chat_openai_gives_them(scripted, h
         assert generation.generation_info["logprobs"] == generation.message.response_metadata["logprobs"]
         message = generation.message
     content = message.response_metadata["logprobs"]["content"]
-    assert len(content) == message.usage_metadata["output_tokens"] == 5
-    assert "".join(entry["token"] for entry in content) == "Hello there, friend."
+    tok = engine.tokenizer
+    assert len(content) == message.usage_metadata["output_tokens"] == len(tok.encode("Hello there, friend.")) + 1
+    assert "".join(entry["token"] for entry in content) == "Hello there, friend." + tok.eos_token
     for entry in content:
         assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"} and len(entry["top_logprobs"]) == 2
         assert entry["bytes"] == list(entry["token"].encode())
+        # greedy: the chosen token is the likeliest, top_logprobs[0], the next below it
+        assert (entry["top_logprobs"][0]["token"], entry["top_logprobs"][0]["logprob"]) == (entry["token"], entry["logprob"])
+        assert entry["logprob"] <= 0 and entry["top_logprobs"][1]["logprob"] <= entry["logprob"]
 
 
 def test_no_logprobs_unless_asked(scripted):
@@ -341,22 +346,26 @@ def test_invoke_returns_calls_with_ids_usage_and_stats(scripted):
     message = bound.invoke("Weather in Paris?")
     assert message.content == "Checking."
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_current_weather", {"location": "Paris"})]
-    assert message.tool_calls[0]["id"]
-    out = len("Checking." + WEATHER_CALL) // 4  # the double counts one token per 4-character delta
-    assert message.usage_metadata == {"input_tokens": 11, "output_tokens": out, "total_tokens": 11 + out}
-    assert message.response_metadata == {"model_name": "scripted-test-double", "finish_reason": "tool_calls",
-                                         "tool_call_problems": [],  # every call fits its schema
-                                         "method": "oospec", "target_forwards": 3, "hint_bytes": 40,
-                                         "accepted_by_source": {"schema": 5, "retrieval": 0, "hint": 2},
-                                         "prefill_s": 0.0, "decode_s": 0.0,  # the double times nothing
-                                         "sidecar": None,  # and asks no sidecar
-                                         # OpenAI's usage object, where ChatOpenAI keeps it
-                                         "token_usage": {"prompt_tokens": 11, "completion_tokens": out,
-                                                         "total_tokens": 11 + out,
-                                                         "prompt_tokens_details": {"cached_tokens": 0},
-                                                         "completion_tokens_details": {
-                                                             "accepted_prediction_tokens": 0,
-                                                             "rejected_prediction_tokens": 0}}}
+    assert CALL_ID.fullmatch(message.tool_calls[0]["id"])
+    request = engine.requests[0]
+    prompt = len(engine.prompt_ids(request["messages"], request["tools"]))  # the prompt as the engine renders it
+    out = len(engine.tokenizer.encode("Checking." + WEATHER_CALL)) + 1  # and the end of sequence
+    assert message.usage_metadata == {"input_tokens": prompt, "output_tokens": out, "total_tokens": prompt + out}
+    meta = dict(message.response_metadata)
+    stats = {k: meta.pop(k) for k in ("target_forwards", "accepted_by_source", "prefill_s", "decode_s")}
+    assert meta == {"model_name": "scripted-test-double", "finish_reason": "tool_calls",
+                    "tool_call_problems": [],  # every call fits its schema
+                    "method": "oospec", "hint_bytes": None, "sidecar": None,  # it has no sidecar
+                    # OpenAI's usage object, where ChatOpenAI keeps it
+                    "token_usage": {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out,
+                                    "prompt_tokens_details": {"cached_tokens": 0},
+                                    "completion_tokens_details": {"accepted_prediction_tokens": 0,
+                                                                  "rejected_prediction_tokens": 0}}}
+    # the engine's stats: each forward commits one token of its own, the drafts it accepted the rest
+    assert set(stats["accepted_by_source"]) >= {"schema", "retrieval", "hint"}
+    assert stats["target_forwards"] + sum(stats["accepted_by_source"].values()) == out
+    assert stats["accepted_by_source"]["schema"] > 0 and stats["target_forwards"] < out  # the call was drafted
+    assert stats["prefill_s"] > 0 and stats["decode_s"] > 0
     request = engine.requests[0]
     assert request["tools"][0]["function"]["name"] == "get_current_weather"
     assert request["messages"] == [{"role": "user", "content": "Weather in Paris?"}]
@@ -413,7 +422,8 @@ def test_parallel_tool_calls_false_keeps_the_first_call_as_chat_openai_asks(scri
     bound = model.bind_tools([get_current_weather], parallel_tool_calls=False)
     message = bound.invoke("Paris and Rome?") if how == "invoke" else collect(bound.stream("Paris and Rome?"))
     assert [c["args"] for c in every.tool_calls] == [{"location": "Paris"}, {"location": "Rome"}]
-    assert [(c["id"], c["args"]) for c in message.tool_calls] == [(every.tool_calls[0]["id"], {"location": "Paris"})]
+    assert [(c["id"], c["args"]) for c in by_index(message.tool_calls)] == \
+        [(by_index(every.tool_calls[0]["id"]), {"location": "Paris"})]  # the first call, in a reply of its own
     assert message.invalid_tool_calls == []
 
 
@@ -428,7 +438,8 @@ def test_a_prediction_reaches_the_engine_as_chat_openai_sends_it(scripted):
 
 
 def test_stream_yields_content_deltas_then_the_call_name_then_argument_fragments_then_usage(scripted):
-    bound = ChatOoOSpec(engine=scripted("Checking the weather." + WEATHER_CALL)).bind_tools([get_current_weather])
+    engine = scripted("Checking the weather." + WEATHER_CALL)
+    bound = ChatOoOSpec(engine=engine).bind_tools([get_current_weather])
     chunks = list(bound.stream("Weather in Paris?"))
     texts = [c.content for c in chunks if c.content]
     assert len(texts) > 1 and "".join(texts) == "Checking the weather."
@@ -437,14 +448,15 @@ def test_stream_yields_content_deltas_then_the_call_name_then_argument_fragments
     assert kinds == sorted(kinds, key=["text", "call", "last"].index), f"out of order: {kinds}"
     (name, *fragments) = [c.tool_call_chunks for c in chunks if c.tool_call_chunks]
     # the name (with the call's id) comes first, on its own; then only argument text
-    assert name == [{"name": "get_current_weather", "args": "", "id": "call_scripted_0", "index": 0,
-                     "type": "tool_call_chunk"}]
+    assert by_index(name) == [{"name": "get_current_weather", "args": "", "id": "call_0", "index": 0,
+                               "type": "tool_call_chunk"}]
     assert len(fragments) > 1, "the arguments should arrive in several fragments"
     assert all(len(f) == 1 and (f[0]["name"], f[0]["id"], f[0]["index"]) == (None, None, 0) for f in fragments)
     assert json.loads("".join(f[0]["args"] for f in fragments)) == {"location": "Paris"}
     last = chunks[-1]
     assert last.chunk_position == "last"
-    assert last.usage_metadata["input_tokens"] == 11
+    assert last.usage_metadata["input_tokens"] == len(engine.prompt_ids(engine.requests[0]["messages"],
+                                                                        engine.requests[0]["tools"]))
     assert last.response_metadata["model_name"] == "scripted-test-double"
     assert sum(1 for c in chunks if c.usage_metadata) == 1
 
@@ -456,8 +468,8 @@ def test_summed_call_chunks_equal_the_invoked_tool_calls(scripted):
     call_chunks = [c for c in model.stream("19+23?") if c.tool_call_chunks]
     assert len(call_chunks) >= 2
     summed = functools.reduce(operator.add, call_chunks)
-    assert summed.tool_calls == invoked.tool_calls == [
-        {"name": "add", "args": {"a": 19, "b": 23}, "id": "call_scripted_0", "type": "tool_call"}]
+    assert by_index(summed.tool_calls) == by_index(invoked.tool_calls) == [
+        {"name": "add", "args": {"a": 19, "b": 23}, "id": "call_0", "type": "tool_call"}]
 
 
 def test_streamed_call_reassembles_to_the_invoked_call(scripted):
@@ -474,9 +486,11 @@ def test_streamed_call_reassembles_to_the_invoked_call(scripted):
 
 
 def _message(message) -> dict:
-    """What an agent reads of a message (an invoked AIMessage or a summed stream's AIMessageChunk)."""
+    """What an agent reads of a message (an invoked AIMessage or a summed stream's AIMessageChunk), but the
+    seconds its stats measured."""
     return {"content": message.content, "tool_calls": message.tool_calls, "invalid_tool_calls": message.invalid_tool_calls,
-            "usage_metadata": message.usage_metadata, "response_metadata": message.response_metadata}
+            "usage_metadata": message.usage_metadata,
+            "response_metadata": {k: v for k, v in message.response_metadata.items() if not k.endswith("_s")}}
 
 
 @pytest.mark.parametrize("parallel", [None, False])
@@ -490,7 +504,9 @@ async def test_stream_and_invoke_give_the_same_message(scripted, reply, parallel
     streamed = collect(bound.stream("Book a table for 4 people at Da Michele at 19:30."))
     ainvoked = await bound.ainvoke("Book a table for 4 people at Da Michele at 19:30.")
     astreamed = collect([c async for c in bound.astream("Book a table for 4 people at Da Michele at 19:30.")])
-    assert _message(streamed) == _message(invoked) == _message(ainvoked) == _message(astreamed)
+    # one message, but for the ids each reply gives its calls
+    assert by_index(_message(streamed)) == by_index(_message(invoked)) == by_index(_message(ainvoked)) == \
+        by_index(_message(astreamed))
     assert invoked.response_metadata["finish_reason"] == "tool_calls"
     calls = invoked.tool_calls + invoked.invalid_tool_calls
     assert len(calls) == (1 if reply != "two_calls" or parallel is False else 2)
@@ -511,8 +527,8 @@ async def test_astream_and_ainvoke_match_their_sync_forms(scripted):
     synced = collect(model.stream("Weather?"))
     for message in (streamed, invoked):
         assert message.content == synced.content == "Sure."
-        assert [(c["name"], c["args"], c["id"]) for c in message.tool_calls] == \
-            [(c["name"], c["args"], c["id"]) for c in synced.tool_calls]
+        assert [(c["name"], c["args"], by_index(c["id"])) for c in message.tool_calls] == \
+            [(c["name"], c["args"], by_index(c["id"])) for c in synced.tool_calls]
     assert streamed.chunk_position == "last"
 
 
@@ -602,10 +618,13 @@ def test_json_schema_keeps_a_response_format_it_is_given(scripted, fmt):
 
 
 def test_json_schema_include_raw_reports_a_reply_that_is_not_the_schema(scripted):
-    result = ChatOoOSpec(engine=scripted('{"name": "Ada"')).with_structured_output(
+    """The schema's grammar keeps a reply to the schema, but a reply cut off (`max_tokens`) is not a whole one."""
+    reply = '{"name": "Ada", "age": 41}'
+    result = ChatOoOSpec(engine=scripted(reply), max_tokens=5).with_structured_output(
         Person, method="json_schema", include_raw=True).invoke("Ada")
     assert result["parsed"] is None and result["parsing_error"] is not None
-    assert result["raw"].content == '{"name": "Ada"'
+    assert reply.startswith(result["raw"].content) and result["raw"].content != reply
+    assert result["raw"].response_metadata["finish_reason"] == "length"
 
 
 def test_structured_output_include_raw(scripted):

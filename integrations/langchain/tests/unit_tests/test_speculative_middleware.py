@@ -1,8 +1,9 @@
 """SpeculativeToolsMiddleware (#55) on `create_agent`, and the same runner under a LangGraph ToolNode.
 
-ScriptedEngine replays hermes replies and scripts the sidecar's `CallPredicted`; the tools are real
-LangChain tools whose bodies count their runs. Every agent run is compared with the same run without
-the middleware: the transcript (every message but its random id) must be identical.
+`Scripted` (the real engine on a model scripted to write hermes replies) has a scripted sidecar whose
+prediction the engine sends as `CallPredicted`; the tools are real LangChain tools whose bodies count
+their runs. Every agent run is compared with the same run without the middleware: the transcript (every
+message but its random ids and how its reply was decoded) must be identical.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing_extensions import Annotated
 
 from langchain_oospec import ChatOoOSpec, SpeculativeToolCalls, SpeculativeToolsMiddleware
 from oospec_agents.events import CallPredicted
-from oospec_agents.testing import ScriptedEngine
+from oospec_agents.testing import Scripted, by_index
 
 QUESTION = {"messages": [HumanMessage("What is the weather in Paris?")]}
 ANSWER = "It is sunny in Paris."
@@ -93,7 +94,7 @@ class Tools:
         return [args for tool_name, args in self.ran if tool_name == name]
 
 
-class GatedEngine(ScriptedEngine):
+class GatedEngine(Scripted):
     """After its CallPredicted, the reply waits (up to 10 s) until a tool body has begun: a tool that
     starts from the prediction is seen to run while the model is still writing its reply, and a run the
     step then drops has begun (its body ran) whatever the threads' timing."""
@@ -126,7 +127,7 @@ class StepLog(AgentMiddleware):
         return await handler(request)
 
 
-def run_agent(replies, tools: Tools, *, predictions=None, middleware=(), engine_cls=ScriptedEngine,
+def run_agent(replies, tools: Tools, *, predictions=None, middleware=(), engine_cls=Scripted,
               asynchronous=False):
     """The messages of one agent run (the agent has every tool of `tools`), and its engine."""
     engine = engine_cls(*replies, predictions=predictions or {}, **({"tools": tools} if engine_cls is GatedEngine
@@ -137,9 +138,17 @@ def run_agent(replies, tools: Tools, *, predictions=None, middleware=(), engine_
     return agent.invoke(QUESTION)["messages"], engine
 
 
+#: what a prediction changes of a reply's message: how it was decoded (its hint drafted), and the seconds
+DECODING = {"target_forwards", "accepted_by_source", "hint_bytes", "sidecar", "prefill_s", "decode_s"}
+
+
 def transcript(messages) -> list[dict]:
-    """The messages as the agent saw them, but for their ids (random per run)."""
-    return [m.model_dump(exclude={"id"}) for m in messages]
+    """The messages as the agent saw them, but for their ids (random per run; a call's `by_index`) and
+    how each reply was decoded."""
+    dumped = [by_index(m.model_dump(exclude={"id"})) for m in messages]
+    for m in dumped:
+        m["response_metadata"] = {k: v for k, v in m["response_metadata"].items() if k not in DECODING}
+    return dumped
 
 
 class Speculated:
@@ -153,7 +162,7 @@ class Speculated:
         try:
             self.messages, self.engine = run_agent(
                 replies, tools, predictions={0: prediction}, middleware=[self.steps, self.middleware],
-                engine_cls=GatedEngine if gated else ScriptedEngine, asynchronous=asynchronous)
+                engine_cls=GatedEngine if gated else Scripted, asynchronous=asynchronous)
         finally:
             self.middleware.close()
         plain, _ = run_agent(replies, Tools(), asynchronous=asynchronous)
@@ -271,7 +280,7 @@ def test_the_in_flight_bound_holds_and_every_call_still_runs_once(tools):
 
 
 def test_a_prediction_below_min_confidence_starts_nothing(tools):
-    """ScriptedEngine's predictions carry no confidence (None): with min_confidence set they start no
+    """The scripted sidecar's predictions carry no confidence (None): with min_confidence set they start no
     run; the verified call still starts early, from its ToolCallReady."""
     run = Speculated(tools, PARIS, [predicted("get_weather", city="Paris")], ["get_weather"], min_confidence=0.5)
     assert run.counts("started", "skipped_confidence", "ready_hits") == (0, 1, 1)
@@ -308,7 +317,7 @@ def tool_node_graph(tools: Tools, speculative: SpeculativeToolCalls | None):
     """A hand-built LangGraph loop: the model (inside `speculative.model_step`), then a ToolNode whose
     execution claims the runner's runs (`wrap_tool_call=` / `awrap_tool_call=`), then the model again."""
     weather = tools.by_name["get_weather"]
-    engine = ScriptedEngine(call("get_weather", city="Paris"), ANSWER,
+    engine = Scripted(call("get_weather", city="Paris"), ANSWER,
                             predictions={0: [predicted("get_weather", city="Paris")]})
     model = ChatOoOSpec(engine=engine).bind_tools([weather])
     step = speculative.model_step if speculative else (lambda call: call())
@@ -405,7 +414,7 @@ def test_the_reply_in_a_model_step_is_the_models_reply(tools):
         speculative.close()
 
 
-class OfferedEngine(ScriptedEngine):
+class OfferedEngine(Scripted):
     """Records the `speculative_tools=` of each request (the engine's pay-back rule weighs it)."""
 
     def __init__(self, *replies, **kw):
@@ -467,7 +476,7 @@ def test_the_agents_handlers_see_one_tool_run_as_without_the_middleware_when_str
     """Under `stream_mode="messages"` too (the model streams through invoke): the prediction's run is
     outside the agent's callbacks, and the claimed call's callbacks are a normal run's."""
     middleware = [SpeculativeToolsMiddleware(speculative=speculative)] if speculative else []
-    engine = ScriptedEngine(*PARIS, predictions={0: [predicted("get_weather", city="Paris")]})
+    engine = Scripted(*PARIS, predictions={0: [predicted("get_weather", city="Paris")]})
     agent = create_agent(ChatOoOSpec(engine=engine), tools=tools.all, middleware=middleware)
     handler = ToolCallbacks()
     try:
@@ -476,10 +485,10 @@ def test_the_agents_handlers_see_one_tool_run_as_without_the_middleware_when_str
         for m in middleware:
             m.close()
     result = {"content": "Sunny in Paris", "additional_kwargs": {}, "response_metadata": {}, "type": "tool",
-              "name": "get_weather", "tool_call_id": "call_scripted_0", "artifact": None, "status": "success"}
-    assert handler.seen == [("start", {"name": "get_weather", "description": "The current weather in a city."},
+              "name": "get_weather", "tool_call_id": "call_0", "artifact": None, "status": "success"}
+    assert by_index(handler.seen) == [("start", {"name": "get_weather", "description": "The current weather in a city."},
                              "{'city': 'Paris'}", {"city": "Paris"}), ("end", result)]
-    assert [m.tool_call_id for m in streamed if isinstance(m, ToolMessage)] == ["call_scripted_0"]
+    assert [by_index(m.tool_call_id) for m in streamed if isinstance(m, ToolMessage)] == ["call_0"]
     assert tools.ran == [("get_weather", {"city": "Paris"})]
     if middleware:
         assert middleware[0].stats["hits"] == 1
