@@ -88,7 +88,7 @@ def _in_call_object(st: JsonState, names: list[str], args_key: str) -> str:
 
 def _in_arguments(st: JsonState, tool: Tool) -> str:
     """The forced text in `tool`'s arguments object: a key's or an enum's unique completion, the next
-    required key, a value's opener, the closing bracket."""
+    required key, what a value forces first, the closing bracket."""
     top = st.stack[-1]
     remaining = [k for k in tool.required if k not in top.keys]
     if st.in_string is not None:
@@ -102,18 +102,14 @@ def _in_arguments(st: JsonState, tool: Tool) -> str:
         return ""
     if top.state == "key":
         return '"' + remaining[0] + '": ' if remaining else ""
-    if top.state == "value":
-        return _value_opener(tool.properties.get(top.key, {}))
+    if top.state == "value":  # a single enum value or const whole, a string's quote
+        schema = tool.properties.get(top.key, {})
+        enum = schema.get("enum")
+        if isinstance(enum, list) and len(enum) == 1:
+            return json.dumps(enum[0], ensure_ascii=False)
+        if "const" in schema:
+            return json.dumps(schema["const"], ensure_ascii=False)
+        return '"' if schema.get("type") == "string" or (enum and all(isinstance(e, str) for e in enum)) else ""
     if top.state == "after":
         return ', "' + remaining[0] + '": ' if remaining else "}"
     return ""
-
-
-def _value_opener(schema: dict) -> str:
-    """What a property's value forces first: a single enum value or const whole, a string's quote."""
-    enum = schema.get("enum")
-    if isinstance(enum, list) and len(enum) == 1:
-        return json.dumps(enum[0], ensure_ascii=False)
-    if "const" in schema:
-        return json.dumps(schema["const"], ensure_ascii=False)
-    return '"' if schema.get("type") == "string" or (enum and all(isinstance(e, str) for e in enum)) else ""
