@@ -73,7 +73,6 @@ def scan_json(text: str, stop_after: str | None = None) -> JsonState:
     it also stops where the outermost object's first member with that key ends (`call_name` reads no more)."""
     st = JsonState(stack=[])
     stack = st.stack
-    members: list[Member] | None = None   # st.members, kept at hand for the loop
     i, n = 0, len(text)
     while i < n:
         c = text[i]
@@ -81,73 +80,68 @@ def scan_json(text: str, stop_after: str | None = None) -> JsonState:
             i += 1
             continue
         top = stack[-1] if stack else None
-        if c == '"':
-            if top is not None and top.state == "key":  # only an object waits for a key
-                is_key = st.string_is_key = True
-            elif top is None or top.state == "value":
-                is_key = st.string_is_key = False
-                if members is not None and len(stack) == 1:
-                    _begin_member(stack[0], members, i)
-            else:
+        if c in ",:":  # between members or items; between a key and its value
+            if top is None or top.state != ("after" if c == "," else "colon"):
                 return _failed(st)
+            top.state = "key" if c == "," and top.kind == "obj" else "value"
+            i += 1
+            continue
+        if c == '"' and top is not None and top.state == "key":  # only an object waits for a key
+            st.string_is_key = True
             j = _STRING.match(text, i + 1).end()
             if j >= n or text[j] != '"':
                 return _open_string(st, text, i)
-            if is_key:
-                top.key = s = text[i + 1:j]
-                top.keys.append(s)
-                top.state = "colon"
-                i = j + 1
-                continue
-            end = i = j + 1
-        elif c == ",":
-            if top is None or top.state != "after":
-                return _failed(st)
-            top.state = "key" if top.kind == "obj" else "value"
-            i += 1
+            top.key = s = text[i + 1:j]
+            top.keys.append(s)
+            top.state = "colon"
+            i = j + 1
             continue
-        elif c == ":":
-            if top is None or top.state != "colon":
-                return _failed(st)
-            top.state = "value"
-            i += 1
-            continue
-        elif c in "{[":
-            if top is not None and top.state != "value":
-                return _failed(st)
-            if top is None and c == "{":
-                members = st.members = []
-            elif members is not None and len(stack) == 1:
-                _begin_member(top, members, i)
-            stack.append(Frame("obj", state="key") if c == "{" else Frame("arr", state="value"))
-            i += 1
-            continue
-        elif c in "}]":
+        if c in "}]":
             if top is None or (c == "}") != (top.kind == "obj"):
                 return _failed(st)
             stack.pop()
             end = i = i + 1
-        else:  # a number or literal
+        else:  # a value begins: a string, an object or a list, a number or a literal
             if top is not None and top.state != "value":
                 return _failed(st)
-            if members is not None and len(stack) == 1:
-                _begin_member(top, members, i)
-            j = _SCALAR.match(text, i).end()
-            if j >= n:
-                st.scalar = text[i:]
-                return st
-            end = i = j  # the delimiter is read next
-        # a value has ended
-        if not stack:
-            st.done = True
-            st.error = bool(text[i:].strip(_SPACE))  # only whitespace may follow the top value
+            if top is None and c == "{":
+                st.members = []
+            elif st.members is not None and len(stack) == 1:
+                _begin_member(top, st.members, i)
+            if c in "{[":
+                stack.append(Frame("obj", state="key") if c == "{" else Frame("arr", state="value"))
+                i += 1
+                continue
+            if c == '"':
+                st.string_is_key = False
+                j = _STRING.match(text, i + 1).end()
+                if j >= n or text[j] != '"':
+                    return _open_string(st, text, i)
+                end = i = j + 1
+            else:
+                j = _SCALAR.match(text, i).end()
+                if j >= n:
+                    st.scalar = text[i:]
+                    return st
+                end = i = j  # the delimiter is read next
+        if _value_ended(st, text, i, end, stop_after):
             return st
-        stack[-1].state = "after"
-        if members is not None and len(stack) == 1:
-            members[-1].end = end
-            if stop_after is not None and members[-1].key == stop_after:
-                return st
     return st
+
+
+def _value_ended(st: JsonState, text: str, i: int, end: int, stop_after: str | None) -> bool:
+    """Mark the value that ends at `end` (the scan goes on at `i`) as ended; whether the scan stops there: the
+    top value is done (only whitespace may follow it), or the outermost member keyed `stop_after` has ended."""
+    stack, members = st.stack, st.members
+    if not stack:
+        st.done = True
+        st.error = bool(text[i:].strip(_SPACE))
+        return True
+    stack[-1].state = "after"
+    if members is not None and len(stack) == 1:
+        members[-1].end = end
+        return stop_after is not None and members[-1].key == stop_after
+    return False
 
 
 def _failed(st: JsonState) -> JsonState:

@@ -114,11 +114,7 @@ class SpeculativeTools:
         """Start a run for each predicted call (`{"name", "arguments"}`) of a speculative tool, with the
         predicted arguments; returns how many started. A call already predicted in this model step is
         not counted again, and a call with a live run is not started twice."""
-        if not isinstance(calls, (list, tuple)):
-            raise TypeError(f"predicted calls must be a list of {{'name', 'arguments'}} dicts, got {calls!r}")
-        if confidence is not None and (isinstance(confidence, bool) or not isinstance(confidence, (int, float))):
-            raise TypeError(f"a prediction's confidence must be a number or None, got {confidence!r}")
-        keys = [_key_of(call) for call in calls]
+        keys = _prediction_keys(calls, confidence)
         with self._lock:
             self._stats["predictions"] += len(set(keys) - self._predicted_keys)
             self._predicted_keys.update(keys)
@@ -405,6 +401,15 @@ def _check_settings(tools: Any, max_in_flight: Any, min_confidence: Any) -> None
     if min_confidence is not None and (isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float))
                                        or not 0.0 <= min_confidence <= 1.0):
         raise ValueError(f"min_confidence must be None or a probability in [0, 1], got {min_confidence!r}")
+
+
+def _prediction_keys(calls: Any, confidence: Any) -> list[tuple[str, str]]:
+    """The call keys of a prediction, its arguments checked: a clear error naming the one that is wrong."""
+    if not isinstance(calls, (list, tuple)):
+        raise TypeError(f"predicted calls must be a list of {{'name', 'arguments'}} dicts, got {calls!r}")
+    if confidence is not None and (isinstance(confidence, bool) or not isinstance(confidence, (int, float))):
+        raise TypeError(f"a prediction's confidence must be a number or None, got {confidence!r}")
+    return [_key_of(call) for call in calls]
 
 
 def _checked_seconds(seconds: Any, tools: Mapping[str, Any]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The house stays easy to change (#63): no class over 300 lines and no function over 80 in `oospec_agents/` and
+"""The house stays easy to change: no class over 250 lines and no function over 60 in `oospec_agents/` and
 `integrations/` (argument parsers, which are declared tables of flags, excepted), and no module reads another
 of our modules' private attributes. Read from the source with `ast`."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "oospec_agents", ROOT / "integrations" / "langchain" / "langchain_oospec",
            ROOT / "integrations" / "llamaindex" / "llama_index"]
-MAX_CLASS, MAX_FUNCTION = 300, 80
+MAX_CLASS, MAX_FUNCTION = 250, 60
 #: Functions that are declared tables: argparse parsers (one `add_argument` per flag).
 PARSERS = {"add_parser", "build_parser", "_parser", "parser", "main_parser"}
 
@@ -66,7 +66,7 @@ def private_reads() -> list[str]:
     return out
 
 
-def test_no_class_over_300_lines_and_no_function_over_80():
+def test_no_class_over_250_lines_and_no_function_over_60():
     assert oversized() == []
 
 

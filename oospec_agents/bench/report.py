@@ -250,7 +250,7 @@ def _strict_against_plain(methods: dict) -> list[str]:
     oo = methods.get(strict_name("oospec"))
     if oo and "oospec" in methods and oo.get("over_non_strict_decode") is not None:
         r = oo["over_non_strict_decode"]
-        lines += ["", f"Goal (#19), `{strict_name('oospec')}` decodes at least as fast as `oospec`: "
+        lines += ["", f"Goal: `{strict_name('oospec')}` decodes at least as fast as `oospec`: "
                   f"{r:.2f}x, **{'met' if r >= 1 else 'missed'}**; lossless against the masked reference: "
                   f"{'yes' if oo['lossless'] else '**no**'}."]
     return lines

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from ..formats.base import enum_strings, unique_completion
-from ..jsonscan import call_name, scan_json
+from ..jsonscan import JsonState, call_name, scan_json
+from ..tools import Tool
 from .base import Draft, ReplyState, Drafter, encode_after, separator_variants
 
 MAX_DRAFT_CHARS = 96
@@ -36,6 +37,8 @@ def forced_text(ctx: ReplyState) -> str:
 
 
 def _next_forced(ctx: ReplyState, text: str) -> str:
+    """The next forced stretch after `text`: the format's own skeleton, the call's opening, or what the
+    open call's JSON forces."""
     fmt = ctx.fmt
     own = fmt.forced_next(text, ctx.tools)
     if own is not None:  # a format whose calls are not JSON walks its own skeleton
@@ -54,51 +57,59 @@ def _next_forced(ctx: ReplyState, text: str) -> str:
         return fmt.call_end if fmt.call_end and not text.endswith(fmt.call_end) else ""
     if not st.stack:  # the call's object has not opened: "<", whitespace, a stray scalar
         return ""
-    depth = len(st.stack)
-    top = st.stack[-1]
-    names = [t.name for t in ctx.tools]
-    if depth == 1:  # the call object: {"name": ..., "<args_key>": {...}}
-        if st.in_string is not None:
-            if st.string_is_key:
-                rest = unique_completion(st.in_string, [k for k in ("name", fmt.args_key) if k not in top.keys])
-                return "" if rest is None else rest + '": ' + ('"' if st.in_string + rest == "name" else "{")
-            if top.key == "name":
-                rest = unique_completion(st.in_string, names)
-                return "" if rest is None else rest + '", "' + fmt.args_key + '": {'
-            return ""
-        if top.state == "key":
-            return '"name": "' if not top.keys else '"' + fmt.args_key + '": {'
-        if top.state == "after":
-            if "name" in top.keys and fmt.args_key not in top.keys:
-                return ', "' + fmt.args_key + '": {'
-            if fmt.args_key in top.keys:
-                return "}"
-        return ""
-    if depth == 2 and st.stack[0].key == fmt.args_key and top.kind == "obj":
+    if len(st.stack) == 1:
+        return _in_call_object(st, [t.name for t in ctx.tools], fmt.args_key)
+    if len(st.stack) == 2 and st.stack[0].key == fmt.args_key and st.stack[-1].kind == "obj":
         tool = next((t for t in ctx.tools if t.name == call_name(body, st)), None)
-        if tool is None:
-            return ""
-        remaining = [k for k in tool.required if k not in top.keys]
-        if st.in_string is not None:
-            if st.string_is_key:
-                rest = unique_completion(st.in_string, [k for k in tool.properties if k not in top.keys])
-                return "" if rest is None else rest + '": '
-            enum = enum_strings(tool.properties.get(top.key, {}))
-            rest = unique_completion(st.in_string, enum) if enum else None
-            return "" if rest is None else rest + '"'
-        if st.scalar is not None:
-            return ""
-        if top.state == "key":
-            return '"' + remaining[0] + '": ' if remaining else ""
-        if top.state == "value":
-            schema = tool.properties.get(top.key, {})
-            enum = schema.get("enum")
-            if isinstance(enum, list) and len(enum) == 1:
-                return json.dumps(enum[0], ensure_ascii=False)
-            if "const" in schema:
-                return json.dumps(schema["const"], ensure_ascii=False)
-            return '"' if schema.get("type") == "string" or (enum and all(isinstance(e, str) for e in enum)) else ""
-        if top.state == "after":
-            return ', "' + remaining[0] + '": ' if remaining else "}"
+        return "" if tool is None else _in_arguments(st, tool)
     return ""
 
+
+def _in_call_object(st: JsonState, names: list[str], args_key: str) -> str:
+    """The forced text in the call object itself: `{"name": ..., "<args_key>": {...}}`."""
+    top = st.stack[-1]
+    if st.in_string is not None:
+        if st.string_is_key:
+            rest = unique_completion(st.in_string, [k for k in ("name", args_key) if k not in top.keys])
+            return "" if rest is None else rest + '": ' + ('"' if st.in_string + rest == "name" else "{")
+        if top.key == "name":
+            rest = unique_completion(st.in_string, names)
+            return "" if rest is None else rest + '", "' + args_key + '": {'
+        return ""
+    if top.state == "key":
+        return '"name": "' if not top.keys else '"' + args_key + '": {'
+    if top.state == "after":
+        if "name" in top.keys and args_key not in top.keys:
+            return ', "' + args_key + '": {'
+        if args_key in top.keys:
+            return "}"
+    return ""
+
+
+def _in_arguments(st: JsonState, tool: Tool) -> str:
+    """The forced text in `tool`'s arguments object: a key's or an enum's unique completion, the next
+    required key, what a value forces first, the closing bracket."""
+    top = st.stack[-1]
+    remaining = [k for k in tool.required if k not in top.keys]
+    if st.in_string is not None:
+        if st.string_is_key:
+            rest = unique_completion(st.in_string, [k for k in tool.properties if k not in top.keys])
+            return "" if rest is None else rest + '": '
+        enum = enum_strings(tool.properties.get(top.key, {}))
+        rest = unique_completion(st.in_string, enum) if enum else None
+        return "" if rest is None else rest + '"'
+    if st.scalar is not None:
+        return ""
+    if top.state == "key":
+        return '"' + remaining[0] + '": ' if remaining else ""
+    if top.state == "value":  # a single enum value or const whole, a string's quote
+        schema = tool.properties.get(top.key, {})
+        enum = schema.get("enum")
+        if isinstance(enum, list) and len(enum) == 1:
+            return json.dumps(enum[0], ensure_ascii=False)
+        if "const" in schema:
+            return json.dumps(schema["const"], ensure_ascii=False)
+        return '"' if schema.get("type") == "string" or (enum and all(isinstance(e, str) for e in enum)) else ""
+    if top.state == "after":
+        return ', "' + remaining[0] + '": ' if remaining else "}"
+    return ""

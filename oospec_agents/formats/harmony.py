@@ -382,8 +382,16 @@ def render_harmony_prompt(messages: list[dict], tools, kwargs: dict, chat_templa
     enc = harmony_encoding()
     if enc is None:
         return None
-    from openai_harmony import (Author, Conversation, DeveloperContent, Message as HMessage, ReasoningEffort, Role,
-                                SystemContent, ToolDescription)
+    from openai_harmony import Conversation, Role
+    out = _harmony_preamble(messages, tools, kwargs, chat_template) + _harmony_turns(messages)
+    return enc.decode(enc.render_conversation_for_completion(Conversation.from_messages(out), Role.ASSISTANT))
+
+
+def _harmony_preamble(messages: list[dict], tools, kwargs: dict, chat_template: str | None) -> list:
+    """The system message (identity, date, reasoning effort) and the developer message (the first system
+    message's instructions, the tools) that open a harmony conversation."""
+    from openai_harmony import (DeveloperContent, Message as HMessage, ReasoningEffort, Role, SystemContent,
+                                ToolDescription)
     from ..errors import TemplateArgumentError
     for key in kwargs:
         if key not in HARMONY_KWARGS:
@@ -407,6 +415,14 @@ def render_harmony_prompt(messages: list[dict], tools, kwargs: dict, chat_templa
             developer = developer.with_function_tools(
                 [ToolDescription.new(t.name, t.description, parameters=t.parameters) for t in tools])
         out.append(HMessage.from_role_and_content(Role.DEVELOPER, developer))
+    return out
+
+
+def _harmony_turns(messages: list[dict]) -> list:
+    """The conversation's messages as harmony messages, after its preamble (the first system message is in
+    the preamble; a later one is a developer message where it stands)."""
+    from openai_harmony import Author, DeveloperContent, Message as HMessage, Role
+    out: list = []
     names: dict = {}     # tool_call_id -> the call's name
     last_call = None
     for i, m in enumerate(messages):
@@ -439,5 +455,4 @@ def render_harmony_prompt(messages: list[dict], tools, kwargs: dict, chat_templa
                 raise ChatFormatError(f"messages[{i}]: a tool result with no call before it to name its tool")
             out.append(HMessage.from_author_and_content(Author.new(Role.TOOL, "functions." + name), m["content"])
                        .with_channel("commentary").with_recipient("assistant"))
-    ids = enc.render_conversation_for_completion(Conversation.from_messages(out), Role.ASSISTANT)
-    return enc.decode(ids)
+    return out

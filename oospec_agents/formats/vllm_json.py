@@ -102,22 +102,18 @@ class VllmCallListFormat(ToolFormat):
             return "" if tool is None else _after_space(body, arguments_forced(st, stack[2], tool, ws, 3))
         return ""
 
-
     def fits(self, text: str, tools: list[Tool]) -> bool:
         """Whether `text` may still be a reply vLLM's grammar accepts (what it checks of the open call: JSON,
         the item's keys, the tool name, the arguments' keys in order); a draft is cut where it stops."""
-        body = text.lstrip()
-        if not body:
+        return _fits_open_json(text, "[", lambda st, typing: self._item_fits(text, st, typing, tools))
+
+    def _item_fits(self, text: str, st: JsonState, typing: str | None, tools: list[Tool]) -> bool:
+        """Whether the open call item of the list (its state `st`) may still be one of `tools`'s calls."""
+        if len(st.stack) < 2:
             return True
-        if not body.startswith("["):
-            return False
-        st = scan_json(body)
-        if st.error or st.done or len(st.stack) < 2:
-            return not st.error
         item = st.stack[1]
         if item.kind != "obj" or item.keys not in ([], [NAME], [NAME, PARAMS]):
             return False
-        typing = st.in_string if st.in_string is not None and st.string_is_key else None
         if len(st.stack) == 2:
             if typing is not None:
                 allowed = NAME if not item.keys else PARAMS if item.keys == [NAME] else ""
@@ -196,17 +192,9 @@ class VllmArgumentsFormat(ToolFormat):
 
     def fits(self, text: str, tools: list[Tool]) -> bool:
         """Whether `text` may still be the arguments of one of `tools` (or of the named one) under vLLM's grammar."""
-        body = text.lstrip()
-        if not body:
-            return True
-        if not body.startswith("{"):
-            return False
-        st = scan_json(body)
-        if st.error or st.done or len(st.stack) > 1:
-            return not st.error
-        typing = st.in_string if st.in_string is not None and st.string_is_key else None
         named = [t for t in tools if self.tool is None or t.name == self.tool]
-        return any(_fits(st.stack[0].keys, typing, t) for t in named)
+        return _fits_open_json(text, "{", lambda st, typing: len(st.stack) > 1
+                               or any(_fits(st.stack[0].keys, typing, t) for t in named))
 
     def _tool(self, st: JsonState, tools: list[Tool]) -> Tool | None:
         """The named tool: the caller's, else the one whose schema the text so far fits (xgrammar holds
@@ -399,6 +387,21 @@ def _value_opener(schema: dict) -> str:
     if isinstance(enum, list) and enum and all(isinstance(e, str) for e in enum):
         return '"'
     return '"' if schema.get("type") == "string" and not enum else ""
+
+
+def _fits_open_json(text: str, opener: str, open_fits) -> bool:
+    """Whether `text` may still be JSON that opens with `opener` under vLLM's grammar: yes while only whitespace
+    is written or once it closes well-formed, no where it opens otherwise or is malformed; while it is open,
+    `open_fits(state, typing)` decides (`typing`: the start of a key being written, else None)."""
+    body = text.lstrip()
+    if not body:
+        return True
+    if not body.startswith(opener):
+        return False
+    st = scan_json(body)
+    if st.error or st.done:
+        return not st.error
+    return open_fits(st, st.in_string if st.in_string is not None and st.string_is_key else None)
 
 
 def _fits(keys: list[str], typing: str | None, tool: Tool) -> bool:

@@ -5,9 +5,10 @@
     each row's key                         fanned out: one element per row        [R, P + O + K]
     decode all rows in lockstep; a row leaves the batch once its JSON value is complete
 
-The prefill and its fan-out are fanout.py's; this module decodes. Each level is right-aligned: pads
-sit between levels, masked out, and position ids skip them, so every batch element is exactly its
-row's `prefix + suffix` and no row attends to another. A wave returns a `WaveResult` (each row's
+The prefill and its fan-out are fanout.py's. Each level is right-aligned: pads sit between levels,
+masked out, and position ids skip them, so every batch element is exactly its row's `prefix + suffix`
+and no row attends to another. The decode loop is lockstep.py's; this module plans the batches and
+phases, and reads what the rows wrote. A wave returns a `WaveResult` (each row's
 text and log-probability, and where its time went) and keeps none of it.
 
 A required parameter's row (`Row.required`) never answers null: a call without it would not
@@ -41,6 +42,7 @@ import torch
 from ..prefix_cache import DEFAULT_TOKENS, PrefixCache
 from ..verify import eos_ids
 from .fanout import FanOut
+from .lockstep import Lockstep, RequestRows, runner_ups
 from .payback import Line
 from .rows import Row, parse_value, value_end
 
@@ -80,22 +82,6 @@ class WaveResult:
     #: log-probability margin by which the choice it made beat it at the token where they part); for a
     #: slot row, its runner-up first token's text and margin
     runner_ups: dict[int, tuple[str, float]] = field(default_factory=dict)
-
-
-@dataclass(eq=False)
-class _RequestRows:
-    """One request's rows in a decode loop: its constraints, and where its tokens and scores go."""
-    rows: list[Row]
-    tries: dict        # row -> its choices, as token ids
-    bias: dict         # row -> the prior of each choice, in logits
-    out: list          # row -> the tokens it generated
-    scores: list       # row -> its log-probability (None: not decoded)
-    cancel: threading.Event | None = None
-    #: row -> (margin, token prefix) of its closest runner-up choice (`Wave._note_runner_ups`)
-    runner: dict = field(default_factory=dict)
-
-    def cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
 
 
 class Wave:
@@ -187,7 +173,7 @@ class Wave:
                    "steps": steps, "decode_s": time.perf_counter() - t0 - prefill_s, **extra}
         if cancel is None or not cancel.is_set():  # a cancelled wave's time says nothing of its cost
             self.cost.add(len(prefix_ids) - cached + ROW_WORK * self._work_rows(rows), time.perf_counter() - t0)
-        return WaveResult(self._texts(out), scores, profile, _runner_ups(self.tokenizer, tries, bias, runner))
+        return WaveResult(self._texts(out), scores, profile, runner_ups(self.tokenizer, tries, bias, runner))
 
     def many(self, waves: list[tuple]) -> list[WaveResult]:
         """Several requests' waves at once, each `(prefix, rows, cancel, choices)` as a call takes them;
@@ -196,7 +182,7 @@ class Wave:
         Requests decoding at once share the sidecar's forwards: each prefix is prefilled on its own
         (from the prefix cache), the prefilled prefixes are stacked left-padded into one batch (pads
         masked out, positions kept; `FanOut.prefill_requests`), and every row of every request then
-        decodes in one lockstep batch, each row over its own request's prefix (`_decode_rows`). A request
+        decodes in one lockstep batch, each row over its own request's prefix (`lockstep.Lockstep`). A request
         leaves the batch when it is cancelled; a function row rules out only its own request's other
         tools. A two-phase wave (a large tool set), a model whose cache is not a plain one per layer
         (sliding windows), and requests past MAX_BATCH_TOKENS run on their own, as a call."""
@@ -222,7 +208,7 @@ class Wave:
         """`many`'s shared batch, each wave `(prefix ids, rows, cancel, choices)`: the waves' rows in one
         fan-out (`FanOut.prefill_requests`) and one decode loop."""
         t0 = time.perf_counter()
-        jobs = [_RequestRows(rows, *self._constraints(choices), [[] for _ in rows], [None] * len(rows), cancel)
+        jobs = [RequestRows(rows, *self._constraints(choices), [[] for _ in rows], [None] * len(rows), cancel)
                 for _, rows, cancel, choices in waves]
         with torch.inference_mode():
             cache, logits, mask, pos, hits = self.fanout.prefill_requests(
@@ -230,7 +216,7 @@ class Wave:
                  for (ids, *_), job in zip(waves, jobs)], self.prefix_cache)
             prefill_s = time.perf_counter() - t0
             items = [(job, i) for job in jobs for i in range(len(job.rows))]
-            steps = self._decode_rows(items, cache, logits, mask, pos)
+            steps = self._lockstep_decoder().decode(items, cache, logits, mask, pos)
         decode_s = time.perf_counter() - t0 - prefill_s
         profiles = [{"prefix_tokens": len(ids), "cached_prefix_tokens": hit, "rows": len(job.rows),
                      "rows_offered": len(job.rows), "max_rows": self.max_rows}
@@ -241,7 +227,7 @@ class Wave:
             self.cost.add(work, time.perf_counter() - t0)
         return [WaveResult(self._texts(job.out), job.scores,
                            p | {"prefill_s": prefill_s, "steps": steps.get(n, 0), "decode_s": decode_s,
-                                "batched": len(jobs)}, _runner_ups(self.tokenizer, job.tries, job.bias, job.runner))
+                                "batched": len(jobs)}, runner_ups(self.tokenizer, job.tries, job.bias, job.runner))
                 for n, (job, p) in enumerate(zip(jobs, profiles))]
 
     def _two_phases(self, prefix_ids: list[int], rows: list[Row], tries: dict, bias: dict, out: list[list[int]],
@@ -293,52 +279,16 @@ class Wave:
             prefix_ids, [self._enc(rows[i].suffix) for i in idx], [rows[i].tool for i in idx],
             self.prefix_cache if kept is None else kept, cancel)
         prefill_s = time.perf_counter() - t0
-        job = _RequestRows(rows, tries, bias, out, scores, cancel, {} if runner is None else runner)
-        steps = self._decode_rows([(job, i) for i in idx], cache, logits, mask, pos)
+        job = RequestRows(rows, tries, bias, out, scores, cancel, {} if runner is None else runner)
+        steps = self._lockstep_decoder().decode([(job, i) for i in idx], cache, logits, mask, pos)
         return steps.get(0, 0), cached, prefill_s
 
-    def _decode_rows(self, items: list[tuple[_RequestRows, int]], cache, logits, mask, pos) -> dict[int, int]:
-        """Decode every (job, row) item in lockstep, one batch element each, until its JSON value is
-        complete: the loop of `_lockstep`, over the rows of one request or of several (`many`). Each
-        row's logits pass its constraints (`_constrain_row`); once a function row has chosen, its job's
-        rows of the other tools leave the batch; a job whose `cancel` is set leaves it at the next step.
-        Returns the steps each job decoded (by its position among the items' jobs, in order of first
-        appearance)."""
-        order = {job: n for n, job in enumerate(dict.fromkeys(job for job, _ in items))}  # jobs hash by identity
-        live = list(range(len(items)))      # the item of each batch element still decoding
-        steps: dict[int, int] = {}
-        for job, i in items:
-            job.scores[i] = 0.0
-        for _ in range(self.max_row_tokens):
-            if all(items[k][0].cancelled() for k in live):
-                break
-            last = logits[:, -1]
-            for b, k in enumerate(live):
-                self._constrain_row(*items[k], last[b])
-            tokens = last.argmax(-1)
-            logprobs = last.float().log_softmax(-1)
-            chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
-            _note_runner_ups(items, live, logprobs)
-            for k, lp in zip(live, chosen):
-                job, row = items[k]
-                job.scores[row] += lp
-            for n in {order[items[k][0]] for k in live}:
-                steps[n] = steps.get(n, 0) + 1  # one more token for every live row of job n
-            done = self._finished(items, live, tokens.tolist())
-            keep = [b for b, k in enumerate(live) if k not in done and not items[k][0].cancelled()]
-            if not keep:
-                break
-            if len(keep) < len(live):
-                sel = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(sel)
-                tokens, mask, pos = tokens[sel], mask[sel], pos[sel]
-                live = [live[b] for b in keep]
-            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-            logits = self.fanout.forward(tokens[:, None], cache, mask, pos[:, None])
-            pos = pos + 1
-        return steps
+    def _lockstep_decoder(self) -> Lockstep:
+        """The decode loop of one wave, with the rules this wave holds its rows to."""
+        return Lockstep(self.fanout.forward, self.tokenizer, self.eos, self.max_row_tokens, self.device,
+                        constrain_row=self._constrain_row, done=self._done)
 
-    def _constrain_row(self, job: _RequestRows, row: int, logits: torch.Tensor) -> None:
+    def _constrain_row(self, job: RequestRows, row: int, logits: torch.Tensor) -> None:
         """Row `row` of `job`: its next-token logits (a view into the batch's) under its constraints, in
         place: masked to its choices (plus their prior) where it has some, kept off null while a
         required row has written nothing."""
@@ -346,20 +296,6 @@ class Wave:
             logits[:] = _constrain(logits, job.tries[row], job.out[row], job.bias.get(row))
         elif job.rows[row].required and not self.tokenizer.decode(job.out[row]).strip():
             logits[self.null_starts()] = float("-inf")  # a required parameter has a value
-
-    def _finished(self, items: list[tuple[_RequestRows, int]], live: list[int], tokens: list[int]) -> set[int]:
-        """Append each live item's token; the items that are done: their value complete, or ruled out by
-        their job's function row, which has just chosen another tool (they cannot reach the call)."""
-        done, ruled_out = set(), set()
-        for k, t in zip(live, tokens):
-            job, row = items[k]
-            if self._append(job.out[row], t, job.tries.get(row)):
-                done.add(k)
-                if job.rows[row].kind == "function":
-                    name = parse_value(self.tokenizer.decode(job.out[row], skip_special_tokens=True))
-                    ruled_out |= {k2 for k2, (j2, i2) in enumerate(items)
-                                  if j2 is job and j2.rows[i2].tool not in (None, name)}
-        return done | ruled_out
 
     def _constraints(self, choices: dict | None) -> tuple[dict, dict]:
         """(tries, bias) of `choices`: each constrained row's choices as token ids, and where they carry a
@@ -382,54 +318,12 @@ class Wave:
             self._nulls = torch.tensor(_null_start_ids(self.tokenizer), dtype=torch.long, device=self.device)
         return self._nulls
 
-    def _append(self, out: list[int], token: int, choices: list[list[int]] | None) -> bool:
-        """Add a row's token; True when the row is finished."""
-        if token in self.eos:
-            return True
-        out.append(token)
-        if choices is not None:
-            left = [c for c in choices if c[:len(out)] == out]
-            if len(left) == 1:
-                out[:] = left[0]  # the only choice left: complete it
-                return True
-        return self._done(out)
-
     def _done(self, ids: list[int]) -> bool:
+        """Whether a row's text is finished: its JSON value is complete, or it begins with what no JSON
+        value begins with."""
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         head = text.lstrip()
         return bool(head) and (head[0] not in JSON_STARTS or value_end(text) is not None)
-
-
-def _note_runner_ups(items: list[tuple[_RequestRows, int]], live: list[int], logprobs: torch.Tensor) -> None:
-    """For each live constrained row, before its token is appended: where its second-best allowed token
-    comes closer to its best than at any earlier step, that token's place (the row's tokens so far
-    and it) and the margin, in `job.runner`. A slot row's first token alone: its runner-up there."""
-    for b, k in enumerate(live):
-        job, row = items[k]
-        if row not in job.tries and (job.out[row] or job.rows[row].kind != "slot"):
-            continue
-        top = logprobs[b].topk(2)
-        second = float(top.values[1])
-        if not math.isfinite(second):
-            continue
-        margin = float(top.values[0]) - second
-        if row not in job.runner or margin < job.runner[row][0]:
-            job.runner[row] = (margin, list(job.out[row]) + [int(top.indices[1])])
-
-
-def _runner_ups(tokenizer, tries: dict, bias: dict, runner: dict) -> dict[int, tuple[str, float]]:
-    """Each constrained row's runner-up choice (the best-prior choice through its closest second token)
-    as text, with its margin (`WaveResult.runner_ups`)."""
-    out = {}
-    for row, (margin, head) in runner.items():
-        if row not in tries:  # a slot row's first token: its runner-up's beginning
-            out[row] = (tokenizer.decode(head, skip_special_tokens=True), margin)
-            continue
-        fits = [j for j, c in enumerate(tries[row]) if c[:len(head)] == head]
-        if fits:
-            best = max(fits, key=lambda j: bias[row][j] if row in bias else 0.0)
-            out[row] = (tokenizer.decode(tries[row][best], skip_special_tokens=True), margin)
-    return out
 
 
 def _group(waves: list[tuple[int, list[int], int]]) -> list[list[tuple[int, list[int]]]]:

@@ -17,6 +17,7 @@ import json
 import random
 import sys
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -211,16 +212,13 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
     from `init_adapter`; `max_null_rows`: default `init_adapter`'s. Raises `TrainDataError` for a log
     with fewer than `min_records` distinct requests."""
     from .. import models
-    from .data import source_counts
-    from .lora import LoraConfigArgs, train_lora
+    from .lora import train_lora
     from .run import env_info, label_base, load_base, write_metrics
     from ..sidecar.rows import RowOptions
     from .sidecar_train import build_sidecar_examples
     out = Path(out)
     init_adapter = Path(init_adapter or models.EMBEDDED_SIDECAR_ADAPTER)
-    recipe = adapter_recipe(init_adapter)
-    cfg = replace(cfg or LoraConfigArgs(), **recipe["lora"], weigh_rows=recipe["weigh_rows"])
-    max_null_rows = recipe["max_null_rows"] if max_null_rows is None else max_null_rows
+    recipe, cfg, max_null_rows = _under_recipe(init_adapter, cfg, max_null_rows)
     if replay_share < 0:
         raise ValueError(f"replay_share must be 0 or more, got {replay_share}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -236,29 +234,15 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
 
     model, tok = load_base(base, dtype, device)
     options = RowOptions.for_adapter(init_adapter)  # the rows it was trained on: the adapted one keeps them
-    log_examples, log_counts = build_sidecar_examples(tok, train, seed=cfg.seed, max_len=max_len,
-                                                      max_null_rows=max_null_rows, row_options=options)
-    if log_counts["too_long"]:  # never silently: a long-prompt deployment may lose most of its log here
-        print(f"adapt: warning: {log_counts['too_long']} of the log's {len(train)} requests are longer than "
-              f"--max-len {max_len} tokens and are left out; --max-len {log_counts['longest']} keeps them all",
-              file=sys.stderr)
-    sample, replayed, replay_counts, replay_total = [], [], None, 0
-    n_replay = round(replay_share * len(log_examples))
-    if n_replay:
-        sample, replay_total = replay_sample(replay, n_replay, cfg.seed)
-        replayed, replay_counts = build_sidecar_examples(tok, sample, seed=cfg.seed, max_len=max_len,
-                                                         max_null_rows=max_null_rows, row_options=options)
+    build = partial(build_sidecar_examples, tok, seed=cfg.seed, max_len=max_len, max_null_rows=max_null_rows,
+                    row_options=options)
+    log_examples, replayed, described = _training_examples(build, train, replay, replay_share, cfg.seed, max_len)
     metrics = {
         "kind": "adapt", "base": base, "log": str(log), "init_adapter": str(init_adapter),
         "records": {"read": len(ordered), "order": order, "repeats_dropped": repeats, "distinct": len(records),
                     "train": len(train), "held_out": len(held), "holdout": holdout, "dedupe": DEDUPE,
                     "functions_in_train": len(functions)},
-        "replay": {"files": [str(Path(f).resolve()) for f in (replay or [])], "share": replay_share,
-                   "share_means": "replay examples per training example of the log",
-                   "records": replay_counts["records"] if replay_counts else 0, "of": replay_total,
-                   "sources": source_counts(sample) if sample else {}},
-        "examples": {"total": len(log_examples) + len(replayed), "log": log_counts, "replay": replay_counts},
-        "max_len": max_len, "max_null_rows": max_null_rows, "config": asdict(cfg), "env": env_info()}
+        **described, "max_len": max_len, "max_null_rows": max_null_rows, "config": asdict(cfg), "env": env_info()}
     print(f"adapt: {len(ordered)} logged records, {repeats} repeats dropped, {len(train)} to train on "
           f"({len(log_examples)} examples + {len(replayed)} replayed), {len(held)} newest held out", file=sys.stderr)
 
@@ -274,10 +258,47 @@ def adapt(*, log, out, replay=None, replay_share: float = REPLAY_SHARE, init_ada
     if result.steps < result.total_steps:  # stopped early (`stop_after`): nothing to measure yet
         print(f"adapt: stopped at step {result.steps} of {result.total_steps}; --resume continues", file=sys.stderr)
     elif held:
-        metrics["held_out"] = {"before": before, "after": _measure(base, out, held, functions, device, progress),
-                               "served_hint_tokens": served_hint_tokens(held, functions), "tokens": TOKENS}
+        metrics["held_out"] = _held_out(before, _measure(base, out, held, functions, device, progress), held, functions)
     write_metrics(out, metrics)
     return metrics
+
+
+def _under_recipe(init_adapter: Path, cfg, max_null_rows: int | None) -> tuple[dict, object, int]:
+    """`init_adapter`'s recipe, the loop's settings (`LoraConfigArgs`, default ones where `cfg` is None) with
+    its LoRA shape and rows' weighing, and `max_null_rows` (by default the adapter's)."""
+    from .lora import LoraConfigArgs
+    recipe = adapter_recipe(init_adapter)
+    cfg = replace(cfg or LoraConfigArgs(), **recipe["lora"], weigh_rows=recipe["weigh_rows"])
+    return recipe, cfg, recipe["max_null_rows"] if max_null_rows is None else max_null_rows
+
+
+def _held_out(before: dict, after: dict, held: list[dict], functions: set[str]) -> dict:
+    """metrics.json's "held_out": the agreement before and after adapting, and the hint tokens served."""
+    return {"before": before, "after": after, "served_hint_tokens": served_hint_tokens(held, functions),
+            "tokens": TOKENS}
+
+
+def _training_examples(build, train: list[dict], replay, replay_share: float, seed: int,
+                       max_len: int) -> tuple[list[dict], list[dict], dict]:
+    """The log's training examples and the replayed ones (`replay_share` per log example, a seeded sample of
+    `replay`'s records), each built by `build(records)`, and their metrics.json entries "replay" and "examples"."""
+    from .data import source_counts
+    log_examples, log_counts = build(train)
+    if log_counts["too_long"]:  # never silently: a long-prompt deployment may lose most of its log here
+        print(f"adapt: warning: {log_counts['too_long']} of the log's {len(train)} requests are longer than "
+              f"--max-len {max_len} tokens and are left out; --max-len {log_counts['longest']} keeps them all",
+              file=sys.stderr)
+    sample, replayed, replay_counts, replay_total = [], [], None, 0
+    n_replay = round(replay_share * len(log_examples))
+    if n_replay:
+        sample, replay_total = replay_sample(replay, n_replay, seed)
+        replayed, replay_counts = build(sample)
+    return log_examples, replayed, {
+        "replay": {"files": [str(Path(f).resolve()) for f in (replay or [])], "share": replay_share,
+                   "share_means": "replay examples per training example of the log",
+                   "records": replay_counts["records"] if replay_counts else 0, "of": replay_total,
+                   "sources": source_counts(sample) if sample else {}},
+        "examples": {"total": len(log_examples) + len(replayed), "log": log_counts, "replay": replay_counts}}
 
 
 def _distinct_log(log, min_records: int, holdout: float) -> tuple[list[dict], str, list[dict], int]:

@@ -163,6 +163,35 @@ def source_table(res: dict) -> str:
 def main(argv=None) -> int:
     from ..data import only_sources
     from .data import DataError, load_many, select
+    p = _parser()
+    a = p.parse_args(argv)
+    labels = _checked_labels(p, a)
+    sources = [s.strip() for arg in a.sources or () for s in arg.split(",") if s.strip()] or \
+        (None if a.what in ("sidecar", "calibrate") else list(BFCL_SOURCES))
+    try:
+        recs = load_many(a.dev)
+        if sources:  # an unknown source is an error that names it
+            recs = only_sources(recs, sources, a.dev)
+    except DataError as e:
+        p.error(str(e))
+    if a.threads:
+        from ..sidecar.cores import set_threads  # every thread count is set in one place
+        set_threads(a.threads)
+    if a.what == "target":
+        res = score_target(target_engine(a.target_adapter), select(recs, sources, a.limit), sources=tuple(sources),
+                           strict=a.strict, tool_choice=a.tool_choice, details=a.details)
+    elif a.what in ("sidecar", "calibrate"):
+        return _sidecar(a, recs, sources, labels)
+    else:
+        from ..engine import Engine
+        engine = Engine.from_pretrained("embedded", adapter=a.target_adapter, sidecar_adapter=a.sidecar_adapter)
+        res = hint_share(engine, select(recs, sources, a.limit))
+    _report(res, a.out)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """`python -m oospec_agents.train.evaluate`'s options."""
     p = argparse.ArgumentParser(prog="python -m oospec_agents.train.evaluate")
     p.add_argument("what", choices=["target", "sidecar", "hint", "calibrate"])
     p.add_argument("--dev", required=True, nargs="+", action="extend", metavar="FILE_OR_GLOB",
@@ -192,7 +221,11 @@ def main(argv=None) -> int:
     p.add_argument("--prior-weight", type=float, default=None,
                    help="sidecar: weigh the function row's lexical prior by this (default: the runtime's, "
                         "sidecar/wave.py PRIOR_WEIGHT; 0: none)")
-    a = p.parse_args(argv)
+    return p
+
+
+def _checked_labels(p: argparse.ArgumentParser, a) -> list[str]:
+    """The labels `--labels` names, once the options fit together (`p.error` where they do not)."""
     if a.what != "target" and (a.strict or a.tool_choice != "auto"):
         p.error("--strict and --tool-choice apply to `target` only")
     if a.prior_weight is not None and a.what not in ("sidecar", "calibrate"):
@@ -207,28 +240,7 @@ def main(argv=None) -> int:
         if held:
             p.error(f"calibrate fits on training records only, not {held[0]}: pass train.jsonl (or train-extra's "
                     "sources the adapter was trained on)")
-    sources = [s.strip() for arg in a.sources or () for s in arg.split(",") if s.strip()] or \
-        (None if a.what in ("sidecar", "calibrate") else list(BFCL_SOURCES))
-    try:
-        recs = load_many(a.dev)
-        if sources:  # an unknown source is an error that names it
-            recs = only_sources(recs, sources, a.dev)
-    except DataError as e:
-        p.error(str(e))
-    if a.threads:
-        from ..sidecar.cores import set_threads  # every thread count is set in one place
-        set_threads(a.threads)
-    if a.what == "target":
-        res = score_target(target_engine(a.target_adapter), select(recs, sources, a.limit), sources=tuple(sources),
-                           strict=a.strict, tool_choice=a.tool_choice, details=a.details)
-    elif a.what in ("sidecar", "calibrate"):
-        return _sidecar(a, recs, sources, labels)
-    else:
-        from ..engine import Engine
-        engine = Engine.from_pretrained("embedded", adapter=a.target_adapter, sidecar_adapter=a.sidecar_adapter)
-        res = hint_share(engine, select(recs, sources, a.limit))
-    _report(res, a.out)
-    return 0
+    return labels
 
 
 def _report(res: dict, out: str | None, tables: tuple[str, ...] = ()) -> None:

@@ -176,8 +176,6 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
     on the same trajectory. `stop_after` ends the run after that many steps with a checkpoint, as an
     interruption would (the schedule still spans the whole run).
     """
-    from peft import set_peft_model_state_dict
-    from peft.utils import load_peft_weights
     from tqdm.auto import tqdm
 
     if not examples:
@@ -187,11 +185,10 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
         set_threads(cfg.threads)
     out_dir = Path(out_dir)
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir.with_name(out_dir.name + "-checkpoint")
-    peft_model = add_lora(model, cfg)
-    if init_adapter is not None and not (resume and (ckpt_dir / "trainer_state.pt").exists()):
-        # Continue from a trained adapter (a second stage); its r and targets must match `cfg`.
-        set_peft_model_state_dict(peft_model, load_peft_weights(str(init_adapter)))
-    peft_model.train()
+    # Continue from a trained adapter (a second stage) unless a checkpoint is resumed; its r and targets
+    # must match `cfg`.
+    resuming = resume and (ckpt_dir / "trainer_state.pt").exists()
+    peft_model = _trainable(model, cfg, None if resuming else init_adapter)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     order = _order(len(examples), cfg.epochs, cfg.seed)
@@ -201,9 +198,8 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
     torch.manual_seed(cfg.seed)
     start, result = _resumed(peft_model, opt, ckpt_dir) if resume else (0, TrainResult(steps=0, examples_seen=0))
 
-    logf = open(log_file, "a") if log_file else None
+    losses = _LossLog(result, total_steps, cfg.log_every, log_file, progress)
     t0 = time.perf_counter()
-    window: list[float] = []
     result.total_steps = total_steps
     bar = tqdm(total=total_steps, initial=start, disable=not progress, desc="train", unit="step")
     for step in range(start, total_steps):
@@ -213,20 +209,9 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
         batch_loss = _train_step(peft_model, opt, params, [examples[i] for i in batch], cfg, model.device.type)
         result.steps = step + 1
         result.examples_seen += len(batch)
-        window.append(batch_loss)
         bar.update(1)
         bar.set_postfix(loss=f"{batch_loss:.4f}")
-        if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
-            mean = sum(window) / len(window)
-            result.losses.append((step + 1, round(mean, 5)))
-            line = (f"step {step + 1}/{total_steps} loss {mean:.4f} lr {opt.param_groups[0]['lr']:.2e} "
-                    f"elapsed {result.seconds + time.perf_counter() - t0:.0f}s")
-            if logf:
-                logf.write(line + "\n")
-                logf.flush()
-            if not progress:
-                log.warning(line)
-            window = []
+        losses.add(step + 1, batch_loss, opt.param_groups[0]["lr"], result.seconds + time.perf_counter() - t0)
         stopping = stop_after is not None and step + 1 >= stop_after and step + 1 < total_steps
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < total_steps) or stopping:
             result.seconds += time.perf_counter() - t0
@@ -236,9 +221,48 @@ def train_lora(model, examples: list[tuple[list[int], int]], out_dir, cfg: LoraC
             break
     bar.close()
     result.seconds += time.perf_counter() - t0
-    if logf:
-        logf.close()
+    losses.close()
     peft_model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     peft_model.save_pretrained(str(out_dir))
     return peft_model, result
+
+
+def _trainable(model, cfg: LoraConfigArgs, init_adapter=None):
+    """`model` with a fresh LoRA (`cfg`'s shape) in training mode; its weights `init_adapter`'s where given."""
+    peft_model = add_lora(model, cfg)
+    if init_adapter is not None:
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+        set_peft_model_state_dict(peft_model, load_peft_weights(str(init_adapter)))
+    peft_model.train()
+    return peft_model
+
+
+class _LossLog:
+    """The loss curve of a run: the mean loss over each `log_every` steps (and the last) goes to
+    `result.losses`, to `log_file` where given, and to the log where no progress bar shows."""
+
+    def __init__(self, result: TrainResult, total_steps: int, log_every: int, log_file, progress: bool):
+        self.result, self.total_steps, self.log_every, self.progress = result, total_steps, log_every, progress
+        self.file = open(log_file, "a") if log_file else None
+        self.window: list[float] = []
+
+    def add(self, step: int, loss: float, lr: float, elapsed: float) -> None:
+        """Step `step` (counted from 1) ended with `loss` at learning rate `lr`, `elapsed` seconds into the run."""
+        self.window.append(loss)
+        if step % self.log_every and step != self.total_steps:
+            return
+        mean = sum(self.window) / len(self.window)
+        self.result.losses.append((step, round(mean, 5)))
+        line = f"step {step}/{self.total_steps} loss {mean:.4f} lr {lr:.2e} elapsed {elapsed:.0f}s"
+        if self.file:
+            self.file.write(line + "\n")
+            self.file.flush()
+        if not self.progress:
+            log.warning(line)
+        self.window = []
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()

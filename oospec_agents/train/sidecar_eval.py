@@ -51,73 +51,103 @@ def evaluate_sidecar(model, tokenizer, records, *, sources=None, limit_per_sourc
     the adapter's `rows.RowOptions` (None: today's rows), as the runtime reads them from its directory;
     `tool_choice`: "auto" (the function row may decline) or "required", as the requests will ask."""
     from tqdm.auto import tqdm
+    from ..sidecar.confidence import Calibration
+    from ..sidecar.wave import PRIOR_WEIGHT, Wave
+    wave = Wave(model, tokenizer, prior_weight=PRIOR_WEIGHT if prior_weight is None else prior_weight)
+    recs = select([r for r in records if len(r["expected"]) == 1 or no_call(r)], sources, limit_per_source)
+    tally = _Tally(details)
+    model.eval()
+    for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
+        messages, tools, call, logprob = _predict(wave, rec, tool_choice, row_options)
+        if no_call(rec):  # the wave should decline; a call it predicts is never exact
+            tally.decline(rec, call, logprob)
+        else:
+            tally.call(rec, messages, tools, call, logprob)
+    return tally.figures(calibration or Calibration.raw(), points)
+
+
+def _predict(wave, rec: dict, tool_choice: str, row_options) -> tuple[list[dict], list, dict | None, float | None]:
+    """The wave's call for `rec`'s request, as the runtime builds and joins it: (the normalized messages, the
+    offered tools, the joined call or None where the wave declines or writes no usable call, the call's
+    log-probability)."""
     from ..chat import normalize_messages
     from ..formats import HermesFormat
     from ..sidecar import HintRequest
-    from ..sidecar.confidence import Calibration, call_logprob
+    from ..sidecar.confidence import call_logprob
     from ..sidecar.join import JoinError, join
     from ..sidecar.runtime import wave_rows
-    from ..sidecar.wave import PRIOR_WEIGHT, Wave
     from ..tools import normalize_tools
-    wave = Wave(model, tokenizer, prior_weight=PRIOR_WEIGHT if prior_weight is None else prior_weight)
-    calibration = calibration or Calibration.raw()
-    recs = select([r for r in records if len(r["expected"]) == 1 or no_call(r)], sources, limit_per_source)
-    per: dict[str, dict] = {}
-    errors: dict[str, dict] = {}
-    optional: dict[str, dict] = {}
-    declines: dict[str, dict] = {}
-    misses, scored = [], []
-    model.eval()
-    for rec in tqdm(recs, disable=not progress, desc="eval-sidecar"):
-        messages = normalize_messages(rec["messages"])
-        request = HintRequest(messages, normalize_tools(rec["tools"]), HermesFormat(), (tool_choice, None))
-        rows, prefix, choices = wave_rows(request, options=row_options)
-        result = wave(prefix, rows, None, choices)
-        try:
-            call = join(rows, result.texts, request.tools, request.tool_choice)
-        except JoinError:  # a decline (NoCall) or no usable call: nothing is hinted
-            call = None
-        name = None if call is None else call["name"]
+    messages = normalize_messages(rec["messages"])
+    request = HintRequest(messages, normalize_tools(rec["tools"]), HermesFormat(), (tool_choice, None))
+    rows, prefix, choices = wave_rows(request, options=row_options)
+    result = wave(prefix, rows, None, choices)
+    try:
+        call = join(rows, result.texts, request.tools, request.tool_choice)
+    except JoinError:  # a decline (NoCall) or no usable call: nothing is hinted
+        call = None
+    logprob = None if call is None else call_logprob(rows, result.row_logprobs, call, request.tool_choice)
+    return messages, request.tools, call, logprob
+
+
+class _Tally:
+    """What `evaluate_sidecar` counts, per source: the slot counts of records with a call, the wrong slots'
+    classes, the optional-slot decisions, the declines on "no call" records, each predicted call's
+    log-probability and exactness, and (`details`) the misses."""
+
+    def __init__(self, details: bool):
+        self.details = details
+        self.per: dict[str, dict] = {}
+        self.errors: dict[str, dict] = {}
+        self.optional: dict[str, dict] = {}
+        self.declines: dict[str, dict] = {}
+        self.misses: list[dict] = []
+        self.scored: list[tuple] = []
+
+    def decline(self, rec: dict, call: dict | None, logprob: float | None) -> None:
+        """A "no call" record: the wave should decline."""
         src = rec["source"]
-        logprob = None if call is None else call_logprob(rows, result.row_logprobs, call, request.tool_choice)
-        if no_call(rec):  # the wave should decline; a call it predicts is never exact
-            if logprob is not None:
-                scored.append((logprob, False, src))
-            d = declines.setdefault(src, {"n": 0, "declined": 0})
-            d["n"] += 1
-            d["declined"] += call is None
-            if details and call is not None:
-                misses.append({"id": rec.get("id"), "expected": None, "function": name, "wrong_values": {}})
-            continue
-        label = rec["expected"][0]
-        s = per.setdefault(src, dict.fromkeys(_COUNTS, 0))
+        if logprob is not None:
+            self.scored.append((logprob, False, src))
+        d = self.declines.setdefault(src, {"n": 0, "declined": 0})
+        d["n"] += 1
+        d["declined"] += call is None
+        if self.details and call is not None:
+            self.misses.append({"id": rec.get("id"), "expected": None, "function": call["name"], "wrong_values": {}})
+
+    def call(self, rec: dict, messages: list[dict], tools: list, call: dict | None, logprob: float | None) -> None:
+        """A record with one expected call: the function and, where it is right, every slot."""
+        name, src, label = None if call is None else call["name"], rec["source"], rec["expected"][0]
+        s = self.per.setdefault(src, dict.fromkeys(_COUNTS, 0))
         s["n"] += 1
         s["label_slots"] += len(label["arguments"])
         wrong, classes = {}, {}
         if name == label["name"]:
             s["function_ok"] += 1
-            tool = next(t for t in request.tools if t.name == name)
-            opt = optional.setdefault(src, {"predicted": 0, "labelled": 0, "both": 0})
+            tool = next(t for t in tools if t.name == name)
+            opt = self.optional.setdefault(src, {"predicted": 0, "labelled": 0, "both": 0})
             wrong, lenient_ok, classes = _score_slots(rec, label, call, tool, messages, s, opt)
             for cls in classes.values():
-                errors.setdefault(src, dict.fromkeys(CLASSES, 0))[cls] += 1
+                self.errors.setdefault(src, dict.fromkeys(CLASSES, 0))[cls] += 1
             s["call_exact"] += not wrong
             s["call_lenient"] += lenient_ok
         exact = name == label["name"] and not wrong
         if logprob is not None:
-            scored.append((logprob, exact, src))
-        if details and not exact:
-            misses.append({"id": rec.get("id"), "expected": label, "function": name, "wrong_values": wrong,
-                           "classes": classes})
-    tot = {k: sum(v[k] for v in per.values()) for k in _COUNTS}
-    out = {"overall": _rates(tot), "by_source": {k: _rates(v) for k, v in sorted(per.items())},
-           "errors": _table_of(errors, CLASSES), "optional": _optional(optional),
-           "confidence": _confidence(scored, calibration)}
-    if declines:  # "no call" records: the share where the wave declined
-        out["no_call"] = _no_call(declines)
-    if points:
-        out["points"] = [[round(lp, 6), exact, src] for lp, exact, src in scored]
-    return out | ({"misses": misses} if details else {})
+            self.scored.append((logprob, exact, src))
+        if self.details and not exact:
+            self.misses.append({"id": rec.get("id"), "expected": label, "function": name, "wrong_values": wrong,
+                                "classes": classes})
+
+    def figures(self, calibration, points: bool) -> dict:
+        """The figures, overall and per source (see the module's docstring)."""
+        tot = {k: sum(v[k] for v in self.per.values()) for k in _COUNTS}
+        out = {"overall": _rates(tot), "by_source": {k: _rates(v) for k, v in sorted(self.per.items())},
+               "errors": _table_of(self.errors, CLASSES), "optional": _optional(self.optional),
+               "confidence": _confidence(self.scored, calibration)}
+        if self.declines:  # "no call" records: the share where the wave declined
+            out["no_call"] = _no_call(self.declines)
+        if points:
+            out["points"] = [[round(lp, 6), exact, src] for lp, exact, src in self.scored]
+        return out | ({"misses": self.misses} if self.details else {})
 
 
 def _score_slots(rec: dict, label: dict, call: dict, tool, messages, s: dict, opt: dict

@@ -115,69 +115,85 @@ def build_target_examples(engine, traces: list[dict], *, seed: int = 0, max_len:
     answer at once), so that the switch keeps working.
     """
     rng = random.Random(seed)
-    aug_rng = random.Random(f"augment-{seed}")  # its own stream: the other kinds stay as without it
-    think_rng = random.Random(f"think-{seed}")
-
-    def thought(text_of):
-        """None without `thinking`; else "" (thinking off) or the sentence `text_of()`."""
-        if not thinking:
-            return None
-        return "" if think_rng.random() < no_think_frac else text_of()
-    examples, counts = [], {"call": 0, "answer": 0, "answer_apibank": 0, "no_tool": 0, "too_long": 0}
-    counts |= {kind: 0 for kind, on in (("call_trimmed", trim), ("call_revalued", revalued),
-                                        ("call_distracted", distracted)) if on}
+    out = _Examples(engine, max_len, seed, trim=trim, thinking=thinking, no_think_frac=no_think_frac)
+    out.counts |= {kind: 0 for kind, on in (("call_trimmed", trim), ("call_revalued", revalued),
+                                            ("call_distracted", distracted)) if on}
     pools = string_pools(traces) if revalued else {}
     # one tool per name (the last seen), for `add_distractors`
     tool_pool = list({tool_name(t): t for r in traces for t in r["tools"]}.values()) if distracted else []
-
-    def add(kind, ex):
-        if ex is None:
-            counts["too_long"] += 1
-        else:
-            examples.append(ex)
-            counts[kind] += 1
-
-    def call_example(rec, kind):
-        said = thought(lambda: call_thought(rec["expected"], think_rng))  # `rec` or a trimmed copy: the same calls
-        build = lambda r: _example(engine, r["messages"], r["tools"], r["expected"], max_len, said)  # noqa: E731
-        ex = build(rec)
-        if ex is None and trim:
-            ex = trim_tools(rec, build, aug_rng)
-            kind = "call_trimmed" if kind == "call" and ex is not None else kind
-        add(kind, ex)
-
     for rec in traces:
         if rec["expected"]:
-            call_example(rec, "call")
+            out.call(rec, "call")
             for _ in range(revalued):
-                other = revalue(rec, pools, aug_rng)
+                other = revalue(rec, pools, out.aug_rng)
                 if other is not None:
-                    call_example(other, "call_revalued")
+                    out.call(other, "call_revalued")
             for _ in range(distracted):
-                other = add_distractors(rec, tool_pool, aug_rng)
+                other = add_distractors(rec, tool_pool, out.aug_rng)
                 if other is not None:
-                    call_example(other, "call_distracted")
+                    out.call(other, "call_distracted")
         msgs = rec["messages"]
         for i in _replies_to_results(msgs):
-            add("answer_apibank", _example(engine, msgs[:i], rec["tools"], msgs[i]["content"], max_len,
-                                            thought(lambda: ANSWER_THOUGHT)))
+            out.add("answer_apibank", out.example(msgs[:i], rec["tools"], msgs[i]["content"], lambda: ANSWER_THOUGHT))
     with_calls = [r for r in traces if r["expected"]]
     for rec in rng.sample(with_calls, min(len(with_calls), int(len(with_calls) * answer_frac))):
         msgs, answer = _answered(rec, rng)
-        add("answer", _example(engine, msgs, rec["tools"], answer, max_len, thought(lambda: ANSWER_THOUGHT)))
+        out.add("answer", out.example(msgs, rec["tools"], answer, lambda: ANSWER_THOUGHT))
     # Plain text when no offered tool fits: the request with another record's unrelated tools.
     n_none = int(len(traces) * no_tool_frac)
     for rec in rng.sample(traces, min(len(traces), n_none)):
         other = _unrelated(rec, traces, rng)
         if other is not None:
             last_user = max(i for i, m in enumerate(rec["messages"]) if m.get("role") == "user")
-            add("no_tool", _example(engine, rec["messages"][:last_user + 1], other["tools"],
-                                    rng.choice(NO_TOOL_REPLIES), max_len, thought(lambda: NO_TOOL_THOUGHT)))
-    if not examples:
+            out.add("no_tool", out.example(rec["messages"][:last_user + 1], other["tools"],
+                                           rng.choice(NO_TOOL_REPLIES), lambda: NO_TOOL_THOUGHT))
+    if not out.examples:
         raise TrainDataError("the training set is empty: every record was too long or had no calls")
-    order = list(range(len(examples)))
+    order = list(range(len(out.examples)))
     rng.shuffle(order)
-    return [examples[i] for i in order], counts
+    return [out.examples[i] for i in order], out.counts
+
+
+class _Examples:
+    """The target examples built so far and their counts per kind, with the random streams that the
+    augmentations (`aug_rng`) and the reasoning sentences (`think_rng`) draw from."""
+
+    def __init__(self, engine, max_len: int, seed: int, *, trim: bool, thinking: bool, no_think_frac: float):
+        self.engine, self.max_len, self.trim = engine, max_len, trim
+        self.thinking, self.no_think_frac = thinking, no_think_frac
+        self.aug_rng = random.Random(f"augment-{seed}")  # its own stream: the other kinds stay as without it
+        self.think_rng = random.Random(f"think-{seed}")
+        self.examples: list = []
+        self.counts = {"call": 0, "answer": 0, "answer_apibank": 0, "no_tool": 0, "too_long": 0}
+
+    def thought(self, text_of):
+        """None without `thinking`; else "" (thinking off) or the sentence `text_of()`."""
+        if not self.thinking:
+            return None
+        return "" if self.think_rng.random() < self.no_think_frac else text_of()
+
+    def example(self, messages: list[dict], tools: list, answer, text_of):
+        """The example of `answer` to `messages` (None where too long), its reasoning sentence `text_of()`."""
+        return _example(self.engine, messages, tools, answer, self.max_len, self.thought(text_of))
+
+    def add(self, kind: str, ex) -> None:
+        if ex is None:
+            self.counts["too_long"] += 1
+        else:
+            self.examples.append(ex)
+            self.counts[kind] += 1
+
+    def call(self, rec: dict, kind: str) -> None:
+        """`rec`'s calls as an example of `kind`; with `trim`, one too long keeps the tools that fit."""
+        # one sentence for `rec` and a trimmed copy of it: the same calls
+        said = self.thought(lambda: call_thought(rec["expected"], self.think_rng))
+        build = lambda r: _example(self.engine, r["messages"], r["tools"], r["expected"],  # noqa: E731
+                                   self.max_len, said)
+        ex = build(rec)
+        if ex is None and self.trim:
+            ex = trim_tools(rec, build, self.aug_rng)
+            kind = "call_trimmed" if kind == "call" and ex is not None else kind
+        self.add(kind, ex)
 
 
 def _replies_to_results(msgs: list[dict]) -> list[int]:

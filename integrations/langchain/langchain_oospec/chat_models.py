@@ -40,6 +40,7 @@ from oospec_agents.tools import normalize_tools, resolve_tool_choice
 
 from ._messages import to_openai_messages
 from .custom_events import SpeculativeEvent, adispatch, dispatch
+from .settings import ChatSettings
 
 #: keyword arguments a single call may carry (through `bind`, `bind_tools` or `invoke`): ChatOpenAI's names, the
 #: request's settings (`OPENAI_SETTINGS`; `stop` is `_generate`'s own argument) and the model's own. Its penalties
@@ -48,7 +49,7 @@ _CALL_KWARGS = tuple(s for s in OPENAI_SETTINGS if s != "stop") + ("model", "par
                                                                    "frequency_penalty", "presence_penalty")
 
 
-class ChatOoOSpec(BaseChatModel):
+class ChatOoOSpec(BaseChatModel, ChatSettings):
     """A local tool-calling chat model, decoded losslessly faster with out-of-order speculation.
 
     Output is the target model's own greedy decoding, or with a `temperature` a sample of its own
@@ -90,7 +91,8 @@ class ChatOoOSpec(BaseChatModel):
         content blocks) goes back to the chat template as `reasoning_content`.
 
     Engines are shared: every `ChatOoOSpec` naming the same models and devices uses one loaded engine,
-    loaded on first use (constructing the chat model loads nothing).
+    loaded on first use (constructing the chat model loads nothing). The fields below choose the engine;
+    a reply's settings (method, length, sampling, template arguments) are `ChatSettings`' (settings.py).
     """
 
     model: str = "embedded"
@@ -100,40 +102,6 @@ class ChatOoOSpec(BaseChatModel):
     posts text in the target's own format); False: none, and `method="oospec"` decodes as ToolSpec."""
     target_device: str | None = None
     sidecar_device: str | None = None
-    method: Literal["ar", "toolspec", "oospec"] = "oospec"
-    """Decoding: plain autoregressive, schema drafting only, or schema drafting plus sidecar hints."""
-    max_tokens: int = 256
-    temperature: float | None = None
-    """None or 0: greedy decoding. Otherwise each token is drawn from the target's distribution at that
-    temperature, verified so that the speculation keeps that distribution exactly."""
-    top_p: float | None = None
-    """Nucleus sampling, in (0, 1]."""
-    top_k: int | None = None
-    """Draw from the k likeliest tokens only (0 or None: all)."""
-    min_p: float | None = None
-    """Drop tokens less likely than min_p times the likeliest, in [0, 1]."""
-    seed: int | None = None
-    """The same seed gives the same reply (on the same machine and method); none: a fresh seed each reply."""
-    n: int | None = None
-    """Generations per prompt, 1 to 8 (decoded one after another; generation i draws with seed + i). Not
-    with streaming."""
-    logprobs: bool | None = None
-    """Whether to return each token's log-probability, in `response_metadata["logprobs"]["content"]`."""
-    top_logprobs: int | None = None
-    """The most likely alternatives per token to return too, 0 to 20; needs `logprobs=True`."""
-    frequency_penalty: float | None = None
-    """Not served: only 0 (or unset) is accepted."""
-    presence_penalty: float | None = None
-    """Not served: only 0 (or unset) is accepted."""
-    logit_bias: dict[int, int] | None = None
-    """Not served: only an empty one (or unset) is accepted."""
-    stop: list[str] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    """Arguments of the target's chat template, as vLLM takes them: e.g. `{"enable_thinking": False}` for
-    Qwen3. An argument the template does not read is an error naming it."""
-    reasoning_effort: str | None = None
-    """"low", "medium" or "high", for chat templates that read `reasoning_effort`; with any other template it
-    is an error that says so."""
     prefix_cache_tokens: int | None = None
     """KV of recent prompts the engine keeps for reuse, in tokens (0 turns it off; None: the engine's
     default). An agent resends its system prompt and tools every turn: only the new tail is prefilled."""
@@ -314,22 +282,9 @@ class ChatOoOSpec(BaseChatModel):
 
     def _chunks(self, messages: list[BaseMessage], stop: list[str] | None,
                 kwargs: dict) -> Iterator[ChatGenerationChunk | SpeculativeEvent]:
-        """One chunk per engine event, as the engine commits it: reasoning (in
-        `additional_kwargs["reasoning_content"]`, as ChatOllama's and ChatDeepSeek's chunks carry it, so the
-        chunks' sum joins it), text, a call's name, its argument fragments; the last chunk carries usage and
-        stats. `parallel_tool_calls=False` (as ChatOpenAI takes it): the reply's first call only, by the
-        front-ends' one rule, as the server keeps it.
-        With logprobs asked for, a chunk of empty content carries each round's in
-        `generation_info["logprobs"]` (`{"content": [...]}`, as ChatOpenAI's chunks do), which LangChain
-        puts in the chunk's `response_metadata`; the chunks' sum concatenates them. With `n` > 1, the
-        choices' chunks one after another, each ending with its last chunk. Between them, as the engine
-        yields them, its `CallPredicted` and `ToolCallReady` events as they are: `_dispatched` sends them to
-        the run's callback handlers as custom events (custom_events.py); they change no chunk."""
+        """This call's chunks, choice after choice (`_choice_chunks`); its request is made on first use."""
         engine, request = self._request(messages, stop, kwargs)
-        for index in range(self._choices(kwargs)):
-            parallel = ParallelToolCalls.openai(kwargs.get("parallel_tool_calls"))
-            with closing(request.for_choice(index).stream(engine)) as events:
-                yield from _reply_chunks(events, engine.model_name, parallel)
+        yield from _choice_chunks(engine, request, self._choices(kwargs), kwargs.get("parallel_tool_calls"))
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None,
                  kwargs: dict) -> tuple[EngineLike, ChatRequest]:
@@ -342,6 +297,25 @@ class ChatOoOSpec(BaseChatModel):
         given = kwargs if stop is None else {**kwargs, "stop": stop}
         request = ChatRequest.of(to_openai_messages(messages), settings(given, self))
         return self._engines.get(kwargs.get("model")), request
+
+
+def _choice_chunks(engine: EngineLike, request: ChatRequest, choices: int,
+                   parallel_tool_calls: bool | None) -> Iterator[ChatGenerationChunk | SpeculativeEvent]:
+    """One chunk per engine event, as the engine commits it: reasoning (in
+    `additional_kwargs["reasoning_content"]`, as ChatOllama's and ChatDeepSeek's chunks carry it, so the
+    chunks' sum joins it), text, a call's name, its argument fragments; the last chunk carries usage and
+    stats. `parallel_tool_calls=False` (as ChatOpenAI takes it): the reply's first call only, by the
+    front-ends' one rule, as the server keeps it.
+    With logprobs asked for, a chunk of empty content carries each round's in
+    `generation_info["logprobs"]` (`{"content": [...]}`, as ChatOpenAI's chunks do), which LangChain
+    puts in the chunk's `response_metadata`; the chunks' sum concatenates them. With `n` > 1, the
+    choices' chunks one after another, each ending with its last chunk. Between them, as the engine
+    yields them, its `CallPredicted` and `ToolCallReady` events as they are: `_dispatched` sends them to
+    the run's callback handlers as custom events (custom_events.py); they change no chunk."""
+    for index in range(choices):
+        parallel = ParallelToolCalls.openai(parallel_tool_calls)
+        with closing(request.for_choice(index).stream(engine)) as events:
+            yield from _reply_chunks(events, engine.model_name, parallel)
 
 
 def _reply_chunks(events: Iterable[Event], model_name: str,

@@ -42,6 +42,7 @@ from oospec_agents.frontend import (OPENAI_SETTINGS, ChatRequest, EngineLike, La
 from .events import dispatching
 from .messages import to_engine_messages, tool_calls_of
 from .responses import final_response, responses
+from .settings import ChatSettings
 
 # What `chat` accepts besides `messages`: the request's settings (`OPENAI_SETTINGS`, but LlamaIndex's
 # `max_new_tokens` for `max_tokens`; the method and stop strings are the model's fields alone) and
@@ -51,14 +52,14 @@ _CHAT_KWARGS = tuple(s for s in OPENAI_SETTINGS if s not in ("max_tokens", "meth
     "max_new_tokens", "allow_parallel_tool_calls")
 
 
-class OoOSpec(FunctionCallingLLM):
+class OoOSpec(FunctionCallingLLM, ChatSettings):
     """A local HF model as a function-calling LLM, decoded losslessly with speculative tool calls.
 
     The output is exactly the target's own greedy reply, or with a `temperature` a sample of its own
     distribution (`top_p`, `top_k`, `min_p`, `seed`), produced in fewer target forwards. `logprobs=True`
-    fills `ChatResponse.logprobs`. Each setting may be given per call too. Engines are shared: every
-    OoOSpec naming the same models uses one engine, loaded on first use (constructing an OoOSpec
-    loads nothing).
+    fills `ChatResponse.logprobs`. Each setting of a reply (`ChatSettings`' fields, settings.py) may be
+    given per call too; the fields below choose the engine. Engines are shared: every OoOSpec naming the
+    same models uses one engine, loaded on first use (constructing an OoOSpec loads nothing).
 
     Examples:
         ```python
@@ -78,10 +79,6 @@ class OoOSpec(FunctionCallingLLM):
         "target; False: none (method 'oospec' then decodes as ToolSpec).")
     target_device: Optional[str] = Field(default=None, description='e.g. "cuda:0" or "cpu"; None picks one.')
     sidecar_device: Optional[str] = Field(default=None, description='e.g. "cuda:1"; None picks one.')
-    method: Literal["ar", "toolspec", "oospec"] = Field(
-        default="oospec", description="Decoding method: plain autoregressive, schema drafting only, or "
-        "schema drafting plus the sidecar's hints.")
-    max_new_tokens: int = Field(default=256, gt=0, description="Most tokens generated per reply.")
     prefix_cache_tokens: Optional[int] = Field(
         default=None, ge=0, description="KV of recent prompts kept for reuse, in tokens (0 turns it off; "
         "None: the engine's default), so each agent turn prefills only what is new.")
@@ -97,31 +94,6 @@ class OoOSpec(FunctionCallingLLM):
     call_log: Optional[str] = Field(
         default=None, description="A JSONL file where every reply whose calls all fit their schemas is appended as a "
         "training record for the sidecar (Engine(call_log=...)). It stores prompts (tool results left out); off by default.")
-    strict: bool = Field(
-        default=False, description="Whether tool calls are strict, as in LlamaIndex's OpenAI LLM: every tool is "
-        'sent with "strict": true, and the engine decodes the calls under a grammar of valid calls, so they always '
-        "match the tools' schemas (docs/strict.md). A call's own `strict=` wins over it.")
-    temperature: Optional[float] = Field(
-        default=None, description="None or 0: greedy decoding. Otherwise each token is drawn from the "
-        "target's distribution at this temperature, verified so that the speculation keeps it exactly.")
-    top_p: Optional[float] = Field(default=None, description="Nucleus sampling, in (0, 1].")
-    top_k: Optional[int] = Field(default=None, description="Draw from the k likeliest tokens only (0 or None: all).")
-    min_p: Optional[float] = Field(
-        default=None, description="Drop tokens less likely than min_p times the likeliest, in [0, 1].")
-    seed: Optional[int] = Field(
-        default=None, description="The same seed gives the same reply (on the same machine and method); none: a "
-        "fresh seed each reply.")
-    logprobs: Optional[bool] = Field(
-        default=None, description="Whether to return logprobs per token, in ChatResponse.logprobs: per token, its "
-        "top_logprobs alternatives as LogProbs (as LlamaIndex's OpenAI LLM gives them), or the chosen token "
-        "alone when top_logprobs is 0.")
-    top_logprobs: int = Field(default=0, description="The number of top token log probs to return, 0 to 20.")
-    chat_template_kwargs: Optional[Dict[str, Any]] = Field(
-        default=None, description='Arguments of the target\'s chat template, as vLLM takes them: e.g. {"enable_thinking": '
-        "False} for Qwen3. An argument the template does not read is an error naming it.")
-    reasoning_effort: Optional[str] = Field(
-        default=None, description='"low", "medium" or "high", for chat templates that read reasoning_effort; with any '
-        "other template it is an error that says so.")
 
     _engine: LazyEngine = PrivateAttr()
 
@@ -144,14 +116,7 @@ class OoOSpec(FunctionCallingLLM):
         **kwargs: Any,
     ) -> None:
         placement = {"sidecar": sidecar, "target_device": target_device, "sidecar_device": sidecar_device}
-        if engine is not None:
-            given = [k for k, v in {"model": model, **placement}.items() if v is not None]
-            if given:
-                raise ValueError(f"pass either engine= or {'=, '.join(given)}=, not both: the engine "
-                                 "already holds its models and their devices")
-            if not isinstance(engine, EngineLike):
-                raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
-            model = engine.model_name
+        model = _target_name(engine, model, placement)
         chat_template = None if chat_template is None else os.fspath(chat_template)
         call_log = None if call_log is None else os.fspath(call_log)
         super().__init__(model="embedded" if model is None else os.fspath(model), method=method,
@@ -334,6 +299,20 @@ class OoOSpec(FunctionCallingLLM):
             raise ValueError(f"expected at least one tool call in the response, got none{why}. "
                              f"Reply text: {response.message.content or '':.200}")
         return calls
+
+
+def _target_name(engine: Optional[EngineLike], model: Union[str, os.PathLike, None], placement: dict) -> Any:
+    """`model`, or where an `engine` is given, its target's name: the engine holds its models and their
+    devices, so naming them too is an error."""
+    if engine is None:
+        return model
+    given = [k for k, v in {"model": model, **placement}.items() if v is not None]
+    if given:
+        raise ValueError(f"pass either engine= or {'=, '.join(given)}=, not both: the engine "
+                         "already holds its models and their devices")
+    if not isinstance(engine, EngineLike):
+        raise TypeError(f"engine must be an oospec_agents.Engine, got {type(engine).__name__}")
+    return engine.model_name
 
 
 def _strict_tool(tool: Any) -> Any:
