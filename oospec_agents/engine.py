@@ -6,34 +6,12 @@ The engine builds its parts and one `Decoder` (decode.py) handed them, then stay
 decoding at once sharing its forwards (`batching.py`). Loading a target and a sidecar: `loading.py`.
 docs/how-it-works.md draws the path of one request.
 
-`Engine(target, tokenizer, sidecar=None, **keywords)`'s keywords:
-- `memory_size`: earlier replies kept per tool set for retrieval drafting (0 turns it off).
-- `prefix_cache_tokens`: KV of recent prompts kept for reuse, in tokens (0 turns it off).
-- `wave_payback`: a sidecar on the target's own CPU runs its wave only when the wave's expected seconds are at
-  most this share of the expected decode (sidecar/payback.py); None always runs it.
-- `hint_follow_up`: when the target writes a function the hint does not call, ask the sidecar for that
-  function's slots alone (sidecar/session.py); None, the default, does so where the sidecar has cores of its
-  own (a follow-up on the target's own CPU cores costs more than it saves).
-- `prefill_chunk`: None, the default, prefills the uncached tail in one forward, and on a bf16 CPU target
-  (sdpa, full attention) exactly: a warm request's reply is the cold one bit for bit
-  (`Verifier.plan_prefill`); 1 is one plain forward (a warm reply may then differ from the cold one in bf16);
-  more than 1: chunks that end at multiples of it (absolute positions), a cache hit whole chunks (exact on any
-  target, slower: docs/deterministic.md).
-- `deterministic`: the same request gives the same tokens whatever the method, the draft tree and the
-  concurrency, in bf16 too: every decode forward of a reply has the same shapes (deterministic.py,
-  docs/deterministic.md); prompts are then prefilled exactly (one exact forward, else chunks of 256) unless
-  `prefill_chunk` is more than 1.
-- `call_log`: a file path (or a `CallLog`) where every reply whose calls the target wrote and that all fit
-  their schemas appends one training record for the sidecar (calllog.py; off by default). It stores prompts; a
-  tool's result only with `call_log_tool_results`; it keeps to `call_log_max_mb`.
-- `max_batch`: replies decoding at the same time (from several threads, or an async front-end's executor)
-  share each verify forward, up to this many (batching.py); 1 verifies one reply's tree a forward. Each reply
-  still gets the tokens it gets alone (its attention runs over its own keys).
-- `target_cores`: the CPU cores the target keeps to itself (`from_pretrained(target_device="cpu:0-5")` pins
-  the process to them); None, the default, is every core, shared with a CPU sidecar.
-- `drafters`: a drafter for any slot ("schema", "retrieval", "hint", "prediction"), in place of the default
-  (`drafters.stack.DEFAULT_DRAFTERS`): a `Drafter` serves every reply, a class (or other factory) makes each
-  reply its own.
+`Engine(target, tokenizer, sidecar=None, **keywords)`'s keywords (each in full: docs/how-it-works.md,
+"The engine's keywords"): `memory_size` (retrieval's earlier replies per tool set), `prefix_cache_tokens`
+(recent prompts' KV), `wave_payback` (a shared-core sidecar's wave runs only when it pays back),
+`hint_follow_up`, `prefill_chunk`, `deterministic` (the same tokens whatever the method, tree and concurrency),
+`call_log` (+ `call_log_max_mb`, `call_log_tool_results`), `max_batch` (replies sharing a verify forward),
+`target_cores`, `drafters` (a drafter per slot in place of `drafters.stack.DEFAULT_DRAFTERS`).
 """
 from __future__ import annotations
 
