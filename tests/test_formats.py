@@ -131,3 +131,37 @@ def test_json_scanner_tracks_keys_and_strings():
     assert st.in_string == "Par" and not st.string_is_key
     assert scan_json(json.dumps({"a": [1, {"b": "}"}]})).done
     assert scan_json('{"a" 1').error
+
+
+def _tool(name, props, required):
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {p: {"type": "string"} for p in props}, "required": required}}}
+
+
+def test_a_named_tools_arguments_are_drafted_in_the_layout_the_target_writes_and_as_far_as_the_fitting_tools_agree():
+    """vLLM's named tool: the reply is the arguments object alone, its whitespace the target's choice. The
+    forced text opens with the whitespace earlier replies wrote after `{` (else a draft right after `{`
+    would miss the target's `\\n  ` at its first token), and while several tools fit what is written, the
+    start their forced texts share is forced: a key's rest once the key's first letters pick one tool."""
+    from oospec_agents.formats.vllm_json import Layout, VllmArgumentsFormat
+    cd, mv, rm = (_tool("cd", ["folder"], ["folder"]), _tool("mv", ["source", "destination"], ["source", "destination"]),
+                  _tool("rm", ["file_name"], ["file_name"]))
+    tools = normalize_tools([cd, mv, rm])
+    learnt = Layout()
+    learnt.observe('{\n  "k": "v"\n}')
+    fmt = VllmArgumentsFormat(layout=learnt)
+    assert fmt.forced_next("{", tools[:1]) == '\n  "folder": '
+    assert fmt.forced_next("{\n ", tools[:1]) == ' "folder": '  # the whitespace already written is kept
+    assert VllmArgumentsFormat().forced_next("{", tools[:1]) == '"folder": '  # nothing seen: compact
+    assert fmt.forced_next("{", tools) == '\n  "'  # three tools, each with a required first key
+    assert fmt.forced_next('{\n  "', tools) == ""  # folder, source, file_name: no common start
+    assert fmt.forced_next('{\n  "f', tools) == ""  # folder or file_name
+    assert fmt.forced_next('{\n  "fo', tools) == 'lder": '  # cd's alone
+    assert fmt.forced_next('{\n  "s', tools) == 'ource": '
+    assert fmt.forced_next('{\n  "source": "a.txt"', tools) == ',\n  "destination": '
+    assert fmt.forced_next('{\n  "source": "a.txt",', tools) == '\n  "destination": '  # the layout after ","
+    assert VllmArgumentsFormat("rm", learnt).forced_next("{", tools) == '\n  "file_name": '
+    # where the grammar leaves a key or the end, the draft takes the likelier: a first key, then the end
+    ls = normalize_tools([_tool("ls", ["path", "all"], [])])
+    assert fmt.forced_next("{", ls) == '\n  "'
+    assert fmt.forced_next('{\n  "path": "/tmp"', ls) == "\n}"

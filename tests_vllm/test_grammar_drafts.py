@@ -92,6 +92,8 @@ def test_required_list_drafts_stay_in_vllms_grammar(records):
 def test_named_tool_drafts_stay_in_vllms_grammar(records):
     import xgrammar as xgr
     checked = drafted = 0
+    learnt = Layout()
+    learnt.observe('{\n  "k": "v"\n}')
     for r in records:
         tools = normalize_tools(r["tools"])
         name = named_tool(r, "named")
@@ -99,7 +101,8 @@ def test_named_tool_drafts_stay_in_vllms_grammar(records):
         tool = next(t for t in r["tools"] if t["function"]["name"] == name)
         args = _ordered(next(c["arguments"] for c in r["expected"] if c["name"] == name), tool)
         for text in _layouts(args):
-            for fmt in (VllmArgumentsFormat(), VllmArgumentsFormat(name), HermesFormat()):
+            for fmt in (VllmArgumentsFormat(), VllmArgumentsFormat(name), VllmArgumentsFormat(layout=learnt),
+                        VllmArgumentsFormat(name, learnt), HermesFormat()):
                 c, d = _check(fmt, text, tools, accepts)
                 checked, drafted = checked + c, drafted + d
     assert checked > 500 and drafted > 0, (checked, drafted)

@@ -17,6 +17,7 @@ completion, and closing brackets once nothing else may follow. Whitespace is the
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from ..jsonscan import Frame, JsonState, call_name, scan_json
@@ -187,8 +188,9 @@ class VllmArgumentsFormat(ToolFormat):
         st = scan_json(body)
         if st.error or st.done or len(st.stack) != 1 or st.stack[0].kind != "obj":
             return ""
-        tool = self._tool(st, tools)
-        return "" if tool is None else _after_space(body, arguments_forced(st, st.stack[0], tool, self.layout.of(body), 1))
+        ws = self.layout.of(body)
+        texts = [arguments_forced(st, st.stack[0], t, ws, 1) for t in self._tools(st, tools)]
+        return _after_space(body, os.path.commonprefix(texts)) if texts else ""
 
     def fits(self, text: str, tools: list[Tool]) -> bool:
         """Whether `text` may still be the arguments of one of `tools` (or of the named one) under vLLM's grammar."""
@@ -196,15 +198,15 @@ class VllmArgumentsFormat(ToolFormat):
         return _fits_open_json(text, "{", lambda st, typing: len(st.stack) > 1
                                or any(_fits(st.stack[0].keys, typing, t) for t in named))
 
-    def _tool(self, st: JsonState, tools: list[Tool]) -> Tool | None:
-        """The named tool: the caller's, else the one whose schema the text so far fits (xgrammar holds
-        the reply to exactly the named tool's properties, in order, so one that fits alone is it)."""
+    def _tools(self, st: JsonState, tools: list[Tool]) -> list[Tool]:
+        """The tool the reply may be the arguments of: the caller's, else every one whose schema the text so
+        far fits (xgrammar holds the reply to exactly the named tool's properties, in order); their forced
+        texts' common start is forced, which is the whole text once one tool is left."""
         if self.tool is not None:
-            return next((t for t in tools if t.name == self.tool), None)
+            return [t for t in tools if t.name == self.tool][:1]
         keys = st.stack[0].keys
         typing = st.in_string if st.in_string is not None and st.string_is_key else None
-        fits = [t for t in tools if _fits(keys, typing, t)]
-        return fits[0] if len(fits) == 1 else None
+        return [t for t in tools if _fits(keys, typing, t)]
 
 
 class Layout:
@@ -326,7 +328,9 @@ def _item_forced(st: JsonState, item: Frame, names: list[str], ws) -> str:
 
 def arguments_forced(st: JsonState, frame: Frame, tool: Tool, ws, depth: int) -> str:
     """The forced text in `tool`'s arguments object (the innermost open container, `frame`, at `depth`), as
-    xgrammar holds it: properties in the schema's declared order, none but the schema's, each required one present."""
+    xgrammar holds it: properties in the schema's declared order, none but the schema's, each required one present.
+    Where the grammar leaves a choice between a key and the object's end, the draft takes the likelier: a
+    first key, and the end once only optional keys are left (vLLM verifies a draft; it never forces one)."""
     if st.stack[-1] is not frame or tool.parameters.get("additionalProperties") not in (None, False):
         return ""
     props, required = list(tool.properties), set(tool.required)
@@ -350,12 +354,13 @@ def arguments_forced(st: JsonState, frame: Frame, tool: Tool, ws, depth: int) ->
         return "" if rest is None else rest + '"'
     if st.scalar is not None:
         return ""
-    if frame.state == "key":
+    if frame.state == "key":  # after "{" or ",": the whitespace this layout writes there, then a key
+        lead = ws(depth, "comma") if keys else ws(depth, "open")
         if not cands:
             return "" if keys else ws(depth, "close") + "}"
-        if cands[0] in required or len(cands) == 1 and keys:
-            return '"' + cands[0] + '"' + colon
-        return '"' if keys or needs_more else ""
+        if cands[0] in required or len(cands) == 1:
+            return lead + '"' + cands[0] + '"' + colon
+        return lead + '"'  # an object of optional keys only: a key is likelier than "}" (a draft, not a rule)
     if frame.state == "colon":
         return colon
     if frame.state == "value":
@@ -365,7 +370,7 @@ def arguments_forced(st: JsonState, frame: Frame, tool: Tool, ws, depth: int) ->
             return ws(depth, "close") + "}"
         if needs_more:
             return "," + ws(depth, "comma") + ('"' + cands[0] + '"' + colon if cands[0] in required else '"')
-        return ""
+        return ws(depth, "close") + "}"  # only optional keys left: the object's end is the likelier (a draft)
     return ""
 
 
