@@ -190,3 +190,22 @@ def test_a_killed_sidecar_leaves_schema_and_retrieval(engine, replies, sidecar):
     steps, _ = _replay(proposer, prompt, reply, after_first=kill)
     assert killed and steps == _replay(plain, prompt, reply)[0]
     assert "hint" not in proposer.stats["by_source"]
+
+
+def test_hint_first_waits_for_each_requests_wave_before_its_first_draft(engine, replies, monkeypatch):
+    """OOSPEC_VLLM_HINT_FIRST (`oospec bench --backend vllm --hint-first`): the sidecar the environment names is
+    waited for at a request's first step, so its hint is polled ready at once; every request is hinted."""
+    from oospec_agents.sidecar.protocol import HintFirst
+    from oospec_agents.vllm.hints import hints_from_env
+    monkeypatch.setenv("OOSPEC_VLLM_SIDECAR", "embedded")
+    monkeypatch.setenv("OOSPEC_VLLM_SIDECAR_PLACEMENT", "thread")
+    monkeypatch.setenv("OOSPEC_VLLM_HINT_FIRST", "1")
+    hints = hints_from_env(PromptReader(engine.tokenizer))
+    try:
+        assert isinstance(hints.sidecar, HintFirst)
+        proposer = OoOSpecProposer(tokenizer=engine.tokenizer, k=K, hints=hints)
+        for prompt, reply in replies[:2]:
+            _replay(proposer, prompt, reply)
+        assert proposer.stats["requests"] == proposer.stats["hinted"] == 2, proposer.stats
+    finally:
+        hints.sidecar.close()

@@ -275,11 +275,15 @@ def _reply(result, wall: float) -> VllmReply:
 def run_vllm_bench(records: list[dict], methods: list[str], *, model: str | None = None, dtype: str = "float32",
                    k: int = 8, max_new_tokens: int = 256, tool_choice: str = "auto", strict: bool = False,
                    concurrency: list[int] | None = None, warmup: bool = True, data: str | None = None,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, hint_first: bool = False) -> dict:
     """Each method over `records`, one vLLM at a time; the figures against `vllm-ar` (run first). The
     tool_choice ("auto", "required", "named": each record's expected tool, or a tool's name) and `strict`
     are what vLLM's server does with them (`constraints`): the plain prompt, the reply held by its structured
-    outputs, on every method alike. `concurrency` (e.g. [1, 4, 8]): each level's requests kept in flight."""
+    outputs, on every method alike. `concurrency` (e.g. [1, 4, 8]): each level's requests kept in flight.
+    `hint_first`: vllm-oospec's proposer waits for each request's wave (OOSPEC_VLLM_HINT_FIRST; a sidecar
+    named by OOSPEC_VLLM_SIDECAR), so its steps are those of a sidecar always in time."""
+    if hint_first and not os.environ.get("OOSPEC_VLLM_SIDECAR"):
+        raise ValueError("--hint-first with --backend vllm needs a sidecar: set OOSPEC_VLLM_SIDECAR (docs/vllm.md)")
     from ..vllm.model import embedded_target_dir
     for m in methods:
         speculative_config(m, k)  # an unknown method fails before anything loads
@@ -301,13 +305,14 @@ def run_vllm_bench(records: list[dict], methods: list[str], *, model: str | None
         stats[method] = {}
         runs[method] = run_isolated(method, model, prompts, max_new_tokens, dtype=dtype, k=k, warmup=warmup,
                                     constraints=held if any(held) else None, concurrency=levels,
+                                    env={"OOSPEC_VLLM_HINT_FIRST": "1"} if hint_first else None,
                                     stats=stats[method])
         if progress:
             print(f"{method}: {sum(len(r.token_ids) for r in runs[method]['one'])} tokens, "
                   f"{sum(r.forwards for r in runs[method]['one'])} steps one at a time", flush=True)
     config = {"backend": "vllm", "model": model, "dtype": dtype, "k": k, "tool_choice": tool_choice, "strict": strict,
               "concurrency": levels, "sidecar": os.environ.get("OOSPEC_VLLM_SIDECAR"),  # vllm-oospec's hints
-              "sidecar_device": os.environ.get("OOSPEC_VLLM_SIDECAR_DEVICE"),
+              "sidecar_device": os.environ.get("OOSPEC_VLLM_SIDECAR_DEVICE"), "hint_first": hint_first,
               "max_new_tokens": max_new_tokens, "data": data, "n_records": len(records),
               "wall_s": round(time.time() - started, 1)}
     results = summarize({m: r["one"] for m, r in runs.items()}, records, config)
@@ -398,7 +403,9 @@ def markdown(results: dict) -> str:
              f"{cfg['n_records']} records from `{cfg['data']}`, vLLM {results['env']['vllm']} on "
              f"{results['env']['device']}, {cfg['dtype']}, k={cfg['k']}, tool_choice={cfg['tool_choice']}"
              f"{', strict' if cfg.get('strict') else ''}, max_new_tokens={cfg['max_new_tokens']}, greedy; "
-             f"vllm-oospec's sidecar: {cfg.get('sidecar') or 'none (schema, retrieval and call memory only)'}.", "",
+             f"vllm-oospec's sidecar: {cfg.get('sidecar') or 'none (schema, retrieval and call memory only)'}"
+             f"{' (--hint-first: each wave waited for, so every hint was in time; its times are no speed figure)' if cfg.get('hint_first') else ''}.",
+             "",
              "One request at a time. Steps: vLLM's target forwards (prefill + decode steps). Decode/e2e speedups "
              "are against `vllm-ar`. Unscheduled: draft tokens the proposer gave that vLLM did not verify (its "
              "grammar cut them, or the request had just ended); FSM: requests vLLM ended because its grammar "
@@ -435,7 +442,7 @@ def run_cli(args, records: list[dict]) -> int:
     results = run_vllm_bench(records, methods, dtype=args.dtype or "float32",
                              k=args.num_speculative_tokens, max_new_tokens=args.max_new_tokens,
                              tool_choice=args.tool_choice or "auto", strict=args.strict,
-                             concurrency=args.concurrency, warmup=not args.no_warmup,
+                             concurrency=args.concurrency, warmup=not args.no_warmup, hint_first=args.hint_first,
                              data=args.bfcl or args.data, progress=not args.quiet)
     from .server import write
     paths = write(results, args.out, render=markdown)

@@ -11,6 +11,9 @@ ids, not messages). Set where the proposer runs (vLLM's worker inherits the envi
     OOSPEC_VLLM_SIDECAR=embedded           a model reference, as `Engine.from_pretrained(sidecar=...)`
     OOSPEC_VLLM_SIDECAR_DEVICE=cpu         a torch device or a core set ("cpu:1", "cuda:1")
     OOSPEC_VLLM_SIDECAR_PLACEMENT=process  "process" (default) or "thread"; "ray" where Ray runs
+    OOSPEC_VLLM_HINT_FIRST=1               a measuring aid (`oospec bench --backend vllm --hint-first`): the
+                                           proposer waits for a request's wave before its first draft, so
+                                           vLLM's steps are those of a sidecar always in time; not for serving
 
 vLLM's worker is a daemonic process, which Python's multiprocessing forbids children: for the process
 placement the worker is marked non-daemonic first (its parent still stops it), so the sidecar gets a
@@ -99,5 +102,8 @@ def hints_from_env(reader: PromptReader) -> SidecarHints | None:
     where = cores.place(device)
     sidecar = load_sidecar(ref, device=device, dtype=models.resolve_dtype(None, where.device),
                            sidecar_placement=placement)
+    if os.environ.get("OOSPEC_VLLM_HINT_FIRST", "").strip() not in ("", "0"):
+        from ..sidecar.protocol import HintFirst
+        sidecar = HintFirst(sidecar)
     log.info("oospec: sidecar %s on %s (%s)", ref, device, placement)
     return SidecarHints(sidecar, reader)
