@@ -8,11 +8,14 @@
 
 vLLM compiles these schemas with xgrammar (strict mode: no properties beyond the schema's; properties
 in the schema's declared order; any whitespace between tokens). The schema drafter walks them through
-`forced_next`, which drafts only what that grammar forces: the list's and objects' brackets, the
-`"name"` and `"parameters"` keys, a tool name's unique completion, the next property where it is
-required and no optional one may come before it, single-valued enums and consts, an enum's unique
-completion, and closing brackets once nothing else may follow. Whitespace is the target's choice
-(`, ` and `: ` are drafted, as json.dumps writes them); it is never a reason the grammar rejects a draft.
+`forced_next`, which drafts what that grammar forces: the list's and objects' brackets, the `"name"` and
+`"parameters"` keys, a tool name's unique completion, the next property where it is required and no
+optional one may come before it, single-valued enums and consts, an enum's unique completion, and closing
+brackets once nothing else may follow; while several offered tools fit a named tool's arguments so far, the
+text all of them force. Where the grammar leaves a key or the object's end, it drafts the likelier (a first
+key; the end once only optional keys are left): vLLM verifies every draft, so a guess costs no step.
+Whitespace is the target's choice: the drafts write what `Layout` saw the target write at that place
+(json.dumps's `, ` and `: ` where it saw nothing); it is never a reason the grammar rejects a draft.
 """
 from __future__ import annotations
 
