@@ -38,7 +38,7 @@ from .formats import ToolFormat
 from .prefix_cache import PrefixCache
 from .reply import Reading, Reply
 from .request import Event, Generation, Prepared
-from .sampling import Choice
+from .sampling import Choice, greedy
 from .sidecar import FixedHint, HintRequest, Sidecar
 from .sidecar import cores
 from .sidecar.payback import PayBack
@@ -237,7 +237,7 @@ class Decoder:
         self._sync()
         stats.prefill_s, stats.target_forwards = time.perf_counter() - t0, 1
         stats.cached_prompt_tokens = rs.hit
-        return forced + [int(logits[-1].argmax()) if rs.choose is None else rs.choose(logits[-1])], logits
+        return forced + [greedy(logits[-1]) if rs.choose is None else rs.choose(logits[-1])], logits
 
     def _forced(self, rs: Reply, limit: int) -> list[int]:
         """The tokens the grammar forces next (none without one), counted as the grammar's."""

@@ -39,6 +39,7 @@ from transformers import LogitsProcessor
 from .errors import OoOSpecError, ResponseFormatError
 from .formats import Reasoning, ToolFormat
 from .formats import harmony as hm
+from .sampling import greedy
 from .tools import Tool
 
 log = logging.getLogger(__name__)
@@ -473,7 +474,7 @@ class Guide:
 
     def choose(self, logits: torch.Tensor) -> int:
         """The target's greedy token under the grammar, committed to the grammar's state."""
-        token = int(self.masked(logits).argmax())
+        token = greedy(self.masked(logits))
         self.consume([token])
         return token
 

@@ -149,6 +149,12 @@ class TokenLogprob:
         return one(self.token_id, self.logprob) | {"top_logprobs": [one(t, lp) for t, lp in self.top]}
 
 
+def greedy(row: torch.Tensor) -> int:
+    """The greedy token of one logits row: its first largest logit. Upcast to float32 first -- exact, the
+    same token -- since the CPU takes a bf16 row's argmax about 3x slower than a float32 one's."""
+    return int(row.float().argmax())
+
+
 class Choice:
     """How one reply picks each token from a logits row: the grammar's mask first, then the argmax (greedy)
     or a seeded draw (`Sampler`); with `top_logprobs` set, each chosen token's `TokenLogprob` is kept
@@ -168,7 +174,7 @@ class Choice:
     def __call__(self, row: torch.Tensor) -> int:
         if self.guide is not None:
             row = self.guide.masked(row)
-        token = int(row.argmax()) if self.sampler is None else self.sampler.draw(row)
+        token = greedy(row) if self.sampler is None else self.sampler.draw(row)
         if self.guide is not None:
             self.guide.consume([token])
         if self.top_logprobs is not None:

@@ -23,6 +23,7 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 from . import deterministic
 from .drafters import Draft
 from .errors import ModelLoadError
+from .sampling import greedy
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +297,12 @@ class Verifier:
                choose=None) -> tuple[list[int], int, torch.Tensor]:
         """`verify` after its forward: walk the tree's `logits` from the root, keep the accepted path's
         keys and values in `cache` (the forward appended the whole tree's), return what `verify` returns."""
-        pick = logits.argmax(-1).tolist().__getitem__ if choose is None else (lambda i: choose(logits[i]))
+        if choose is not None:
+            pick = lambda i: choose(logits[i])  # noqa: E731
+        elif logits.device.type == "cpu":  # the rows the walk reaches only: most of a tree is rejected
+            pick = lambda i: greedy(logits[i])  # noqa: E731
+        else:  # one argmax over the rows and one copy to the host
+            pick = logits.argmax(-1).tolist().__getitem__
         path = list(range(tree.start + 1))
         while (nxt := tree.children[path[-1]].get(token := pick(path[-1]))) is not None:
             path.append(nxt)
@@ -329,14 +335,15 @@ def ancestry(parents: list[int], max_depth: int, device=None) -> torch.Tensor:
 
 
 def keep_cache(cache, past_len: int, path: list[int], n_nodes: int) -> None:
-    """Keep the cached K/V of `path` (tree node indices) after the first `past_len` positions."""
-    if path == list(range(len(path))):
-        drop = n_nodes - len(path)
-        if drop:
-            cache.crop(-drop)  # transformers 5.x: a negative count drops that many tokens
-        return
-    idx = torch.tensor(list(range(past_len)) + [past_len + i for i in path])
-    for layer in cache.layers:
-        idx_d = idx.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx_d)
-        layer.values = layer.values.index_select(-2, idx_d)
+    """Keep the cached K/V of `path` (tree node indices) after the first `past_len` positions: the path's
+    nodes past the tree's leading chain are moved up behind it, the rest of the tree is cropped off."""
+    first = next((j for j, node in enumerate(path) if node != j), len(path))  # where the path leaves the chain
+    if first < len(path):
+        moved = torch.tensor([past_len + node for node in path[first:]])
+        end = past_len + len(path)
+        with torch.inference_mode():  # the forward wrote these tensors in inference mode
+            for layer in cache.layers:
+                for kv in (layer.keys, layer.values):
+                    kv[..., past_len + first:end, :] = kv.index_select(-2, moved.to(kv.device))
+    if n_nodes > len(path):
+        cache.crop(-(n_nodes - len(path)))  # transformers 5.x: a negative count drops that many tokens
