@@ -11,7 +11,6 @@ and a checkpoint stores every RNG state so a resumed run continues the same traj
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
