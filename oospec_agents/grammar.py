@@ -33,6 +33,7 @@ import threading
 import warnings
 from collections import OrderedDict
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor
 
@@ -454,15 +455,26 @@ class Guide:
     def __init__(self, matcher, vocab_size: int):
         self.matcher = matcher
         self.vocab_size = vocab_size
-        self._bits = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
-        self._shifts = torch.arange(32, dtype=torch.int32)
+        # the grammar's bitmask, bit t % 32 of word t // 32 for token t; written by the matcher, read as bytes
+        self._bits = np.zeros((vocab_size + 31) // 32, dtype="<u4")
+
+    def _compute(self) -> None:
+        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if self.matcher.is_error():
+            raise OoOSpecError(f"strict grammar: {self.matcher.get_error()}")
 
     def allowed(self) -> torch.Tensor:
         """bool [vocab]: the tokens the grammar allows next."""
-        self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
-        if self.matcher.is_error():
-            raise OoOSpecError(f"strict grammar: {self.matcher.get_error()}")
-        return ((self._bits[:, None] >> self._shifts) & 1).bool().flatten()[:self.vocab_size]
+        self._compute()
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
+        return torch.from_numpy(bits.view(np.bool_))
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar allows `token` next."""
+        if not 0 <= token < self.vocab_size:
+            return False
+        self._compute()
+        return bool(int(self._bits[token >> 5]) >> (token & 31) & 1)
 
     def masked(self, scores: torch.Tensor) -> torch.Tensor:
         """`scores` [..., vocab] with every token the grammar forbids at -inf (a new tensor)."""
@@ -473,8 +485,12 @@ class Guide:
         return scores.masked_fill(~allowed[:n], float("-inf"))
 
     def choose(self, logits: torch.Tensor) -> int:
-        """The target's greedy token under the grammar, committed to the grammar's state."""
-        token = greedy(self.masked(logits))
+        """The target's greedy token under the grammar, committed to the grammar's state: the plain argmax
+        where the grammar allows it (the first largest logit of all is then the first largest of those
+        allowed, so the masked argmax is the same token), else the argmax of the masked row."""
+        token = greedy(logits)
+        if not self.allows(token):
+            token = greedy(self.masked(logits))
         self.consume([token])
         return token
 

@@ -172,6 +172,8 @@ class Choice:
         return cls(guide, sampler, top_logprobs)
 
     def __call__(self, row: torch.Tensor) -> int:
+        if self.guide is not None and self.sampler is None and self.top_logprobs is None:
+            return self.guide.choose(row)  # the masked argmax, without masking a row the grammar agrees with
         if self.guide is not None:
             row = self.guide.masked(row)
         token = greedy(row) if self.sampler is None else self.sampler.draw(row)

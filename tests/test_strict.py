@@ -151,6 +151,50 @@ def test_the_guide_forces_only_single_token_masks(grammars, smollm2_tokenizer):
     assert grammars().guide(normalize_tools(CLOSABLE), "named", "set_alarm").forced(2) == forced[:2]
 
 
+def test_the_guide_s_mask_and_masked_argmax_are_llguidance_s_own(grammars, smollm2_tokenizer):
+    """`Guide.allowed` reads the matcher's bitmask itself, and `Guide.choose` (the strict greedy pick) takes
+    the plain argmax wherever the grammar allows it: at each step of a call, both against llguidance's own
+    torch helpers (`fill_next_token_bitmask`, `apply_token_bitmask_inplace`) and the argmax of the row they
+    mask, on rows whose argmax the grammar allows, forbids, or ties with a later allowed token (the first
+    maximum is forbidden), and rows wider than the vocabulary whose argmax lies past it."""
+    import torch
+    from llguidance.torch import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
+
+    from oospec_agents.sampling import Choice, greedy
+    tok, tools = smollm2_tokenizer, normalize_tools(CLOSABLE)
+    ids = tok.encode(call("set_alarm", {"hour": 7, "day": "mon"}), add_special_tokens=False) + [tok.eos_token_id]
+    g = grammars()
+    walk = g.guide(tools, "auto", None)
+    vocab, gen, seen = walk.vocab_size, torch.Generator().manual_seed(0), {"allowed": 0, "forbidden": 0}
+    for step, nxt in enumerate(ids):
+        mask = allocate_token_bitmask(1, vocab)
+        fill_next_token_bitmask(walk.matcher, mask)
+        reference = torch.zeros(1, vocab)
+        apply_token_bitmask_inplace(reference, mask)
+        assert torch.equal(walk.allowed(), reference[0].isfinite()), step
+        allowed = reference[0].isfinite().nonzero().flatten()
+        forbidden = (~reference[0].isfinite()).nonzero().flatten()
+        rows = []
+        for width, dtype in ((vocab, torch.bfloat16), (vocab, torch.float32), (vocab + 64, torch.float32)):
+            row = torch.randn(width, generator=gen).to(dtype)
+            top = row.max() + 1
+            rows += [row.clone().index_fill_(0, torch.tensor([nxt]), top),   # the grammar's own next token leads
+                     row.clone().index_fill_(0, forbidden[:1], top) if len(forbidden) else row,
+                     row.clone().index_fill_(0, torch.stack([forbidden[0], allowed[-1]]), top)
+                     if len(forbidden) and forbidden[0] < allowed[-1] else row,                # a tie, forbidden first
+                     row.clone().index_fill_(0, torch.tensor([width - 1]), top)]               # the last column leads
+        for row in rows:
+            masked = row.clone().float()[None]
+            apply_token_bitmask_inplace(masked, mask)  # past the mask's width: -inf as well
+            pick = g.guide(tools, "auto", None)
+            pick.consume(ids[:step])
+            token = Choice(pick)(row)
+            assert token == greedy(masked[0]), (step, token)
+            seen["allowed" if token == greedy(row) else "forbidden"] += 1
+        walk.consume([nxt])
+    assert min(seen.values()) > 10, seen
+
+
 def test_jump_forward_commits_forced_tokens_unverified_in_fewer_forwards(tiny_engine, monkeypatch):
     """Tokens the grammar forces are committed without the target and fed with the next drafts: the
     output is still the masked reference, in fewer target forwards."""
